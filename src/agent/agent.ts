@@ -1,0 +1,420 @@
+// The agent: level-triggered, single-flight reconciles. Any change (a set,
+// the node's labels, the static folder, the drop-in folder, a retry coming
+// due, the periodic resync) schedules one reconcile; a reconcile running
+// when the desired state changes is cancelled at its next safe point (its
+// pulls that are still wanted carry on and are joined by the next one).
+//
+// One reconcile, as in DESIGN.md: observe, plan (pure), pin (write the
+// drop-in if its content changed, then reload CRI-O), pull what is missing,
+// verify, report.
+import * as fs from 'node:fs';
+import type { Logger } from 'pino';
+import type { Labels } from '../api/selector.ts';
+import type { NodeSetStatus, PinnedImageSet, SetPhase } from '../api/types.ts';
+import { STATUS_ANNOTATION } from '../api/types.ts';
+import type { ImageRuntime, RuntimeImage, RuntimeInfo } from '../cri/runtime.ts';
+import { renderPinFile, type PinFile } from '../crio/pinfile.ts';
+import type { Reloader } from '../crio/reloader.ts';
+import type { AgentMetrics } from '../metrics/agent-metrics.ts';
+import type { AuthFile } from '../registry/auth.ts';
+import { Backoff } from './backoff.ts';
+import type { KubeObserver } from './kube.ts';
+import type { EventRecorder } from './node-status.ts';
+import { planReconcile, type ObservedSet, type Plan, type WantedImage } from './plan.ts';
+import type { ImagePuller } from './puller.ts';
+import { readStaticSets } from './static.ts';
+import { computeSetStatuses, historyFromStatus, makeNodeStatus, parseNodeStatus, type SetHistory, type StatusReporter } from './status.ts';
+
+export interface AgentOptions {
+  nodeName: string;
+  runtime: ImageRuntime;
+  pinFile: PinFile;
+  reloader: Reloader;
+  puller: ImagePuller;
+  reporter: StatusReporter;
+  logger: Logger;
+  kube?: KubeObserver | null;
+  staticDir: string;
+  /** --node-labels: used when the Node cannot be read. */
+  flagLabels?: Labels | null;
+  authFile?: AuthFile | null;
+  events?: EventRecorder | null;
+  metrics?: AgentMetrics | null;
+  resyncIntervalMs?: number;
+  /** Settle time before a triggered reconcile starts, to batch bursts of events. */
+  debounceMs?: number;
+  now?: () => number;
+}
+
+export interface ReconcileResult {
+  plan: Plan;
+  sets: NodeSetStatus[];
+  wrote: boolean;
+  reloaded: boolean;
+  pullsAttempted: number;
+  runtimeReachable: boolean;
+}
+
+class Cancelled extends Error {
+  override name = 'Cancelled';
+}
+
+function checkpoint(signal: AbortSignal): void {
+  if (signal.aborted) throw new Cancelled('superseded by a newer desired state');
+}
+
+function errMessage(e: unknown): string {
+  return (e instanceof Error ? e.message : String(e)).slice(0, 1000);
+}
+
+export class Agent {
+  readonly opts: AgentOptions;
+  private readonly log: Logger;
+  private readonly now: () => number;
+  private history = new Map<string, SetHistory>();
+  private readonly lastPhase = new Map<string, SetPhase>();
+  runtimeInfo: RuntimeInfo | undefined;
+  lastResult: ReconcileResult | undefined;
+  /** Time the loop last finished a pass (for /healthz). */
+  lastLoopAt = 0;
+  firstSyncDone = false;
+
+  // Reload state: the file content CRI-O has been told to load.
+  private reloadNeeded = false;
+  private reloadedContent: string | undefined;
+  private readonly reloadBackoff = new Backoff({ baseMs: 1_000, capMs: 60_000 });
+  private reloadNextAt = 0;
+  private lastReloadError: string | undefined;
+  private readonly reconcileBackoff = new Backoff({ baseMs: 1_000, capMs: 60_000 });
+  private historySeeded = false;
+
+  // Loop state.
+  private dirty = true;
+  private current: AbortController | undefined;
+  private wake: (() => void) | undefined;
+  private stopped = false;
+  private loopDone: Promise<void> | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private debounce: NodeJS.Timeout | undefined;
+  private watchers: fs.FSWatcher[] = [];
+
+  constructor(opts: AgentOptions) {
+    this.opts = opts;
+    this.log = opts.logger;
+    this.now = opts.now ?? Date.now;
+  }
+
+  /** Ask for a reconcile. `cancel`: the desired state changed, so a running reconcile is stale. */
+  trigger(reason: string, cancel = false): void {
+    if (this.stopped) return;
+    this.log.debug({ reason }, 'reconcile requested');
+    if (cancel && this.current && !this.current.signal.aborted) {
+      this.log.info({ reason }, 'desired state changed; cancelling the running reconcile at its next safe point');
+      this.current.abort(new Cancelled(reason));
+    }
+    clearTimeout(this.debounce);
+    this.debounce = setTimeout(() => {
+      this.dirty = true;
+      this.wake?.();
+    }, this.opts.debounceMs ?? 200);
+  }
+
+  /** Labels to select sets with: the Node's, else --node-labels, else unknown (null) when an API is in use. */
+  private currentLabels(): Labels | null {
+    const node = this.opts.kube?.currentNode();
+    if (node) return node.metadata?.labels ?? {};
+    if (this.opts.flagLabels) return this.opts.flagLabels;
+    return this.opts.kube ? null : {};
+  }
+
+  private seedHistory(): void {
+    if (this.historySeeded) return;
+    const node = this.opts.kube?.currentNode();
+    if (!node && this.opts.kube) return;
+    this.historySeeded = true;
+    const previous = parseNodeStatus(node?.metadata?.annotations?.[STATUS_ANNOTATION]);
+    for (const [k, v] of historyFromStatus(previous)) if (!this.history.has(k)) this.history.set(k, v);
+  }
+
+  /** One reconcile. Throws Cancelled when superseded. */
+  async reconcile(signal: AbortSignal = new AbortController().signal): Promise<ReconcileResult> {
+    const { runtime, pinFile, puller, metrics } = this.opts;
+    const log = this.log;
+
+    // 1. Observe.
+    this.seedHistory();
+    const labels = this.currentLabels();
+    const kubeSets = this.opts.kube ? this.opts.kube.currentSets() : [];
+    const apiSets: ObservedSet[] | null = kubeSets === null ? null : kubeSets.map((o: PinnedImageSet) => ({ source: 'api', object: o, origin: 'api' }));
+    const stat = await readStaticSets(this.opts.staticDir);
+    for (const p of stat.problems) log.warn({ file: p.origin, err: p.error }, 'static set file skipped; keeping current pins until it can be read');
+    const scan = await pinFile.scan();
+    for (const p of scan.problems) log.warn({ file: p.file, err: p.error }, 'CRI-O configuration file could not be read');
+    await this.opts.authFile?.refresh().catch((e) => log.warn({ err: errMessage(e) }, 'auth file unreadable; pulling anonymously'));
+    if (this.opts.authFile?.problem) log.warn({ file: this.opts.authFile.path }, this.opts.authFile.problem);
+    checkpoint(signal);
+
+    // 2. Plan.
+    const plan = planReconcile({
+      labels,
+      apiSets,
+      staticSets: stat.sets,
+      staticProblems: stat.problems,
+      currentPins: scan.ownPins,
+      carriedPins: scan.before.flatMap((b) => b.pins),
+    });
+    if (plan.retained.length > 0) log.warn({ retained: plan.retained.length, why: plan.retainReasons }, 'observation incomplete: keeping current pins');
+    for (const s of plan.sets) {
+      for (const p of s.invalidImages) log.warn({ set: s.name, source: s.source, field: p.field, err: p.error }, 'invalid image reference: not pinned, not pulled');
+      if (s.specErrors.length) log.warn({ set: s.name, source: s.source, errs: s.specErrors }, 'invalid set: not applied');
+    }
+    for (const o of scan.overriding) log.error({ file: o.file, pinFile: pinFile.name }, 'a drop-in sorting after the pin file sets pinned_images and overrides every pin');
+
+    // 3. Pin: write the file if its content changed, then reload.
+    const content = renderPinFile(plan.pins);
+    let wrote = false;
+    let writeError: string | undefined;
+    if (scan.ownContent !== content) {
+      try {
+        await pinFile.write(content);
+        wrote = true;
+        this.reloadNeeded = true;
+        metrics?.pinFileWrites.inc();
+        log.info({ pinFile: pinFile.path, pins: plan.pins.length, created: scan.ownContent === null ? true : undefined }, 'pin file written');
+        const stale = await pinFile.removeStaleOwnedFiles();
+        if (stale.length) log.info({ removed: stale }, 'removed older pin files of this agent');
+      } catch (e) {
+        writeError = errMessage(e);
+        log.error({ pinFile: pinFile.path, err: writeError }, 'pin file not written; the previous file stays in place');
+      }
+    }
+    const pinsInFile = new Set(writeError ? scan.ownPins : plan.pins);
+    let reloaded = await this.reloadIfNeeded(content);
+
+    // 4. What the runtime holds.
+    let runtimeError: string | undefined;
+    let images: RuntimeImage[] = [];
+    try {
+      if (!this.runtimeInfo) {
+        this.runtimeInfo = await runtime.version();
+        log.info({ runtime: this.runtimeInfo }, 'connected to the container runtime');
+      }
+      images = await runtime.listImages();
+    } catch (e) {
+      runtimeError = errMessage(e);
+      log.warn({ err: runtimeError }, 'container runtime unreachable; pins kept, retrying');
+    }
+    const byDigest = new Map<string, RuntimeImage>();
+    for (const img of images) for (const d of img.repoDigests) byDigest.set(d.toLowerCase(), img);
+    const handlerImages = new Map<string, RuntimeImage | null>();
+    if (!runtimeError) {
+      for (const w of plan.wanted) {
+        if (!w.runtimeHandler) continue;
+        try {
+          handlerImages.set(w.key, await runtime.imageStatus(w.reference.reference, w.runtimeHandler));
+        } catch (e) {
+          log.warn({ image: w.reference.reference, runtimeHandler: w.runtimeHandler, err: errMessage(e) }, 'image status failed');
+        }
+      }
+    }
+    const imageOf = (w: WantedImage): RuntimeImage | null | undefined =>
+      w.runtimeHandler ? handlerImages.get(w.key) : (byDigest.get(w.reference.reference.toLowerCase()) ?? null);
+    const reportsPins = (this.runtimeInfo?.runtimeName ?? '').toLowerCase() === 'cri-o';
+
+    // A pin file in place that the runtime does not honour (e.g. the agent
+    // stopped between writing and reloading): reload once for this content.
+    if (!runtimeError && reportsPins && !this.reloadNeeded && this.reloadedContent !== content) {
+      const unpinned = plan.wanted.some((w) => pinsInFile.has(w.reference.reference) && imageOf(w)?.pinned === false);
+      if (unpinned) {
+        log.info('runtime reports pinned-file images as not pinned; reloading CRI-O');
+        this.reloadNeeded = true;
+        reloaded = (await this.reloadIfNeeded(content)) || reloaded;
+        if (reloaded) {
+          images = await runtime.listImages().catch(() => images);
+          byDigest.clear();
+          for (const img of images) for (const d of img.repoDigests) byDigest.set(d.toLowerCase(), img);
+        }
+      } else {
+        this.reloadedContent = content;
+      }
+    }
+    checkpoint(signal);
+
+    // 5. Pull what is missing; cancel pulls no longer wanted.
+    const cancelled = puller.retain(new Set(plan.wanted.map((w) => w.key)));
+    if (cancelled.length) log.info({ cancelled: cancelled.length }, 'cancelled pulls of images no longer wanted');
+    const missing = runtimeError ? [] : plan.wanted.filter((w) => !imageOf(w));
+    for (const w of plan.wanted) if (imageOf(w)) puller.markPresent(w.key);
+    let pullsAttempted = 0;
+    if (missing.length > 0) {
+      const due = missing.filter((w) => puller.isDue(w.key));
+      log.info({ missing: missing.length, due: due.length }, 'pulling missing images');
+      const results = await puller.pull(missing, signal).catch((e) => {
+        if (signal.aborted) throw new Cancelled('superseded');
+        throw e;
+      });
+      pullsAttempted = results.length;
+      // 6. Verify each pulled image with ImageStatus.
+      const missingByKey = new Map(missing.map((m) => [m.key, m]));
+      for (const r of results) {
+        const w = missingByKey.get(r.key);
+        if (!r.ok || !w) continue;
+        try {
+          const st = await runtime.imageStatus(w.reference.reference, w.runtimeHandler);
+          if (w.runtimeHandler) handlerImages.set(w.key, st);
+          else if (st) byDigest.set(w.reference.reference.toLowerCase(), { ...st, repoDigests: st.repoDigests.length ? st.repoDigests : [w.reference.reference] });
+          if (!st) log.warn({ image: w.reference.reference }, 'pulled, but the runtime does not report the image');
+        } catch (e) {
+          log.warn({ image: w.reference.reference, err: errMessage(e) }, 'image status after pull failed');
+        }
+      }
+    }
+
+    // 7. Report.
+    const { sets, history } = computeSetStatuses({
+      plan,
+      pinsInFile,
+      present: (w) => Boolean(imageOf(w)),
+      pinnedByRuntime: (w) => (reportsPins ? imageOf(w)?.pinned : undefined),
+      failure: (k) => puller.failure(k),
+      runtimeError,
+      writeError,
+      reloadError: this.reloadNeeded ? this.lastReloadError : undefined,
+      overriding: scan.overriding,
+      pinFile: pinFile.name,
+      history: this.history,
+    });
+    this.history = history;
+    const status = makeNodeStatus(this.opts.nodeName, pinFile.name, sets, new Date(this.now()).toISOString());
+    this.opts.reporter.report(status);
+    this.recordEvents(sets, plan);
+    this.updateMetrics(plan, sets, (w) => Boolean(imageOf(w)), runtimeError === undefined);
+    if (!runtimeError) this.firstSyncDone = true;
+    return { plan, sets, wrote, reloaded, pullsAttempted, runtimeReachable: runtimeError === undefined };
+  }
+
+  private async reloadIfNeeded(content: string): Promise<boolean> {
+    if (!this.reloadNeeded || this.now() < this.reloadNextAt) return false;
+    const { reloader, metrics } = this.opts;
+    try {
+      await reloader.reload();
+      this.reloadNeeded = false;
+      this.reloadedContent = content;
+      this.lastReloadError = undefined;
+      this.reloadBackoff.reset();
+      metrics?.reloads.inc({ result: 'success' });
+      if (reloader.mode !== 'none') this.log.info({ mode: reloader.mode }, 'CRI-O reloaded');
+      return true;
+    } catch (e) {
+      this.lastReloadError = errMessage(e);
+      const delay = this.reloadBackoff.fail();
+      this.reloadNextAt = this.now() + delay;
+      metrics?.reloads.inc({ result: 'failure' });
+      this.log.error({ mode: reloader.mode, err: this.lastReloadError, retryInMs: delay }, 'CRI-O reload failed; the pin file stays, retrying');
+      this.opts.events?.record('Warning', 'ReloadFailed', `CRI-O reload failed (retrying): ${this.lastReloadError}`);
+      return false;
+    }
+  }
+
+  private recordEvents(sets: NodeSetStatus[], plan: Plan): void {
+    const ev = this.opts.events;
+    for (const s of sets) {
+      const key = `${s.source}/${s.name}`;
+      const before = this.lastPhase.get(key);
+      this.lastPhase.set(key, s.phase);
+      if (!ev) continue;
+      if (s.phase === 'Ready' && before !== 'Ready') ev.record('Normal', 'SetReady', `set ${s.name} (generation ${s.desiredGeneration}): all ${s.images.wanted} images present and pinned`, key);
+      if (s.phase === 'Degraded' && s.reason === 'PinsOverridden') ev.record('Warning', 'PinsOverridden', s.message ?? s.reason, key);
+      else if (s.phase === 'Degraded' && s.images.failed > 0) ev.record('Warning', 'PullFailed', `set ${s.name}: ${s.message ?? s.reason}`, key);
+    }
+    for (const k of [...this.lastPhase.keys()]) if (!plan.sets.some((s) => s.key === k)) this.lastPhase.delete(k);
+  }
+
+  private updateMetrics(plan: Plan, sets: NodeSetStatus[], present: (w: WantedImage) => boolean, reached: boolean): void {
+    const m = this.opts.metrics;
+    if (!m) return;
+    for (const p of ['Ready', 'Progressing', 'Degraded'] as SetPhase[]) m.setsByPhase.set({ phase: p }, sets.filter((s) => s.phase === p).length);
+    m.imagesPinned.set(plan.pins.length);
+    m.imagesWanted.set(plan.wanted.length);
+    m.imagesPresent.set(plan.wanted.filter(present).length);
+    if (reached) m.lastSuccess.set(this.now() / 1000);
+  }
+
+  /** When the loop should run again without being triggered. */
+  private nextWakeDelay(): number {
+    const now = this.now();
+    let at = now + (this.opts.resyncIntervalMs ?? 300_000);
+    const pull = this.opts.puller.nextAttemptAt();
+    if (pull !== undefined) at = Math.min(at, pull);
+    if (this.reloadNeeded) at = Math.min(at, this.reloadNextAt);
+    if (this.lastResult && !this.lastResult.runtimeReachable) at = Math.min(at, now + 2_000);
+    return Math.max(50, at - now);
+  }
+
+  /** Start watching the folders and run reconciles until stop(). */
+  start(): void {
+    this.watchFolder(this.opts.staticDir, 'static folder changed', true);
+    this.watchFolder(this.opts.pinFile.dir, 'drop-in folder changed', false);
+    this.loopDone = this.loop();
+  }
+
+  private watchFolder(dir: string, reason: string, cancel: boolean): void {
+    try {
+      const w = fs.watch(dir, () => this.trigger(reason, cancel));
+      w.on('error', () => w.close());
+      this.watchers.push(w);
+    } catch {
+      // A missing folder is re-read on every resync.
+    }
+  }
+
+  private async loop(): Promise<void> {
+    while (!this.stopped) {
+      if (!this.dirty) {
+        await new Promise<void>((resolve) => {
+          this.wake = resolve;
+          this.timer = setTimeout(resolve, this.nextWakeDelay());
+        });
+        clearTimeout(this.timer);
+        this.wake = undefined;
+        if (this.stopped) break;
+      }
+      this.dirty = false;
+      this.current = new AbortController();
+      try {
+        this.lastResult = await this.reconcile(this.current.signal);
+        this.reconcileBackoff.reset();
+        this.opts.metrics?.reconciles.inc({ result: 'success' });
+      } catch (e) {
+        if (e instanceof Cancelled || this.current.signal.aborted) {
+          this.opts.metrics?.reconciles.inc({ result: 'cancelled' });
+          this.dirty = true;
+        } else {
+          const delay = this.reconcileBackoff.fail();
+          this.opts.metrics?.reconciles.inc({ result: 'error' });
+          this.log.error({ err: errMessage(e), retryInMs: delay }, 'reconcile failed; pins kept, retrying');
+          await new Promise((r) => {
+            this.wake = () => r(undefined);
+            this.timer = setTimeout(r, delay);
+          });
+          this.dirty = true;
+        }
+      } finally {
+        this.current = undefined;
+        this.lastLoopAt = this.now();
+      }
+    }
+  }
+
+  /** Stop: cancel the running reconcile and pulls; files are consistent at every point. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.debounce);
+    clearTimeout(this.timer);
+    for (const w of this.watchers) w.close();
+    this.current?.abort(new Cancelled('shutting down'));
+    this.opts.puller.abortAll();
+    this.wake?.();
+    await this.loopDone;
+  }
+}

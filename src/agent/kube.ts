@@ -1,0 +1,136 @@
+// The API side of the agent's observation: one list+watch on
+// PinnedImageSets and one on this node's Node object (field selector on its
+// name), through @kubernetes/client-node's ListWatch, which keeps the
+// resourceVersion, relists on 410 Gone and reconnects a watch that ends.
+// A watch that fails is restarted here with capped, jittered backoff. The
+// caches keep the last successful observation while the API is away: a
+// fault never looks like a deleted set.
+import {
+  CoreV1Api,
+  CustomObjectsApi,
+  KubeConfig,
+  ListWatch,
+  Watch,
+  type KubernetesListObject,
+  type KubernetesObject,
+  type V1Node,
+} from '@kubernetes/client-node';
+import type { Logger } from 'pino';
+import { GROUP, PLURAL, VERSION, type PinnedImageSet } from '../api/types.ts';
+import { Backoff } from './backoff.ts';
+
+/** --kubeconfig, else in-cluster config inside a pod, else null (static sets only). */
+export function loadKubeConfig(kubeconfig: string | undefined, env = process.env): KubeConfig | null {
+  const kc = new KubeConfig();
+  if (kubeconfig) {
+    kc.loadFromFile(kubeconfig);
+    return kc;
+  }
+  if (env.KUBERNETES_SERVICE_HOST && env.KUBERNETES_SERVICE_PORT) {
+    kc.loadFromCluster();
+    return kc;
+  }
+  return null;
+}
+
+/** A ListWatch that knows whether its first list succeeded, and restarts after errors. */
+class ObservedList<T extends KubernetesObject> {
+  readonly what: string;
+  readonly lw: ListWatch<T>;
+  synced = false;
+  private readonly backoff = new Backoff({ baseMs: 1_000, capMs: 30_000 });
+  private retryTimer: NodeJS.Timeout | undefined;
+  private stopped = false;
+
+  constructor(what: string, kc: KubeConfig, path: string, list: () => Promise<KubernetesListObject<T>>, fieldSelector: string | undefined, log: Logger, onChange: (why: string) => void) {
+    this.what = what;
+    const listAndMark = async () => {
+      const r = await list();
+      this.synced = true;
+      this.backoff.reset();
+      // The informer fills its cache right after this returns.
+      setImmediate(() => onChange(`${what} listed`));
+      return r;
+    };
+    // Bookmarks keep the resourceVersion fresh on quiet resources, so a
+    // reconnect rarely needs a relist. ListWatch passes only its own
+    // parameters, so this one rides on the path.
+    this.lw = new ListWatch<T>(`${path}?allowWatchBookmarks=true`, new Watch(kc), listAndMark, false, undefined, fieldSelector);
+    this.lw.on('add', () => onChange(`${what} added`));
+    this.lw.on('update', () => onChange(`${what} updated`));
+    this.lw.on('delete', () => onChange(`${what} deleted`));
+    this.lw.on('connect', () => this.backoff.reset());
+    this.lw.on('error', (err: unknown) => {
+      if (this.stopped) return;
+      const delay = this.backoff.fail();
+      log.warn({ err: errText(err), retryInMs: delay, watch: what }, 'watch failed; keeping the last observation and retrying');
+      clearTimeout(this.retryTimer);
+      this.retryTimer = setTimeout(() => void this.start(), delay);
+    });
+  }
+
+  async start(): Promise<void> {
+    this.stopped = false;
+    await this.lw.start().catch(() => {
+      // Reported through the 'error' callback.
+    });
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.retryTimer);
+    await this.lw.stop();
+  }
+}
+
+function errText(err: unknown): string {
+  if (err instanceof Error) return err.message.slice(0, 500);
+  return String(err).slice(0, 500);
+}
+
+export class KubeObserver {
+  readonly nodeName: string;
+  private readonly sets: ObservedList<PinnedImageSet & KubernetesObject>;
+  private readonly node: ObservedList<V1Node>;
+
+  constructor(kc: KubeConfig, nodeName: string, log: Logger, onChange: (why: string) => void) {
+    this.nodeName = nodeName;
+    const custom = kc.makeApiClient(CustomObjectsApi);
+    const core = kc.makeApiClient(CoreV1Api);
+    const setsPath = `/apis/${GROUP}/${VERSION}/${PLURAL}`;
+    this.sets = new ObservedList(
+      'pinnedimagesets',
+      kc,
+      setsPath,
+      () => custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural: PLURAL }) as Promise<KubernetesListObject<PinnedImageSet & KubernetesObject>>,
+      undefined,
+      log,
+      onChange,
+    );
+    const fieldSelector = `metadata.name=${nodeName}`;
+    this.node = new ObservedList('node', kc, '/api/v1/nodes', () => core.listNode({ fieldSelector }), fieldSelector, log, onChange);
+  }
+
+  async start(): Promise<void> {
+    await Promise.all([this.sets.start(), this.node.start()]);
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all([this.sets.stop(), this.node.stop()]);
+  }
+
+  /** The sets from the last successful observation, or null if none has succeeded yet. */
+  currentSets(): PinnedImageSet[] | null {
+    return this.sets.synced ? (this.sets.lw.list() as PinnedImageSet[]) : null;
+  }
+
+  /** This node as last observed, or null if it has not been read. */
+  currentNode(): V1Node | null {
+    if (!this.node.synced) return null;
+    return this.node.lw.get(this.nodeName) ?? null;
+  }
+
+  get synced(): boolean {
+    return this.sets.synced && this.node.synced;
+  }
+}

@@ -1,0 +1,166 @@
+// `pinset agent`: flags, wiring of the real implementations, and the two
+// ways to run: until SIGTERM (the DaemonSet, the systemd unit) or --once.
+import { hostname } from 'node:os';
+import { parseLabelList } from '../api/selector.ts';
+import type { NodeSetStatus } from '../api/types.ts';
+import { helpText, parseFlags, type FlagSpec, UsageError } from '../cli/flags.ts';
+import { CriImageRuntime } from '../cri/client.ts';
+import { PinFile } from '../crio/pinfile.ts';
+import { createReloader } from '../crio/reload.ts';
+import type { ReloadMode } from '../crio/reloader.ts';
+import { AgentMetrics } from '../metrics/agent-metrics.ts';
+import { startHealthServer } from '../metrics/server.ts';
+import { AuthFile } from '../registry/auth.ts';
+import { createLogger } from '../util/log.ts';
+import { Agent } from './agent.ts';
+import { KubeObserver, loadKubeConfig } from './kube.ts';
+import { LogStatusSink, NodeAnnotationSink, NodeEventRecorder } from './node-status.ts';
+import { ImagePuller } from './puller.ts';
+import { StatusReporter } from './status.ts';
+
+/**
+ * Default pull parallelism. Measured on containerd with a loopback
+ * registry (BENCHMARKS.md): 4 parallel pulls reach nearly all of the
+ * throughput of 8 while keeping the runtime's and the registry's load low;
+ * the kubelet itself pulls serially by default.
+ */
+export const DEFAULT_MAX_PARALLEL_PULLS = 4;
+
+export const AGENT_FLAGS: readonly FlagSpec[] = [
+  { name: 'node-name', env: 'NODE_NAME', type: 'string', required: true, help: 'name of this node (the DaemonSet sets it from spec.nodeName)' },
+  { name: 'kubeconfig', env: 'KUBECONFIG', type: 'string', help: 'kubeconfig file; in a pod the in-cluster config is used; with neither, only static sets apply' },
+  { name: 'static-dir', env: 'PINSET_STATIC_DIR', type: 'string', default: '/etc/pinset/sets.d', help: 'folder of YAML files of PinnedImageSet documents (missing = none)' },
+  { name: 'node-labels', env: 'PINSET_NODE_LABELS', type: 'string', help: 'k=v,... labels for selector matching when the Node cannot be read' },
+  { name: 'cri-endpoint', env: 'PINSET_CRI_ENDPOINT', type: 'string', default: 'unix:///var/run/crio/crio.sock', help: 'CRI socket of the container runtime' },
+  { name: 'crio-dropin-dir', env: 'PINSET_CRIO_DROPIN_DIR', type: 'string', default: '/etc/crio/crio.conf.d', help: 'CRI-O drop-in folder the pin file is written to' },
+  { name: 'reload', env: 'PINSET_RELOAD', type: 'string', default: 'dbus', choices: ['dbus', 'systemctl', 'none'], help: 'how CRI-O is reloaded after the pin file changes' },
+  { name: 'crio-unit', env: 'PINSET_CRIO_UNIT', type: 'string', default: 'crio.service', help: 'systemd unit of CRI-O' },
+  { name: 'auth-file', env: 'PINSET_AUTH_FILE', type: 'string', default: '/var/lib/kubelet/config.json', help: 'registry credentials, docker config.json format (missing = anonymous pulls)' },
+  { name: 'max-parallel-pulls', env: 'PINSET_MAX_PARALLEL_PULLS', type: 'int', default: DEFAULT_MAX_PARALLEL_PULLS, help: 'images pulled at the same time' },
+  { name: 'resync-interval', env: 'PINSET_RESYNC_INTERVAL', type: 'duration', default: '5m', help: 'full reconcile at least this often' },
+  { name: 'metrics-addr', env: 'PINSET_METRICS_ADDR', type: 'string', default: '0.0.0.0:9402', help: 'host:port for /healthz, /readyz and /metrics ("" disables)' },
+  { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['trace', 'debug', 'info', 'warn', 'error', 'fatal'], help: 'log level' },
+  { name: 'once', env: 'PINSET_ONCE', type: 'bool', default: false, help: 'one full reconcile, then exit 0 if every selected set is Ready, 1 if not; one JSON line per set on stdout' },
+];
+
+const SUMMARY = `Pins and pre-loads the images of the PinnedImageSets that select this node:
+writes one CRI-O drop-in with their union, reloads CRI-O, pulls missing images
+through the CRI socket and reports per-set status on the Node annotation
+pinset.dev/status.`;
+
+/** How long --once waits for the first list of sets and the Node. */
+const ONCE_SYNC_TIMEOUT_MS = 30_000;
+
+export async function run(argv: string[]): Promise<number> {
+  const { values: f } = parseFlags(AGENT_FLAGS, argv);
+  if (f.help) {
+    process.stdout.write(helpText('pinset agent [flags]', SUMMARY, AGENT_FLAGS));
+    return 0;
+  }
+  const once = f.once === true;
+  const nodeName = String(f['node-name']);
+  // With --once, stdout carries the results; logs go to stderr.
+  const logger = createLogger({ level: String(f['log-level']), base: { node: nodeName }, ...(once ? { destination: process.stderr } : {}) });
+  const maxParallel = Number(f['max-parallel-pulls']);
+  if (maxParallel < 1) throw new UsageError('--max-parallel-pulls must be at least 1');
+
+  let kc;
+  try {
+    kc = loadKubeConfig(f.kubeconfig as string | undefined);
+  } catch (e) {
+    throw new UsageError(`cannot load kubeconfig: ${(e as Error).message}`);
+  }
+  if (!kc) logger.info({ staticDir: f['static-dir'] }, 'no kubeconfig and not in a pod: running on static sets only');
+  const flagLabels = f['node-labels'] ? parseLabelList(String(f['node-labels'])) : null;
+
+  const metrics = new AgentMetrics({ defaultMetrics: !once });
+  const runtime = new CriImageRuntime(String(f['cri-endpoint']));
+  const pinFile = await PinFile.open(String(f['crio-dropin-dir']));
+  const reloader = createReloader(f.reload as ReloadMode, { unit: String(f['crio-unit']), logger });
+  const authFile = new AuthFile(String(f['auth-file']));
+  const puller = new ImagePuller({
+    runtime,
+    maxParallel,
+    logger,
+    authFor: (host, path) => authFile.authFor(host, path),
+    scrub: (t) => authFile.scrub(t),
+    onResult: (r) => {
+      metrics.pulls.inc({ result: r.ok ? 'success' : (r.failure?.kind ?? 'Other') });
+      if (r.ok) metrics.pullDuration.observe(r.durationMs / 1000);
+    },
+  });
+
+  let agent: Agent | undefined;
+  const kube = kc ? new KubeObserver(kc, nodeName, logger, (why) => agent?.trigger(why, true)) : null;
+  const reporter = new StatusReporter(kc ? new NodeAnnotationSink(kc, nodeName) : new LogStatusSink(logger), { logger });
+  const events = kc ? new NodeEventRecorder(kc, nodeName, () => kube?.currentNode()?.metadata?.uid, logger) : null;
+  agent = new Agent({
+    nodeName,
+    runtime,
+    pinFile,
+    reloader,
+    puller,
+    reporter,
+    logger,
+    kube,
+    staticDir: String(f['static-dir']),
+    flagLabels,
+    authFile,
+    events,
+    metrics,
+    resyncIntervalMs: Number(f['resync-interval']),
+  });
+  logger.info({ pinFile: pinFile.path, criEndpoint: f['cri-endpoint'], reload: f.reload, maxParallelPulls: maxParallel, host: hostname() }, 'pinset agent starting');
+
+  const shutdown = async () => {
+    await agent.stop();
+    await kube?.stop();
+    await Promise.race([reporter.flush(), new Promise((r) => setTimeout(r, 2_000))]);
+    reporter.close();
+    runtime.close();
+    reloader.close();
+  };
+
+  if (once) {
+    await kube?.start();
+    if (kube) {
+      const deadline = Date.now() + ONCE_SYNC_TIMEOUT_MS;
+      while (!kube.synced && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      if (!kube.synced) logger.warn('the API could not be listed; applying static sets and keeping current pins');
+    }
+    let code = 0;
+    try {
+      const result = await agent.reconcile();
+      for (const s of result.sets) process.stdout.write(JSON.stringify(s satisfies NodeSetStatus) + '\n');
+      code = result.sets.every((s) => s.phase === 'Ready') ? 0 : 1;
+    } catch (e) {
+      logger.error({ err: (e as Error).message }, 'reconcile failed');
+      code = 1;
+    }
+    await shutdown();
+    return code;
+  }
+
+  const health = f['metrics-addr']
+    ? await startHealthServer(String(f['metrics-addr']), metrics.registry, {
+        live: () => (agent.lastLoopAt === 0 || Date.now() - agent.lastLoopAt < Number(f['resync-interval']) * 3 + 60_000 ? null : 'reconcile loop stalled'),
+        ready: () => (agent.firstSyncDone ? null : 'waiting for the first reconcile that reaches the runtime'),
+      })
+    : null;
+  if (health) logger.info({ url: health.url }, 'health and metrics listening');
+
+  await kube?.start();
+  agent.start();
+  await new Promise<void>((resolve) => {
+    const onSignal = (sig: string) => {
+      logger.info({ signal: sig }, 'stopping');
+      resolve();
+    };
+    process.once('SIGTERM', () => onSignal('SIGTERM'));
+    process.once('SIGINT', () => onSignal('SIGINT'));
+  });
+  await shutdown();
+  await health?.close();
+  logger.info('stopped');
+  return 0;
+}

@@ -1,0 +1,211 @@
+// ImagePuller: pulls through the ImageRuntime with bounded parallelism,
+// one attempt per image per reconcile, and per-image retry state (capped
+// exponential backoff with jitter, at the pace of the failure's kind).
+// Pulls outlive a cancelled reconcile: the next reconcile joins a pull that
+// is still wanted and cancels one that is not.
+import type { Logger } from 'pino';
+import { isRuntimeDown } from '../cri/classify.ts';
+import { RuntimeError, type FailureKind, type ImageRuntime, type PullAuth } from '../cri/runtime.ts';
+import { backoffDelay, RETRY_POLICY } from './backoff.ts';
+import type { WantedImage } from './plan.ts';
+
+export interface PullFailure {
+  kind: FailureKind;
+  /** The runtime's socket could not be reached (not a registry problem). */
+  runtimeDown: boolean;
+  message: string;
+  /** Consecutive failures of this image. */
+  failures: number;
+  /** When the next attempt is due (ms since epoch). */
+  nextAttemptAt: number;
+}
+
+export interface PullResult {
+  key: string;
+  ok: boolean;
+  imageRef?: string;
+  failure?: PullFailure;
+  durationMs: number;
+}
+
+export interface ImagePullerOptions {
+  runtime: ImageRuntime;
+  maxParallel: number;
+  logger: Logger;
+  /** Credentials for a reference (the registry's only); undefined for anonymous. */
+  authFor?: (host: string, path: string) => PullAuth | undefined;
+  /** Removes known secrets from text that will be logged or reported. */
+  scrub?: (text: string) => string;
+  onResult?: (r: PullResult) => void;
+  now?: () => number;
+  random?: () => number;
+}
+
+/** A counting semaphore: at most `limit` holders at once, FIFO. */
+class Slots {
+  private readonly limit: number;
+  private used = 0;
+  private readonly waiters: (() => void)[] = [];
+  constructor(limit: number) {
+    this.limit = Math.max(1, limit);
+  }
+  async acquire(signal: AbortSignal): Promise<void> {
+    if (this.used < this.limit) {
+      this.used++;
+      return;
+    }
+    await new Promise<void>((resolve, reject) => {
+      const grant = () => {
+        signal.removeEventListener('abort', onAbort);
+        resolve();
+      };
+      const onAbort = () => {
+        const i = this.waiters.indexOf(grant);
+        if (i >= 0) this.waiters.splice(i, 1);
+        reject(signal.reason);
+      };
+      this.waiters.push(grant);
+      signal.addEventListener('abort', onAbort, { once: true });
+    });
+    this.used++;
+  }
+  release(): void {
+    this.used--;
+    this.waiters.shift()?.();
+  }
+}
+
+interface InFlight {
+  promise: Promise<PullResult>;
+  abort: AbortController;
+}
+
+export class ImagePuller {
+  private readonly opts: ImagePullerOptions;
+  private readonly slots: Slots;
+  private readonly failures = new Map<string, PullFailure>();
+  private readonly inflight = new Map<string, InFlight>();
+  private readonly now: () => number;
+
+  constructor(opts: ImagePullerOptions) {
+    this.opts = opts;
+    this.slots = new Slots(opts.maxParallel);
+    this.now = opts.now ?? Date.now;
+  }
+
+  /** The last failure of an image still being retried, if any. */
+  failure(key: string): PullFailure | undefined {
+    return this.failures.get(key);
+  }
+
+  isDue(key: string): boolean {
+    const f = this.failures.get(key);
+    return !f || this.now() >= f.nextAttemptAt;
+  }
+
+  /** Earliest time a failed, still-wanted image is due again. */
+  nextAttemptAt(): number | undefined {
+    let min: number | undefined;
+    for (const f of this.failures.values()) if (min === undefined || f.nextAttemptAt < min) min = f.nextAttemptAt;
+    return min;
+  }
+
+  /** The image is present: forget its failures. */
+  markPresent(key: string): void {
+    this.failures.delete(key);
+  }
+
+  /** Cancel pulls and forget failures of images no longer wanted. Returns the keys cancelled. */
+  retain(wanted: ReadonlySet<string>): string[] {
+    const cancelled: string[] = [];
+    for (const [key, f] of this.inflight) {
+      if (!wanted.has(key)) {
+        f.abort.abort(new Error('no longer wanted'));
+        cancelled.push(key);
+      }
+    }
+    for (const key of this.failures.keys()) if (!wanted.has(key)) this.failures.delete(key);
+    return cancelled;
+  }
+
+  /**
+   * Give every image that is due one attempt (joining pulls already in
+   * flight) and wait for them. `signal` stops the waiting, not the pulls.
+   */
+  async pull(images: readonly WantedImage[], signal: AbortSignal): Promise<PullResult[]> {
+    const waits = images.filter((w) => this.inflight.has(w.key) || this.isDue(w.key)).map((w) => this.start(w));
+    const all = Promise.all(waits);
+    if (signal.aborted) throw signal.reason;
+    return await new Promise<PullResult[]>((resolve, reject) => {
+      const onAbort = () => reject(signal.reason);
+      signal.addEventListener('abort', onAbort, { once: true });
+      all.then(
+        (r) => {
+          signal.removeEventListener('abort', onAbort);
+          resolve(r);
+        },
+        (e) => {
+          signal.removeEventListener('abort', onAbort);
+          reject(e);
+        },
+      );
+    });
+  }
+
+  /** Cancel everything (shutdown). */
+  abortAll(): void {
+    for (const f of this.inflight.values()) f.abort.abort(new Error('shutting down'));
+  }
+
+  private start(w: WantedImage): Promise<PullResult> {
+    const existing = this.inflight.get(w.key);
+    if (existing) return existing.promise;
+    const abort = new AbortController();
+    const promise = this.attempt(w, abort.signal).finally(() => this.inflight.delete(w.key));
+    this.inflight.set(w.key, { promise, abort });
+    return promise;
+  }
+
+  private async attempt(w: WantedImage, signal: AbortSignal): Promise<PullResult> {
+    const { runtime, logger } = this.opts;
+    const ref = w.reference.reference;
+    const log = logger.child({ image: ref, ...(w.runtimeHandler ? { runtimeHandler: w.runtimeHandler } : {}) });
+    try {
+      await this.slots.acquire(signal);
+    } catch {
+      return { key: w.key, ok: false, durationMs: 0, failure: this.recordFailure(w.key, new RuntimeError('Canceled', 'pull cancelled: no longer wanted')) };
+    }
+    const started = this.now();
+    try {
+      const auth = this.opts.authFor?.(w.reference.host, w.reference.path);
+      log.info({ authenticated: auth !== undefined }, 'pulling image');
+      const imageRef = await runtime.pullImage(ref, { runtimeHandler: w.runtimeHandler || undefined, auth, signal });
+      const r: PullResult = { key: w.key, ok: true, imageRef, durationMs: this.now() - started };
+      this.failures.delete(w.key);
+      log.info({ imageRef, durationMs: r.durationMs }, 'pulled image');
+      this.opts.onResult?.(r);
+      return r;
+    } catch (e) {
+      const err = e instanceof RuntimeError ? e : new RuntimeError('Other', (e as Error).message);
+      const failure = this.recordFailure(w.key, err);
+      const r: PullResult = { key: w.key, ok: false, failure, durationMs: this.now() - started };
+      if (err.kind === 'Canceled') log.info('pull cancelled: the image is no longer wanted');
+      else log.warn({ kind: failure.kind, failures: failure.failures, retryInMs: failure.nextAttemptAt - this.now(), err: failure.message }, 'pull failed');
+      this.opts.onResult?.(r);
+      return r;
+    } finally {
+      this.slots.release();
+    }
+  }
+
+  private recordFailure(key: string, err: RuntimeError): PullFailure {
+    const prev = this.failures.get(key);
+    const failures = (prev?.failures ?? 0) + 1;
+    const delay = backoffDelay(RETRY_POLICY[err.kind], failures, this.opts.random);
+    const message = (this.opts.scrub ?? ((s: string) => s))(err.message);
+    const f: PullFailure = { kind: err.kind, runtimeDown: isRuntimeDown(err), message, failures, nextAttemptAt: this.now() + delay };
+    if (err.kind === 'Canceled') this.failures.delete(key);
+    else this.failures.set(key, f);
+    return f;
+  }
+}

@@ -1,0 +1,344 @@
+// Per-set status on this node: phases and counts from one reconcile's
+// facts (a pure function), the bounded NodeStatus document, and the
+// reporter that writes it to the Node annotation only when it changes, at
+// most once per 5 s while anything is progressing.
+import type { Logger } from 'pino';
+import {
+  STATUS_FORMAT_VERSION,
+  STATUS_MAX_BYTES,
+  STATUS_MAX_ERROR_BYTES,
+  type NodeSetStatus,
+  type NodeStatus,
+  type SetPhase,
+} from '../api/types.ts';
+import type { FailureKind } from '../cri/runtime.ts';
+import type { DropinPins } from '../crio/pinfile.ts';
+import { Backoff } from './backoff.ts';
+import type { Plan, PlannedSet, WantedImage } from './plan.ts';
+import { wantedKey } from './plan.ts';
+import type { PullFailure } from './puller.ts';
+
+/** What this node remembers per set across reconciles (and restarts, via the annotation). */
+export interface SetHistory {
+  currentGeneration: number;
+  lastFailedGeneration?: number;
+  lastFailedGenerationError?: string;
+}
+
+export interface StatusFacts {
+  plan: Plan;
+  /** Pins the agent's file holds on disk after this reconcile. */
+  pinsInFile: ReadonlySet<string>;
+  /** Whether the runtime holds an image (for its handler). */
+  present: (w: WantedImage) => boolean;
+  /** The runtime's pinned flag; undefined when the runtime does not report pins. */
+  pinnedByRuntime: (w: WantedImage) => boolean | undefined;
+  failure: (key: string) => PullFailure | undefined;
+  /** The runtime could not be asked what it holds. */
+  runtimeError?: string;
+  /** The pin file could not be written. */
+  writeError?: string;
+  reloadError?: string;
+  overriding: readonly DropinPins[];
+  pinFile: string;
+  history: ReadonlyMap<string, SetHistory>;
+}
+
+const PULL_REASON: Record<FailureKind, string> = {
+  NotFound: 'ImageNotFound',
+  Unauthorized: 'Unauthorized',
+  Unavailable: 'RegistryUnavailable',
+  NoSpace: 'NoSpace',
+  Canceled: 'Pulling',
+  Other: 'PullFailed',
+};
+/** Which failure names the set's reason when several images fail differently. */
+const PULL_SEVERITY: FailureKind[] = ['NoSpace', 'Unauthorized', 'NotFound', 'Other', 'Unavailable', 'Canceled'];
+
+/** Cut to at most `max` bytes of UTF-8 without splitting a character. */
+export function cutBytes(s: string, max: number): string {
+  const b = Buffer.from(s, 'utf8');
+  if (b.length <= max) return s;
+  let end = max - 3;
+  while (end > 0 && (b[end]! & 0xc0) === 0x80) end--;
+  return b.subarray(0, end).toString('utf8') + '...';
+}
+
+function pullMessage(w: WantedImage, f: PullFailure, handler: string): { reason: string; message: string } {
+  const ref = w.reference.reference;
+  const host = w.reference.host;
+  if (f.runtimeDown) return { reason: 'RuntimeUnavailable', message: `the container runtime could not be reached while pulling ${ref}: ${f.message}` };
+  if (handler && /runtime.?handler|runtime.?class|handler/i.test(f.message)) {
+    return { reason: 'RuntimeHandlerRejected', message: `the runtime rejected runtimeHandler ${JSON.stringify(handler)} for ${ref}: ${f.message}` };
+  }
+  switch (f.kind) {
+    case 'Unauthorized':
+      return { reason: 'Unauthorized', message: `registry ${host} refused the credentials for ${ref} (check the entry for ${host} in the auth file): ${f.message}` };
+    case 'NotFound':
+      return { reason: 'ImageNotFound', message: `registry ${host} has no image ${ref}: ${f.message}` };
+    case 'Unavailable':
+      return { reason: 'RegistryUnavailable', message: `registry ${host} could not be reached for ${ref}: ${f.message}` };
+    case 'NoSpace':
+      return { reason: 'NoSpace', message: `no space left on the image filesystem while pulling ${ref}: ${f.message}` };
+    default:
+      return { reason: PULL_REASON[f.kind], message: `pulling ${ref} failed: ${f.message}` };
+  }
+}
+
+function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedImage>): { phase: SetPhase; reason: string; message?: string; counts: NodeSetStatus['images'] } {
+  const counts = { wanted: s.references.length, present: 0, pinned: 0, failed: 0, invalid: s.invalidImages.length };
+  if (s.specErrors.length > 0) {
+    return { phase: 'Degraded', reason: 'InvalidSpec', message: `set ${s.name} (${s.origin}) is not applied: ${s.specErrors.slice(0, 3).join('; ')}`, counts };
+  }
+  if (s.selection === 'unknown') {
+    return { phase: 'Progressing', reason: 'WaitingForNodeLabels', message: 'the node labels are not known yet, so the node selector cannot be evaluated', counts };
+  }
+  const failures: { w: WantedImage; f: PullFailure }[] = [];
+  let notPinned = 0;
+  for (const r of s.references) {
+    const w = wanted.get(wantedKey(r.reference, s.runtimeHandler));
+    if (!w) continue;
+    const present = facts.runtimeError === undefined && facts.present(w);
+    if (present) counts.present++;
+    const inFile = facts.pinsInFile.has(r.reference);
+    const reported = facts.pinnedByRuntime(w);
+    if (inFile && (reported === undefined || reported || !present)) counts.pinned++;
+    if (inFile && present && reported === false) notPinned++;
+    const f = present ? undefined : facts.failure(w.key);
+    if (f && f.kind !== 'Canceled') {
+      counts.failed++;
+      failures.push({ w, f });
+    }
+  }
+  if (facts.overriding.length > 0) {
+    const files = facts.overriding.map((o) => o.file).join(', ');
+    return {
+      phase: 'Degraded',
+      reason: 'PinsOverridden',
+      message: `${files} sets pinned_images and sorts after ${facts.pinFile}; CRI-O keeps only the last list, so no pin of this set is in effect. Remove pinned_images from ${files} (pinset carries over pins from files that sort before its own)`,
+      counts,
+    };
+  }
+  if (facts.writeError) return { phase: 'Degraded', reason: 'PinFileWriteFailed', message: `the pin file ${facts.pinFile} could not be written: ${facts.writeError}`, counts };
+  if (facts.reloadError) return { phase: 'Degraded', reason: 'ReloadFailed', message: `CRI-O was not reloaded after the pin file changed (retrying): ${facts.reloadError}`, counts };
+  if (facts.runtimeError) return { phase: 'Degraded', reason: 'RuntimeUnavailable', message: `the container runtime could not be reached: ${facts.runtimeError}`, counts };
+  if (counts.invalid > 0) {
+    const first = s.invalidImages.slice(0, 3).map((p) => `${p.field}: ${p.error}`);
+    return { phase: 'Degraded', reason: 'InvalidReference', message: `${counts.invalid} reference(s) rejected and not pinned: ${first.join('; ')}`, counts };
+  }
+  if (failures.length > 0) {
+    failures.sort((a, b) => PULL_SEVERITY.indexOf(a.f.kind) - PULL_SEVERITY.indexOf(b.f.kind));
+    const { w, f } = failures[0]!;
+    const m = pullMessage(w, f, s.runtimeHandler);
+    const more = failures.length > 1 ? ` (${failures.length} of ${counts.wanted} images failing; retrying)` : ' (retrying)';
+    return { phase: 'Degraded', reason: m.reason, message: m.message + more, counts };
+  }
+  if (counts.present < counts.wanted) {
+    return { phase: 'Progressing', reason: 'Pulling', message: `${counts.present} of ${counts.wanted} images present`, counts };
+  }
+  if (notPinned > 0) {
+    return { phase: 'Progressing', reason: 'WaitingForPin', message: `${notPinned} image(s) are in the pin file but not yet reported pinned by the runtime`, counts };
+  }
+  return { phase: 'Ready', reason: 'AllImagesPinned', counts };
+}
+
+/**
+ * Status of every set that selects this node (or might: labels unknown),
+ * and the updated history. Pure.
+ */
+export function computeSetStatuses(facts: StatusFacts): { sets: NodeSetStatus[]; history: Map<string, SetHistory> } {
+  const wanted = new Map(facts.plan.wanted.map((w) => [w.key, w]));
+  const history = new Map<string, SetHistory>();
+  const sets: NodeSetStatus[] = [];
+  for (const s of facts.plan.sets) {
+    if (s.selection === 'not-selected' && s.specErrors.length === 0) continue;
+    const { phase, reason, message, counts } = phaseOf(s, facts, wanted);
+    const prev = facts.history.get(s.key) ?? { currentGeneration: 0 };
+    const h: SetHistory = { ...prev };
+    if (phase === 'Ready') h.currentGeneration = s.generation;
+    if (phase === 'Degraded') {
+      h.lastFailedGeneration = s.generation;
+      h.lastFailedGenerationError = cutBytes(`${reason}: ${message ?? ''}`, STATUS_MAX_ERROR_BYTES);
+    }
+    history.set(s.key, h);
+    const st: NodeSetStatus = {
+      name: s.name,
+      ...(s.uid ? { uid: s.uid } : {}),
+      source: s.source,
+      desiredGeneration: s.generation,
+      currentGeneration: h.currentGeneration,
+      ...(h.lastFailedGeneration !== undefined ? { lastFailedGeneration: h.lastFailedGeneration, lastFailedGenerationError: h.lastFailedGenerationError } : {}),
+      images: counts,
+      phase,
+      reason,
+      ...(message ? { message: cutBytes(message, STATUS_MAX_ERROR_BYTES) } : {}),
+    };
+    sets.push(st);
+  }
+  sets.sort((a, b) => (a.source + a.name < b.source + b.name ? -1 : 1));
+  return { sets, history };
+}
+
+/** The annotation document, cut to STATUS_MAX_BYTES: messages first, then whole sets. */
+export function boundedNodeStatus(status: NodeStatus, maxBytes = STATUS_MAX_BYTES): NodeStatus {
+  const size = (s: NodeStatus) => Buffer.byteLength(JSON.stringify(s));
+  if (size(status) <= maxBytes) return status;
+  const short: NodeStatus = {
+    ...status,
+    sets: status.sets.map((s) => ({
+      ...s,
+      ...(s.message ? { message: cutBytes(s.message, 160) } : {}),
+      ...(s.lastFailedGenerationError ? { lastFailedGenerationError: cutBytes(s.lastFailedGenerationError, 160) } : {}),
+    })),
+  };
+  if (size(short) <= maxBytes) return short;
+  // Keep the sets an operator must look at: Degraded, then Progressing, then Ready.
+  const order: Record<SetPhase, number> = { Degraded: 0, Progressing: 1, Ready: 2 };
+  const ranked = [...short.sets].sort((a, b) => order[a.phase] - order[b.phase]);
+  const kept: NodeSetStatus[] = [];
+  const out: NodeStatus = { ...short, sets: kept, truncated: true };
+  for (const s of ranked) {
+    kept.push(s);
+    if (size(out) > maxBytes) {
+      kept.pop();
+      break;
+    }
+  }
+  return out;
+}
+
+export function parseNodeStatus(annotation: string | undefined): NodeStatus | null {
+  if (!annotation) return null;
+  try {
+    const v = JSON.parse(annotation) as NodeStatus;
+    return v && v.version === STATUS_FORMAT_VERSION && Array.isArray(v.sets) ? v : null;
+  } catch {
+    return null;
+  }
+}
+
+/** History as remembered in a previous annotation (so a restart keeps currentGeneration). */
+export function historyFromStatus(status: NodeStatus | null): Map<string, SetHistory> {
+  const h = new Map<string, SetHistory>();
+  for (const s of status?.sets ?? []) {
+    h.set(`${s.source}/${s.name}`, {
+      currentGeneration: s.currentGeneration ?? 0,
+      ...(s.lastFailedGeneration !== undefined ? { lastFailedGeneration: s.lastFailedGeneration, lastFailedGenerationError: s.lastFailedGenerationError } : {}),
+    });
+  }
+  return h;
+}
+
+export function makeNodeStatus(node: string, pinFile: string, sets: NodeSetStatus[], updatedAt: string): NodeStatus {
+  return boundedNodeStatus({ version: STATUS_FORMAT_VERSION, node, pinFile, updatedAt, sets });
+}
+
+// ---------------------------------------------------------------------------
+
+export interface StatusSink {
+  write(status: NodeStatus): Promise<void>;
+}
+
+/** Identity of a status for change detection: everything but the time stamp. */
+function contentKey(s: NodeStatus): string {
+  return JSON.stringify({ ...s, updatedAt: '' });
+}
+
+/**
+ * Writes a NodeStatus when its content changed; while any set is
+ * Progressing, at most once per `minIntervalMs` (the latest content wins).
+ * A failed write is retried with backoff; the newest content is what lands.
+ */
+export class StatusReporter {
+  private readonly sink: StatusSink;
+  private readonly minIntervalMs: number;
+  private readonly log: Logger;
+  private readonly now: () => number;
+  private lastWrittenKey: string | undefined;
+  private lastWriteAt = -Infinity;
+  private pending: NodeStatus | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private writing: Promise<void> | undefined;
+  private readonly backoff = new Backoff({ baseMs: 1_000, capMs: 60_000 });
+  writes = 0;
+
+  constructor(sink: StatusSink, opts: { minIntervalMs?: number; logger: Logger; now?: () => number; initial?: NodeStatus | null }) {
+    this.sink = sink;
+    this.minIntervalMs = opts.minIntervalMs ?? 5_000;
+    this.log = opts.logger;
+    this.now = opts.now ?? Date.now;
+    if (opts.initial) this.lastWrittenKey = contentKey(opts.initial);
+  }
+
+  /** True when this content differs from what was last written (or queued). */
+  changed(status: NodeStatus): boolean {
+    const key = contentKey(status);
+    return key !== (this.pending ? contentKey(this.pending) : this.lastWrittenKey);
+  }
+
+  report(status: NodeStatus): void {
+    if (!this.changed(status)) return;
+    if (contentKey(status) === this.lastWrittenKey) {
+      // Back to what is already written: nothing to send.
+      this.pending = undefined;
+      clearTimeout(this.timer);
+      this.timer = undefined;
+      return;
+    }
+    this.pending = status;
+    const progressing = status.sets.some((s) => s.phase === 'Progressing');
+    const wait = progressing ? this.lastWriteAt + this.minIntervalMs - this.now() : 0;
+    this.schedule(Math.max(0, wait));
+  }
+
+  private schedule(delay: number): void {
+    if (this.timer || this.writing) return;
+    if (delay <= 0) {
+      void this.flushPending();
+      return;
+    }
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      void this.flushPending();
+    }, delay);
+    this.timer.unref?.();
+  }
+
+  private async flushPending(): Promise<void> {
+    const status = this.pending;
+    if (!status) return;
+    this.pending = undefined;
+    this.writing = (async () => {
+      try {
+        await this.sink.write(status);
+        this.lastWrittenKey = contentKey(status);
+        this.lastWriteAt = this.now();
+        this.writes++;
+        this.backoff.reset();
+      } catch (e) {
+        const delay = this.backoff.fail();
+        this.log.warn({ err: (e as Error).message?.slice(0, 300), retryInMs: delay }, 'status write failed; retrying');
+        this.pending ??= status;
+        this.writing = undefined;
+        this.schedule(delay);
+        return;
+      }
+      this.writing = undefined;
+      if (this.pending) this.report(this.pending);
+    })();
+    await this.writing;
+  }
+
+  /** Write whatever is pending now (shutdown, --once). */
+  async flush(): Promise<void> {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    if (this.writing) await this.writing;
+    await this.flushPending();
+  }
+
+  close(): void {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+}

@@ -1,0 +1,137 @@
+// The PinnedImageSet API (group pinset.dev, version v1alpha1, cluster-scoped)
+// and the per-node status annotation. The CRD in deploy/crds/ and the
+// validator in ./validate.ts describe the same shape.
+
+export const GROUP = 'pinset.dev';
+export const VERSION = 'v1alpha1';
+export const API_VERSION = `${GROUP}/${VERSION}`;
+export const KIND = 'PinnedImageSet';
+export const PLURAL = 'pinnedimagesets';
+
+/** Upper bound on spec.pinnedImages, the same in the CRD and the validator. */
+export const MAX_PINNED_IMAGES = 5000;
+
+export type SelectorOperator = 'In' | 'NotIn' | 'Exists' | 'DoesNotExist';
+
+export interface LabelSelectorRequirement {
+  key: string;
+  operator: SelectorOperator;
+  values?: string[];
+}
+
+/** metav1.LabelSelector. Absent or empty selects every node. */
+export interface LabelSelector {
+  matchLabels?: Record<string, string>;
+  matchExpressions?: LabelSelectorRequirement[];
+}
+
+export interface PinnedImage {
+  /** A digest reference: <registry host>/<path>@sha256:<64 lowercase hex>. */
+  name: string;
+}
+
+export interface PinnedImageSetSpec {
+  nodeSelector?: LabelSelector;
+  /** Passed as CRI ImageSpec.runtime_handler (KEP-4216). */
+  runtimeHandler?: string;
+  pinnedImages: PinnedImage[];
+}
+
+export interface ObjectMeta {
+  name: string;
+  uid?: string;
+  generation?: number;
+  resourceVersion?: string;
+  creationTimestamp?: string;
+  labels?: Record<string, string>;
+  annotations?: Record<string, string>;
+}
+
+/** metav1.Condition */
+export interface Condition {
+  type: string;
+  status: 'True' | 'False' | 'Unknown';
+  reason: string;
+  message: string;
+  observedGeneration?: number;
+  lastTransitionTime: string;
+}
+
+export interface DegradedNode {
+  name: string;
+  reason: string;
+  message: string;
+}
+
+export interface PinnedImageSetStatus {
+  observedGeneration?: number;
+  nodes?: { matched: number; ready: number; progressing: number; degraded: number };
+  degradedNodes?: DegradedNode[];
+  conditions?: Condition[];
+}
+
+export interface PinnedImageSet {
+  apiVersion: string;
+  kind: string;
+  metadata: ObjectMeta;
+  spec: PinnedImageSetSpec;
+  status?: PinnedImageSetStatus;
+}
+
+/** Where the agent found a set. */
+export type SetSource = 'api' | 'static';
+
+// ---------------------------------------------------------------------------
+// The node status annotation, written by the agent, read by the controller
+// and `pinset status`.
+
+export const STATUS_ANNOTATION = 'pinset.dev/status';
+export const STATUS_FORMAT_VERSION = 1;
+/** The annotation is never written larger than this (bytes of JSON). */
+export const STATUS_MAX_BYTES = 64 * 1024;
+/** lastFailedGenerationError is cut to this many bytes. */
+export const STATUS_MAX_ERROR_BYTES = 1024;
+
+export type SetPhase = 'Progressing' | 'Ready' | 'Degraded';
+
+export interface SetImageCounts {
+  /** References this set asks for on this node (valid ones). */
+  wanted: number;
+  /** Of those, present in the runtime. */
+  present: number;
+  /** Of those, in the pin file (and reported pinned by the runtime where it reports). */
+  pinned: number;
+  /** Of those, whose last pull failed. */
+  failed: number;
+  /** References rejected by validation (not pinned, not pulled). */
+  invalid: number;
+}
+
+export interface NodeSetStatus {
+  name: string;
+  uid?: string;
+  source: SetSource;
+  desiredGeneration: number;
+  /** The generation this node last completed (Ready); 0 if never. */
+  currentGeneration: number;
+  lastFailedGeneration?: number;
+  /** At most STATUS_MAX_ERROR_BYTES. */
+  lastFailedGenerationError?: string;
+  images: SetImageCounts;
+  phase: SetPhase;
+  /** CamelCase, e.g. AllImagesPinned, Pulling, ImageNotFound, PinsOverridden. */
+  reason: string;
+  message?: string;
+}
+
+export interface NodeStatus {
+  version: typeof STATUS_FORMAT_VERSION;
+  node: string;
+  /** Base name of the agent's drop-in in the CRI-O drop-in folder. */
+  pinFile: string;
+  /** When the content last changed (RFC 3339). */
+  updatedAt: string;
+  sets: NodeSetStatus[];
+  /** True when sets were left out to keep the annotation under STATUS_MAX_BYTES. */
+  truncated?: boolean;
+}

@@ -1,0 +1,105 @@
+// One validator for PinnedImageSet objects, implementing the same rules as
+// the CRD's structural schema (deploy/crds/): used by the agent on every set
+// it reads (API or static folder) and by `pinset validate`.
+import { parseReference, quote, type ParsedReference } from './reference.ts';
+import { selectorErrors } from './selector.ts';
+import { API_VERSION, KIND, MAX_PINNED_IMAGES, type PinnedImageSet } from './types.ts';
+
+/** metadata.name of a cluster-scoped object: a DNS-1123 subdomain. */
+export const NAME_PATTERN = '^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$';
+export const MAX_OBJECT_NAME_LENGTH = 253;
+/** A RuntimeClass handler is a DNS-1123 label. */
+export const RUNTIME_HANDLER_PATTERN = '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$';
+export const MAX_RUNTIME_HANDLER_LENGTH = 63;
+
+const nameRe = new RegExp(NAME_PATTERN);
+const handlerRe = new RegExp(RUNTIME_HANDLER_PATTERN);
+
+export interface ImageProblem {
+  index: number;
+  field: string;
+  name: string;
+  error: string;
+}
+
+export interface SetValidation {
+  /** Errors that make the whole set unusable ("field: message"). */
+  errors: string[];
+  /** References that fail the grammar; the set's other references stay usable. */
+  imageProblems: ImageProblem[];
+  /** The valid references, in order, de-duplicated. */
+  images: ParsedReference[];
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+export function validateSet(obj: unknown): SetValidation {
+  const errors: string[] = [];
+  const imageProblems: ImageProblem[] = [];
+  const images: ParsedReference[] = [];
+  if (!isObject(obj)) return { errors: ['must be an object'], imageProblems, images };
+
+  if (obj.apiVersion !== API_VERSION) errors.push(`apiVersion: must be ${API_VERSION}, not ${quote(String(obj.apiVersion))}`);
+  if (obj.kind !== KIND) errors.push(`kind: must be ${KIND}, not ${quote(String(obj.kind))}`);
+
+  const md = obj.metadata;
+  if (!isObject(md)) {
+    errors.push('metadata: must be an object with a name');
+  } else if (typeof md.name !== 'string' || md.name.length === 0) {
+    errors.push('metadata.name: required');
+  } else if (md.name.length > MAX_OBJECT_NAME_LENGTH || !nameRe.test(md.name)) {
+    errors.push(`metadata.name: ${quote(md.name)} must be a lowercase DNS subdomain (letters, digits, '-', '.') of at most ${MAX_OBJECT_NAME_LENGTH} characters`);
+  }
+
+  const spec = obj.spec;
+  if (!isObject(spec)) {
+    errors.push('spec: required');
+    return { errors, imageProblems, images };
+  }
+  errors.push(...selectorErrors(spec.nodeSelector));
+  if (spec.runtimeHandler !== undefined && spec.runtimeHandler !== '') {
+    if (typeof spec.runtimeHandler !== 'string' || spec.runtimeHandler.length > MAX_RUNTIME_HANDLER_LENGTH || !handlerRe.test(spec.runtimeHandler)) {
+      errors.push(`spec.runtimeHandler: ${quote(String(spec.runtimeHandler))} must be a DNS label (a RuntimeClass handler name)`);
+    }
+  }
+  const list = spec.pinnedImages;
+  if (!Array.isArray(list)) {
+    errors.push('spec.pinnedImages: required, a list of {name: <digest reference>}');
+    return { errors, imageProblems, images };
+  }
+  if (list.length < 1) errors.push('spec.pinnedImages: must have at least 1 item');
+  if (list.length > MAX_PINNED_IMAGES) errors.push(`spec.pinnedImages: has ${list.length} items; at most ${MAX_PINNED_IMAGES} are allowed`);
+
+  const seen = new Map<string, number>();
+  list.forEach((item: unknown, index: number) => {
+    const field = `spec.pinnedImages[${index}].name`;
+    const name = isObject(item) ? item.name : undefined;
+    if (typeof name !== 'string') {
+      imageProblems.push({ index, field, name: String(name), error: 'required, a string' });
+      return;
+    }
+    const first = seen.get(name);
+    if (first !== undefined) {
+      // The CRD declares a map list keyed by name: the API server refuses duplicates.
+      errors.push(`${field}: duplicate of spec.pinnedImages[${first}].name ${quote(name)}`);
+      return;
+    }
+    seen.set(name, index);
+    const r = parseReference(name);
+    if (r.ok) images.push(r.value);
+    else imageProblems.push({ index, field, name, error: r.error });
+  });
+  return { errors, imageProblems, images };
+}
+
+/** Human summary of every problem, one per line, each prefixed with the field. */
+export function describeProblems(v: SetValidation): string[] {
+  return [...v.errors, ...v.imageProblems.map((p) => `${p.field}: ${p.error}`)];
+}
+
+/** Narrowing helper for callers that have validated the structure. */
+export function asSet(obj: unknown): PinnedImageSet {
+  return obj as PinnedImageSet;
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env node
+// pinset: one binary, four commands. Each command module exports
+// run(argv): Promise<number>, the process exit code.
+//   0 success; 1 the work did not succeed (e.g. a set not Ready, a bad file);
+//   2 a usage or configuration error.
+import { UsageError } from './flags.ts';
+
+const commands: Record<string, { summary: string; load: () => Promise<{ run(argv: string[]): Promise<number> }> }> = {
+  agent: { summary: 'pin and pre-load the images of the sets that select this node', load: () => import('../agent/main.ts') },
+  controller: { summary: 'roll per-node results up into each set\'s status', load: () => import('../controller/main.ts') },
+  status: { summary: 'show, per node and set, what the agents report', load: () => import('./status.ts') },
+  validate: { summary: 'check PinnedImageSet YAML files offline', load: () => import('./validate.ts') },
+};
+
+function usage(): string {
+  const rows = Object.entries(commands).map(([name, c]) => `  ${name.padEnd(12)} ${c.summary}`);
+  return `usage: pinset <command> [flags]\n\ncommands:\n${rows.join('\n')}\n\n'pinset <command> --help' lists a command's flags.\n`;
+}
+
+async function main(argv: string[]): Promise<number> {
+  const [name, ...rest] = argv;
+  if (!name || name === '--help' || name === '-h' || name === 'help') {
+    process.stdout.write(usage());
+    return name ? 0 : 2;
+  }
+  const cmd = commands[name];
+  if (!cmd) {
+    process.stderr.write(`pinset: unknown command ${JSON.stringify(name)}\n\n${usage()}`);
+    return 2;
+  }
+  try {
+    const mod = await cmd.load();
+    return await mod.run(rest);
+  } catch (err) {
+    if (err instanceof UsageError) {
+      process.stderr.write(`pinset ${name}: ${err.message}\n`);
+      return 2;
+    }
+    throw err;
+  }
+}
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (err: unknown) => {
+    process.stderr.write(`pinset: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    process.exitCode = 2;
+  },
+);

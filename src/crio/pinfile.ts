@@ -1,0 +1,207 @@
+// PinFile: the agent's one drop-in in CRI-O's configuration folder.
+//
+// CRI-O reads crio.conf, then every regular file in crio.conf.d in lexical
+// order, and a `pinned_images` list in a later file REPLACES the one from an
+// earlier file (cri-o pkg/config; facts/crio-pinning.md). So pinset writes
+// the union of every set's images into a single file that sorts after the
+// usual drop-ins, carries over the pins it finds in the files (and
+// crio.conf) read before it, and reports any file sorted after it that sets
+// pinned_images, since that file would silently replace every pin.
+//
+// The file name embeds a UUID, so no hand-written file can collide, and is
+// reused across restarts (found by prefix + the owner marker in its header).
+// Writes are atomic: temp file in the same folder, fsync, rename, fsync the
+// folder. The agent deletes only files it owns.
+import { randomUUID } from 'node:crypto';
+import { constants as fsc } from 'node:fs';
+import * as fsp from 'node:fs/promises';
+import * as path from 'node:path';
+import { parse as parseToml, stringify as stringifyToml } from 'smol-toml';
+
+export const PIN_FILE_PREFIX = '99-pinset-';
+export const PIN_FILE_SUFFIX = '.conf';
+/** Present in the header of every file the agent owns; with the prefix, it proves ownership. */
+export const OWNER_MARKER = '# pinset.dev/owner: pinset-agent';
+const HEADER = [
+  '# Written by the pinset agent (pinset.dev): the union of the images pinned by',
+  '# the PinnedImageSets that select this node, plus the pinned_images of the',
+  '# CRI-O configuration files read before this one. Do not edit: the agent',
+  '# rewrites this file; change PinnedImageSets or your own drop-ins instead.',
+  OWNER_MARKER,
+  '',
+].join('\n');
+
+const uuidNameRe = /^99-pinset-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.conf$/;
+const tempNameRe = /^\.99-pinset-.*\.tmp$/;
+
+export interface DropinPins {
+  /** Base name in the drop-in folder (or the path of crio.conf). */
+  file: string;
+  pins: string[];
+}
+
+export interface DropinScan {
+  /** Content of the agent's own file, or null when absent. */
+  ownContent: string | null;
+  /** Pins in the agent's own file as parsed (empty when absent or unparsable). */
+  ownPins: string[];
+  /** pinned_images from crio.conf and the drop-ins sorting before the agent's file, in read order. */
+  before: DropinPins[];
+  /** Drop-ins sorting after the agent's file that set pinned_images: they override every pin. */
+  overriding: DropinPins[];
+  /** Files that could not be read or parsed (CRI-O would refuse them too). */
+  problems: { file: string; error: string }[];
+}
+
+/** Test seam: called between the temp write and the rename. */
+export interface PinFileHooks {
+  afterTempWrite?: (tempPath: string) => void | Promise<void>;
+}
+
+export function renderPinFile(pins: readonly string[]): string {
+  const sorted = [...new Set(pins)].sort();
+  return HEADER + stringifyToml({ crio: { image: { pinned_images: sorted } } }) + '\n';
+}
+
+/** The pinned_images list of a parsed CRI-O config, or undefined when it sets none. */
+function pinnedImagesOf(doc: Record<string, unknown>): string[] | undefined {
+  const crio = doc.crio as Record<string, unknown> | undefined;
+  const image = crio?.image as Record<string, unknown> | undefined;
+  const list = image?.pinned_images;
+  if (list === undefined) return undefined;
+  if (!Array.isArray(list) || list.some((x) => typeof x !== 'string')) throw new Error('crio.image.pinned_images is not a list of strings');
+  return list as string[];
+}
+
+function isOwnedContent(content: string): boolean {
+  return content.split('\n', 12).includes(OWNER_MARKER);
+}
+
+export class PinFile {
+  readonly dir: string;
+  readonly name: string;
+  readonly path: string;
+  /** crio.conf, read before every drop-in. */
+  readonly mainConfig: string;
+  private readonly hooks: PinFileHooks;
+
+  private constructor(dir: string, name: string, mainConfig: string, hooks: PinFileHooks) {
+    this.dir = dir;
+    this.name = name;
+    this.path = path.join(dir, name);
+    this.mainConfig = mainConfig;
+    this.hooks = hooks;
+  }
+
+  /**
+   * Find the agent's file in `dir` (reusing its name across restarts), or
+   * choose a new name. Removes temp files a killed agent left behind: CRI-O
+   * reads every file in the folder, and a half-written one would break its
+   * next reload.
+   */
+  static async open(dir: string, opts: { mainConfig?: string; hooks?: PinFileHooks } = {}): Promise<PinFile> {
+    const mainConfig = opts.mainConfig ?? path.join(path.dirname(path.resolve(dir)), 'crio.conf');
+    let entries: string[] = [];
+    try {
+      entries = await fsp.readdir(dir);
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+    }
+    for (const e of entries) {
+      if (tempNameRe.test(e)) await fsp.rm(path.join(dir, e), { force: true });
+    }
+    const owned = await PinFile.ownedFiles(dir, entries);
+    const name = owned[owned.length - 1] ?? `${PIN_FILE_PREFIX}${randomUUID()}${PIN_FILE_SUFFIX}`;
+    return new PinFile(dir, name, mainConfig, opts.hooks ?? {});
+  }
+
+  private static async ownedFiles(dir: string, entries: string[]): Promise<string[]> {
+    const owned: string[] = [];
+    for (const e of entries.filter((n) => uuidNameRe.test(n)).sort()) {
+      try {
+        if (isOwnedContent(await fsp.readFile(path.join(dir, e), 'utf8'))) owned.push(e);
+      } catch {
+        // unreadable: not provably ours, leave it alone
+      }
+    }
+    return owned;
+  }
+
+  /** Read the folder as CRI-O would and split it around the agent's file. */
+  async scan(): Promise<DropinScan> {
+    const result: DropinScan = { ownContent: null, ownPins: [], before: [], overriding: [], problems: [] };
+    const readPins = async (file: string, full: string): Promise<{ content: string; pins: string[] | undefined } | undefined> => {
+      try {
+        const content = await fsp.readFile(full, 'utf8');
+        return { content, pins: pinnedImagesOf(parseToml(content) as Record<string, unknown>) };
+      } catch (e) {
+        const err = e as NodeJS.ErrnoException;
+        if (err.code !== 'ENOENT') result.problems.push({ file, error: err.message.split('\n')[0]!.slice(0, 300) });
+        return undefined;
+      }
+    };
+    const main = await readPins(this.mainConfig, this.mainConfig);
+    if (main?.pins) result.before.push({ file: this.mainConfig, pins: main.pins });
+
+    let entries: import('node:fs').Dirent[] = [];
+    try {
+      entries = await fsp.readdir(this.dir, { withFileTypes: true });
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+    }
+    // Lexical (byte) order, as Go's filepath.Walk reads a folder.
+    const files = entries.filter((e) => e.isFile() && !tempNameRe.test(e.name)).map((e) => e.name).sort((a, b) => (Buffer.from(a) < Buffer.from(b) ? -1 : a === b ? 0 : 1));
+    for (const file of files) {
+      const r = await readPins(file, path.join(this.dir, file));
+      if (file === this.name) {
+        if (r) {
+          result.ownContent = r.content;
+          result.ownPins = r.pins ?? [];
+        } else {
+          // Present but unparsable: keep its raw text so the agent rewrites it.
+          result.ownContent = await fsp.readFile(this.path, 'utf8').catch(() => null);
+        }
+        continue;
+      }
+      if (!r?.pins) continue;
+      if (Buffer.compare(Buffer.from(file), Buffer.from(this.name)) < 0) result.before.push({ file, pins: r.pins });
+      else result.overriding.push({ file, pins: r.pins });
+    }
+    return result;
+  }
+
+  /** Atomically replace the file with `content`. On failure the previous file is untouched. */
+  async write(content: string): Promise<void> {
+    await fsp.mkdir(this.dir, { recursive: true });
+    const temp = path.join(this.dir, `.${this.name}.${process.pid}.tmp`);
+    let fh: fsp.FileHandle | undefined;
+    try {
+      fh = await fsp.open(temp, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC, 0o644);
+      await fh.writeFile(content, 'utf8');
+      await fh.sync();
+      await fh.close();
+      fh = undefined;
+      await this.hooks.afterTempWrite?.(temp);
+      await fsp.rename(temp, this.path);
+    } catch (e) {
+      await fh?.close().catch(() => {});
+      await fsp.rm(temp, { force: true }).catch(() => {});
+      throw e;
+    }
+    // The rename is durable only once the folder itself is synced.
+    const dh = await fsp.open(this.dir, fsc.O_RDONLY);
+    try {
+      await dh.sync();
+    } finally {
+      await dh.close();
+    }
+  }
+
+  /** Other files this agent owns (an older name): removed once the current file is in place. */
+  async removeStaleOwnedFiles(): Promise<string[]> {
+    const entries = await fsp.readdir(this.dir).catch(() => [] as string[]);
+    const stale = (await PinFile.ownedFiles(this.dir, entries)).filter((n) => n !== this.name);
+    for (const n of stale) await fsp.rm(path.join(this.dir, n), { force: true });
+    return stale;
+  }
+}

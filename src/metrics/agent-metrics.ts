@@ -1,0 +1,28 @@
+// Prometheus metrics of the agent (prom-client), on their own registry so
+// tests can create several agents in one process.
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { SetPhase } from '../api/types.ts';
+
+export class AgentMetrics {
+  readonly registry = new Registry();
+  readonly pulls = new Counter({ name: 'pinset_pulls_total', help: 'Image pulls by result (success, or the failure kind).', labelNames: ['result'], registers: [this.registry] });
+  readonly pullDuration = new Histogram({
+    name: 'pinset_pull_duration_seconds',
+    help: 'Duration of successful image pulls.',
+    buckets: [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900],
+    registers: [this.registry],
+  });
+  readonly setsByPhase = new Gauge({ name: 'pinset_sets', help: 'Sets selecting this node, by phase.', labelNames: ['phase'], registers: [this.registry] });
+  readonly imagesPinned = new Gauge({ name: 'pinset_images_pinned', help: 'Entries in the pin file (set images and carried-over pins).', registers: [this.registry] });
+  readonly imagesWanted = new Gauge({ name: 'pinset_images_wanted', help: 'Images wanted by the sets selecting this node.', registers: [this.registry] });
+  readonly imagesPresent = new Gauge({ name: 'pinset_images_present', help: 'Wanted images present in the runtime.', registers: [this.registry] });
+  readonly reloads = new Counter({ name: 'pinset_reloads_total', help: 'CRI-O reloads by result.', labelNames: ['result'], registers: [this.registry] });
+  readonly pinFileWrites = new Counter({ name: 'pinset_pin_file_writes_total', help: 'Writes of the pin file.', registers: [this.registry] });
+  readonly reconciles = new Counter({ name: 'pinset_reconciles_total', help: 'Reconciles by result (success, error, cancelled).', labelNames: ['result'], registers: [this.registry] });
+  readonly lastSuccess = new Gauge({ name: 'pinset_last_successful_reconcile_timestamp_seconds', help: 'Unix time of the end of the last reconcile that reached the runtime.', registers: [this.registry] });
+
+  constructor(opts: { defaultMetrics?: boolean } = {}) {
+    if (opts.defaultMetrics) collectDefaultMetrics({ register: this.registry });
+    for (const p of ['Ready', 'Progressing', 'Degraded'] as SetPhase[]) this.setsByPhase.set({ phase: p }, 0);
+  }
+}
