@@ -79,9 +79,13 @@ export class Agent {
   lastLoopAt = 0;
   firstSyncDone = false;
 
-  // Reload state: the file content CRI-O has been told to load.
+  // Reload state. The key is what CRI-O's pin list depends on: the agent's
+  // file and any drop-in sorting after it. CRI-O is reloaded whenever the
+  // key differs from the one it last loaded.
   private reloadNeeded = false;
-  private reloadedContent: string | undefined;
+  private reloadedKey: string | undefined;
+  /** The key for which a reload was forced because the runtime reported pins missing (once per key). */
+  private recoveryKey: string | undefined;
   private readonly reloadBackoff = new Backoff({ baseMs: 1_000, capMs: 60_000 });
   private reloadNextAt = 0;
   private lastReloadError: string | undefined;
@@ -189,7 +193,12 @@ export class Agent {
       }
     }
     const pinsInFile = new Set(writeError ? scan.ownPins : plan.pins);
-    let reloaded = await this.reloadIfNeeded(content);
+    const key = `${writeError ? (scan.ownContent ?? '') : content}\n${JSON.stringify(scan.overriding)}`;
+    // At start, trust that CRI-O loaded what is on disk (checked below where
+    // the runtime reports pins): a restart must not reload for nothing.
+    if (this.reloadedKey === undefined && !wrote) this.reloadedKey = key;
+    if (key !== this.reloadedKey) this.reloadNeeded = true;
+    let reloaded = await this.reloadIfNeeded(key);
 
     // 4. What the runtime holds.
     let runtimeError: string | undefined;
@@ -223,19 +232,18 @@ export class Agent {
 
     // A pin file in place that the runtime does not honour (e.g. the agent
     // stopped between writing and reloading): reload once for this content.
-    if (!runtimeError && reportsPins && !this.reloadNeeded && this.reloadedContent !== content) {
+    if (!runtimeError && reportsPins && !this.reloadNeeded && this.recoveryKey !== key && scan.overriding.length === 0) {
       const unpinned = plan.wanted.some((w) => pinsInFile.has(w.reference.reference) && imageOf(w)?.pinned === false);
       if (unpinned) {
-        log.info('runtime reports pinned-file images as not pinned; reloading CRI-O');
+        this.recoveryKey = key;
+        log.info('the runtime reports images of the pin file as not pinned; reloading CRI-O');
         this.reloadNeeded = true;
-        reloaded = (await this.reloadIfNeeded(content)) || reloaded;
+        reloaded = (await this.reloadIfNeeded(key)) || reloaded;
         if (reloaded) {
           images = await runtime.listImages().catch(() => images);
           byDigest.clear();
           for (const img of images) for (const d of img.repoDigests) byDigest.set(d.toLowerCase(), img);
         }
-      } else {
-        this.reloadedContent = content;
       }
     }
     checkpoint(signal);
@@ -293,13 +301,13 @@ export class Agent {
     return { plan, sets, wrote, reloaded, pullsAttempted, runtimeReachable: runtimeError === undefined };
   }
 
-  private async reloadIfNeeded(content: string): Promise<boolean> {
+  private async reloadIfNeeded(key: string): Promise<boolean> {
     if (!this.reloadNeeded || this.now() < this.reloadNextAt) return false;
     const { reloader, metrics } = this.opts;
     try {
       await reloader.reload();
       this.reloadNeeded = false;
-      this.reloadedContent = content;
+      this.reloadedKey = key;
       this.lastReloadError = undefined;
       this.reloadBackoff.reset();
       metrics?.reloads.inc({ result: 'success' });
@@ -382,8 +390,11 @@ export class Agent {
       this.dirty = false;
       this.current = new AbortController();
       try {
-        this.lastResult = await this.reconcile(this.current.signal);
+        const r = (this.lastResult = await this.reconcile(this.current.signal));
         this.reconcileBackoff.reset();
+        const phases: Record<string, number> = {};
+        for (const s of r.sets) phases[s.phase] = (phases[s.phase] ?? 0) + 1;
+        this.log.info({ wrote: r.wrote, reloaded: r.reloaded, pulls: r.pullsAttempted, wanted: r.plan.wanted.length, phases }, 'reconcile finished');
         this.opts.metrics?.reconciles.inc({ result: 'success' });
       } catch (e) {
         if (e instanceof Cancelled || this.current.signal.aborted) {

@@ -324,7 +324,12 @@ export class StatusReporter {
         return;
       }
       this.writing = undefined;
-      if (this.pending) this.report(this.pending);
+      // Content that arrived during the write goes out at its own pace.
+      const next = this.pending as NodeStatus | undefined;
+      if (next) {
+        const progressing = next.sets.some((s) => s.phase === 'Progressing');
+        this.schedule(progressing ? this.lastWriteAt + this.minIntervalMs - this.now() : 0);
+      }
     })();
     await this.writing;
   }
