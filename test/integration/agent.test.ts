@@ -323,6 +323,21 @@ describe('pinset agent against the API server, CRI-O and systemd stand-ins', () 
     await bed.api.waitFor(() => bed.node.crio.image(A1)?.pinned === true, 10_000, 'CRI-O reloaded with the restored file');
   });
 
+  test('a pull the new desired state no longer wants is cancelled', async () => {
+    bed.api.create(set('a', [A1]));
+    bed.start();
+    await bed.waitForSet('a', ready, 'Ready');
+    bed.node.crio.holdPulls();
+    bed.api.create(set('big', [C1]));
+    await bed.node.crio.waitForHeldPulls(1);
+    bed.api.remove('pinnedimagesets', 'big');
+    await bed.api.waitFor(() => bed.node.crio.cancelled.some((c) => c.method === 'PullImage' && c.image === C1), 20_000, 'the held pull cancelled by the agent');
+    bed.node.crio.releasePulls();
+    await bed.api.waitFor(async () => !(await bed.pinFileList()).includes(C1), 20_000, 'C1 unpinned');
+    assert.equal(bed.node.crio.image(C1), null, 'the cancelled pull never landed');
+    assert.equal(bed.setStatus('a')?.phase, 'Ready');
+  });
+
   test('--once with static sets and no API: exit 0 when Ready, one JSON line per set', async () => {
     await writeFile(join(bed.staticDir, 'boot.yaml'), [set('boot-a', [A1]), set('boot-b', [B1], { matchLabels: { zone: 'x' } })].map((o) => JSON.stringify(o)).join('\n---\n'));
     const args = bed.args().filter((a, i, all) => a !== '--kubeconfig' && all[i - 1] !== '--kubeconfig');
