@@ -76,7 +76,12 @@ export async function run(argv: string[]): Promise<number> {
   const metrics = new AgentMetrics({ defaultMetrics: !once });
   const runtime = new CriImageRuntime(String(f['cri-endpoint']));
   const pinFile = await PinFile.open(String(f['crio-dropin-dir']));
-  const reloader = createReloader(f.reload as ReloadMode, { unit: String(f['crio-unit']), logger });
+  let reloader;
+  try {
+    reloader = createReloader(f.reload as ReloadMode, { unit: String(f['crio-unit']), logger });
+  } catch (e) {
+    throw new UsageError(`--crio-unit: ${(e as Error).message}`);
+  }
   const authFile = new AuthFile(String(f['auth-file']));
   const puller = new ImagePuller({
     runtime,

@@ -1,0 +1,47 @@
+// A node's CRI-O side, wired as on a real node: a private system bus with a
+// systemd stand-in whose ReloadUnit("crio.service") makes the CRI-O stand-in
+// re-read its drop-in folder. Point the agent at `endpoint`, `dropInDir` and
+// `env.DBUS_SYSTEM_BUS_ADDRESS`.
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { startPrivateBus, startSystemdStandIn, type PrivateBus, type SystemdStandIn } from './dbus.ts';
+import { startFakeCrio, type CatalogueImage, type FakeCrio, type FakeCrioOptions } from './fake-crio.ts';
+
+export interface CrioNode {
+  bus: PrivateBus;
+  systemd: SystemdStandIn;
+  crio: FakeCrio;
+  /** CRI-O's drop-in folder (created empty). */
+  dropInDir: string;
+  /** CRI endpoint, unix:///... */
+  endpoint: string;
+  /** Environment for a process that should reach this bus as its system bus. */
+  env: { DBUS_SYSTEM_BUS_ADDRESS: string };
+  stop(): Promise<void>;
+}
+
+export async function startCrioNode(
+  opts: { catalogue?: Record<string, CatalogueImage> } & Omit<FakeCrioOptions, 'dropInDir' | 'catalogue'> = {},
+): Promise<CrioNode> {
+  const dir = await mkdtemp(join(tmpdir(), 'pinset-node-'));
+  const dropInDir = join(dir, 'crio.conf.d');
+  await mkdir(dropInDir);
+  const cleanups: Array<() => Promise<void> | void> = [() => rm(dir, { recursive: true, force: true })];
+  const stop = async () => {
+    // Last started, first stopped; each runs once.
+    while (cleanups.length > 0) await cleanups.pop()!();
+  };
+  try {
+    const crio = await startFakeCrio({ ...opts, dropInDir });
+    cleanups.push(() => crio.stop());
+    const bus = await startPrivateBus();
+    cleanups.push(() => bus.dispose());
+    const systemd = await startSystemdStandIn({ address: bus.address, units: ['crio.service'], onReload: () => crio.reload() });
+    cleanups.push(() => systemd.close());
+    return { bus, systemd, crio, dropInDir, endpoint: crio.endpoint, env: { DBUS_SYSTEM_BUS_ADDRESS: bus.address }, stop };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
