@@ -17,7 +17,9 @@ import { renderPinFile, type PinFile } from '../crio/pinfile.ts';
 import type { Reloader } from '../crio/reloader.ts';
 import type { AgentMetrics } from '../metrics/agent-metrics.ts';
 import type { AuthFile } from '../registry/auth.ts';
+import { RuntimeError } from '../cri/runtime.ts';
 import { Backoff } from './backoff.ts';
+import type { DiskCheck } from './disk.ts';
 import type { KubeObserver } from './kube.ts';
 import type { EventRecorder } from './node-status.ts';
 import { planReconcile, type ObservedSet, type Plan, type WantedImage } from './plan.ts';
@@ -40,6 +42,8 @@ export interface AgentOptions {
   authFile?: AuthFile | null;
   events?: EventRecorder | null;
   metrics?: AgentMetrics | null;
+  /** Pulls wait while the image filesystem is above its high watermark. */
+  diskCheck?: DiskCheck | null;
   resyncIntervalMs?: number;
   /** Settle time before a triggered reconcile starts, to batch bursts of events. */
   debounceMs?: number;
@@ -254,8 +258,12 @@ export class Agent {
     const missing = runtimeError ? [] : plan.wanted.filter((w) => !imageOf(w));
     for (const w of plan.wanted) if (imageOf(w)) puller.markPresent(w.key);
     let pullsAttempted = 0;
-    if (missing.length > 0) {
-      const due = missing.filter((w) => puller.isDue(w.key));
+    const due = missing.filter((w) => puller.isDue(w.key));
+    const diskProblem = due.length > 0 ? await this.opts.diskCheck?.problem() : null;
+    if (diskProblem) {
+      log.warn({ missing: missing.length, err: diskProblem }, 'image filesystem above its high watermark; not pulling');
+      for (const w of due) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
+    } else if (missing.length > 0) {
       log.info({ missing: missing.length, due: due.length }, 'pulling missing images');
       const results = await puller.pull(missing, signal).catch((e) => {
         if (signal.aborted) throw new Cancelled('superseded');

@@ -15,6 +15,7 @@ import { createLogger } from '../util/log.ts';
 import { Agent } from './agent.ts';
 import { KubeObserver, loadKubeConfig } from './kube.ts';
 import { LogStatusSink, NodeAnnotationSink, NodeEventRecorder } from './node-status.ts';
+import { DiskCheck } from './disk.ts';
 import { ImagePuller } from './puller.ts';
 import { StatusReporter } from './status.ts';
 
@@ -37,6 +38,7 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
   { name: 'crio-unit', env: 'PINSET_CRIO_UNIT', type: 'string', default: 'crio.service', help: 'systemd unit of CRI-O' },
   { name: 'auth-file', env: 'PINSET_AUTH_FILE', type: 'string', default: '/var/lib/kubelet/config.json', help: 'registry credentials, docker config.json format (missing = anonymous pulls)' },
   { name: 'max-parallel-pulls', env: 'PINSET_MAX_PARALLEL_PULLS', type: 'int', default: DEFAULT_MAX_PARALLEL_PULLS, help: 'images pulled at the same time' },
+  { name: 'image-fs-high-watermark', env: 'PINSET_IMAGE_FS_HIGH_WATERMARK', type: 'int', default: 85, help: 'pulls wait while the image filesystem is at least this % full (the kubelet\'s image GC threshold); 0 disables' },
   { name: 'resync-interval', env: 'PINSET_RESYNC_INTERVAL', type: 'duration', default: '5m', help: 'full reconcile at least this often' },
   { name: 'metrics-addr', env: 'PINSET_METRICS_ADDR', type: 'string', default: '0.0.0.0:9402', help: 'host:port for /healthz, /readyz and /metrics ("" disables)' },
   { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['trace', 'debug', 'info', 'warn', 'error', 'fatal'], help: 'log level' },
@@ -113,6 +115,7 @@ export async function run(argv: string[]): Promise<number> {
     authFile,
     events,
     metrics,
+    diskCheck: new DiskCheck(runtime, { highWatermarkPercent: Number(f['image-fs-high-watermark']) }),
     resyncIntervalMs: Number(f['resync-interval']),
   });
   logger.info({ pinFile: pinFile.path, criEndpoint: f['cri-endpoint'], reload: f.reload, maxParallelPulls: maxParallel, host: hostname() }, 'pinset agent starting');

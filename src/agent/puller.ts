@@ -152,6 +152,11 @@ export class ImagePuller {
     });
   }
 
+  /** Record a failure decided without calling the runtime (e.g. the disk is full). */
+  fail(key: string, err: RuntimeError): PullFailure {
+    return this.recordFailure(key, err);
+  }
+
   /** Cancel everything (shutdown). */
   abortAll(): void {
     for (const f of this.inflight.values()) f.abort.abort(new Error('shutting down'));

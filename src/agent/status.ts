@@ -95,6 +95,8 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
   }
   const failures: { w: WantedImage; f: PullFailure }[] = [];
   let notPinned = 0;
+  // Ready means present and in the pin file: an image outside the file is not pinned.
+  let notInFile = 0;
   for (const r of s.references) {
     const w = wanted.get(wantedKey(r.reference, s.runtimeHandler));
     if (!w) continue;
@@ -104,6 +106,7 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
     const reported = facts.pinnedByRuntime(w);
     if (inFile && (reported === undefined || reported || !present)) counts.pinned++;
     if (inFile && present && reported === false) notPinned++;
+    if (present && !inFile) notInFile++;
     const f = present ? undefined : facts.failure(w.key);
     if (f && f.kind !== 'Canceled') {
       counts.failed++;
@@ -135,6 +138,9 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
   }
   if (counts.present < counts.wanted) {
     return { phase: 'Progressing', reason: 'Pulling', message: `${counts.present} of ${counts.wanted} images present`, counts };
+  }
+  if (notInFile > 0) {
+    return { phase: 'Progressing', reason: 'WaitingForPin', message: `${notInFile} image(s) are present but not yet in the pin file ${facts.pinFile}`, counts };
   }
   if (notPinned > 0) {
     return { phase: 'Progressing', reason: 'WaitingForPin', message: `${notPinned} image(s) are in the pin file but not yet reported pinned by the runtime`, counts };

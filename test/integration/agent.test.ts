@@ -338,6 +338,18 @@ describe('pinset agent against the API server, CRI-O and systemd stand-ins', () 
     assert.equal(bed.setStatus('a')?.phase, 'Ready');
   });
 
+  test('image filesystem above the high watermark: pulls wait, NoSpace, pins stay', async () => {
+    // The fake runtime reports its image filesystem in a temp folder on this machine's disk,
+    // which is more than 1% full: a 1% watermark must stop every pull.
+    bed.api.create(set('a', [A1]));
+    bed.start(['--image-fs-high-watermark', '1']);
+    const s = await bed.waitForSet('a', (x) => x.reason === 'NoSpace', 'NoSpace');
+    assert.equal(s.phase, 'Degraded');
+    assert.match(s.message ?? '', /high watermark/);
+    assert.equal(bed.node.crio.pullCount(), 0, 'no pull was started');
+    assert.deepEqual(await bed.pinFileList(), [A1], 'pinned even though not pulled');
+  });
+
   test('--once with static sets and no API: exit 0 when Ready, one JSON line per set', async () => {
     await writeFile(join(bed.staticDir, 'boot.yaml'), [set('boot-a', [A1]), set('boot-b', [B1], { matchLabels: { zone: 'x' } })].map((o) => JSON.stringify(o)).join('\n---\n'));
     const args = bed.args().filter((a, i, all) => a !== '--kubeconfig' && all[i - 1] !== '--kubeconfig');

@@ -1,0 +1,54 @@
+// The disk check before pulls: the image filesystem (where the runtime
+// says it keeps images, CRI ImageFsInfo) must stay under a high watermark.
+// The kubelet's image garbage collection starts at 85% used
+// (imageGCHighThresholdPercent); pulling past it makes the kubelet delete
+// unpinned images to make room, and a full disk fails pulls half-way. So
+// pulls wait while the filesystem is above the watermark; pins stay.
+import si from 'systeminformation';
+import type { ImageRuntime } from '../cri/runtime.ts';
+
+export interface FsUsage {
+  mount: string;
+  size: number;
+  used: number;
+}
+
+/** Usage of the filesystem holding `path` (the longest mount point that contains it). */
+export async function fsUsageOf(path: string): Promise<FsUsage | null> {
+  const all = await si.fsSize();
+  let best: FsUsage | null = null;
+  for (const f of all) {
+    const m = f.mount;
+    const contains = path === m || path.startsWith(m.endsWith('/') ? m : `${m}/`);
+    if (contains && (!best || m.length > best.mount.length)) best = { mount: m, size: f.size, used: f.used };
+  }
+  return best;
+}
+
+export class DiskCheck {
+  private readonly runtime: ImageRuntime;
+  readonly highWatermarkPercent: number;
+  private readonly usageOf: (path: string) => Promise<FsUsage | null>;
+
+  constructor(runtime: ImageRuntime, opts: { highWatermarkPercent: number; usageOf?: (path: string) => Promise<FsUsage | null> }) {
+    this.runtime = runtime;
+    this.highWatermarkPercent = opts.highWatermarkPercent;
+    this.usageOf = opts.usageOf ?? fsUsageOf;
+  }
+
+  /** null when pulls may go ahead, else why not. Unknown usage never blocks. */
+  async problem(): Promise<string | null> {
+    if (this.highWatermarkPercent <= 0 || this.highWatermarkPercent >= 100) return null;
+    const filesystems = await this.runtime.imageFsInfo().catch(() => []);
+    for (const f of filesystems) {
+      if (!f.mountpoint) continue;
+      const u = await this.usageOf(f.mountpoint).catch(() => null);
+      if (!u || u.size <= 0) continue;
+      const pct = (u.used / u.size) * 100;
+      if (pct >= this.highWatermarkPercent) {
+        return `image filesystem ${f.mountpoint} (mounted at ${u.mount}) is ${pct.toFixed(1)}% full, at or above the ${this.highWatermarkPercent}% high watermark where the kubelet's image garbage collection starts; pulls wait until space is freed`;
+      }
+    }
+    return null;
+  }
+}
