@@ -350,6 +350,37 @@ describe('pinset agent against the API server, CRI-O and systemd stand-ins', () 
     assert.deepEqual(await bed.pinFileList(), [A1], 'pinned even though not pulled');
   });
 
+  test('watches: bookmarks asked for, a dropped watch resumes, a compacted history relists', async () => {
+    bed.api.create(set('a', [A1]));
+    bed.api.create(set('gone-while-away', [B1]));
+    bed.start();
+    await bed.waitForSet('a', ready, 'Ready');
+    await bed.waitForSet('gone-while-away', ready, 'Ready');
+    const watches = await bed.api.waitFor(() => (bed.api.openWatches().length >= 2 ? bed.api.openWatches() : undefined), 10_000, 'two open watches');
+    const setsWatch = watches.find((w) => w.resource === 'pinnedimagesets')!;
+    const nodeWatch = watches.find((w) => w.resource === 'nodes')!;
+    assert.equal(setsWatch.query.allowWatchBookmarks, 'true');
+    assert.equal(nodeWatch.query.fieldSelector, `metadata.name=${NODE}`);
+    assert.ok(Number(setsWatch.query.resourceVersion) > 0, 'the watch starts from the listed resourceVersion');
+
+    // A dropped watch reconnects from its resourceVersion (no relist).
+    const listsBefore = bed.api.requests.filter((r) => r.method === 'GET' && r.path.endsWith('/pinnedimagesets') && !r.query.watch).length;
+    bed.api.dropWatches();
+    bed.api.create(set('c', [C1]));
+    await bed.waitForSet('c', ready, 'Ready after the watch was dropped', 30_000);
+    assert.equal(bed.api.requests.filter((r) => r.method === 'GET' && r.path.endsWith('/pinnedimagesets') && !r.query.watch).length, listsBefore, 'resumed without a relist');
+
+    // Watches down, a deletion happens, history compacted: 410 Gone, relist, the deletion is seen.
+    bed.api.setAvailable(false);
+    bed.api.setAvailable(true);
+    bed.api.remove('pinnedimagesets', 'gone-while-away');
+    bed.api.compact();
+    bed.api.dropWatches();
+    await bed.api.waitFor(async () => !(await bed.pinFileList()).includes(B1), 40_000, 'the deletion seen through a relist');
+    assert.ok(bed.api.requests.filter((r) => r.method === 'GET' && r.path.endsWith('/pinnedimagesets') && !r.query.watch).length > listsBefore, 'relisted after 410 Gone');
+    assert.deepEqual(await bed.pinFileList(), [A1, C1].sort());
+  });
+
   test('--once with static sets and no API: exit 0 when Ready, one JSON line per set', async () => {
     await writeFile(join(bed.staticDir, 'boot.yaml'), [set('boot-a', [A1]), set('boot-b', [B1], { matchLabels: { zone: 'x' } })].map((o) => JSON.stringify(o)).join('\n---\n'));
     const args = bed.args().filter((a, i, all) => a !== '--kubeconfig' && all[i - 1] !== '--kubeconfig');
