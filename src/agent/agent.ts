@@ -141,6 +141,7 @@ export class Agent {
     if (!node && this.opts.kube) return;
     this.historySeeded = true;
     const previous = parseNodeStatus(node?.metadata?.annotations?.[STATUS_ANNOTATION]);
+    this.opts.reporter.seed(previous);
     for (const [k, v] of historyFromStatus(previous)) if (!this.history.has(k)) this.history.set(k, v);
   }
 

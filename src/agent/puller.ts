@@ -191,7 +191,13 @@ export class ImagePuller {
       this.opts.onResult?.(r);
       return r;
     } catch (e) {
-      const err = e instanceof RuntimeError ? e : new RuntimeError('Other', (e as Error).message);
+      // Once the pull was cancelled, whatever the runtime answers is the cancellation
+      // (an in-process runtime may reject with the signal's reason, not gRPC CANCELLED).
+      const err = signal.aborted
+        ? new RuntimeError('Canceled', `pull cancelled: ${(e as Error)?.message ?? String(e)}`)
+        : e instanceof RuntimeError
+          ? e
+          : new RuntimeError('Other', (e as Error).message);
       const failure = this.recordFailure(w.key, err);
       const r: PullResult = { key: w.key, ok: false, failure, durationMs: this.now() - started };
       if (err.kind === 'Canceled') log.info('pull cancelled: the image is no longer wanted');

@@ -276,6 +276,11 @@ export class StatusReporter {
     if (opts.initial) this.lastWrittenKey = contentKey(opts.initial);
   }
 
+  /** What is already on the Node (read at start): identical content is not written again. */
+  seed(existing: NodeStatus | null): void {
+    if (existing && this.lastWrittenKey === undefined && !this.pending) this.lastWrittenKey = contentKey(existing);
+  }
+
   /** True when this content differs from what was last written (or queued). */
   changed(status: NodeStatus): boolean {
     const key = contentKey(status);

@@ -1,0 +1,1197 @@
+// An in-process Kubernetes API server for integration tests. It speaks the
+// real HTTP and watch protocol (JSON over plain HTTP on 127.0.0.1) well enough
+// that @kubernetes/client-node (KubeConfig, CoreV1Api, CustomObjectsApi,
+// CoordinationV1Api, Watch, makeInformer/ListWatch) works against it unchanged.
+// No kube-apiserver can run on the test machines (shared/facts/test-bed.md).
+//
+// Served resources:
+//   core v1 nodes (cluster-scoped; /status), core v1 events (namespaced),
+//   coordination.k8s.io/v1 leases (namespaced),
+//   pinset.dev/v1alpha1 pinnedimagesets (cluster-scoped CRD with the status subresource).
+// Verbs: list (labelSelector, fieldSelector), watch (?watch=true), get, create
+// (POST, generateName), update (PUT, optimistic concurrency), patch
+// (merge-patch, json-patch, strategic-merge-patch as merge patch on built-in
+// types), delete (DeleteOptions preconditions; finalizers delay deletion).
+// Discovery: /version, /healthz, /readyz, /livez, /api, /apis, /api/v1, /apis/GROUP/VERSION.
+//
+// Behaviour that follows the real server (k8s.io/apiserver generic registry,
+// watch cache, apiextensions-apiserver customresource strategy):
+// - One global resourceVersion counter; a write that changes nothing is not a
+//   write (no new resourceVersion, no watch event), as with etcd.
+// - Errors are metav1.Status objects (kind Status, status Failure, reason, code).
+// - Lists report metadata.resourceVersion; built-in list items carry no
+//   kind/apiVersion, custom resource items do. `limit` is ignored (no continue).
+// - Watch: resourceVersion absent or "0" starts with synthetic ADDED events
+//   for current objects; a resourceVersion older than the kept history gets a
+//   200 stream with one ERROR event (Status 410 Expired) and the stream ends.
+//   An object that stops matching the watch's selectors is sent as DELETED,
+//   one that starts matching as ADDED. allowWatchBookmarks=true adds BOOKMARK
+//   events every `bookmarkIntervalMs` and before a timeoutSeconds close.
+// - Types with a status subresource: writes to the main resource keep the old
+//   .status, writes to /status change only .status. pinnedimagesets: status is
+//   dropped on create, metadata.generation starts at 1 and increments when
+//   anything outside metadata and status changes, PUT needs
+//   metadata.resourceVersion (422 without), strategic merge patch is 415.
+// - A stale metadata.resourceVersion on PUT, or in a patch body, is 409 Conflict.
+// - Field selectors: metadata.name (and metadata.namespace on namespaced types),
+//   nodes' spec.unschedulable, events' involvedObject.*, reason, type, source,
+//   reportingComponent; any other field label is 400, as on the real server.
+// - Lease spec.acquireTime/renewTime and Event eventTime (metav1.MicroTime) are
+//   stored in the server's microsecond format, 2006-01-02T15:04:05.000000Z.
+// Seen from client-node 2.0.1: ListWatch/makeInformer never ask for bookmarks,
+// makeInformer takes no field selector (use `new ListWatch(path, new Watch(kc),
+// listFn, false, labelSelector, fieldSelector)`), and an informer whose watch
+// fails with a transport error emits 'error' and stops until start() is called.
+// Not modelled: namespaces (any namespace exists), admission, RBAC, pagination,
+// server-side apply (415), dryRun, OpenAPI schema validation (see `validators`).
+//
+// Test controls (methods on the server object, used by tests directly):
+//   ApiServer.start(opts?)       listen on 127.0.0.1:0. opts: bookmarkIntervalMs
+//                                (default 60000, the real server's pace), historyLimit
+//                                (watch events kept, default 1000), token (when set,
+//                                a request without `Authorization: Bearer <token>` gets
+//                                401, and the kubeconfig carries it), validators
+//                                (per resource, (obj) => ["field: message"] -> 422).
+//   url                          http://127.0.0.1:PORT
+//   kubeConfig()                 a KubeConfig for this server
+//   writeKubeconfig(dir)         writes DIR/kubeconfig (mode 0600) for another process
+//                                (--kubeconfig / KUBECONFIG); resolves to its path
+//   create(obj) get(res, name, ns?) list(res, {namespace, labelSelector, fieldSelector}?)
+//   update(obj) patch(res, name, mergePatch, ns?) remove(res, name, ns?)
+//                                act on the store like a privileged client: watch events
+//                                are sent, resourceVersions advance, .status may be set
+//                                anywhere, remove() ignores finalizers. Errors throw
+//                                KubeStatusError. Results are copies.
+//   resourceVersion              the current global resourceVersion
+//   compact()                    forget the watch history: a watch from any older
+//                                resourceVersion now gets 410 Expired
+//   dropWatches({graceful?})     end every open watch: abruptly (socket destroyed,
+//                                the client sees an error) or, graceful, with a clean
+//                                end of stream (like the server's own watch timeout)
+//   openWatches()                the open watches: resource, namespace, query
+//   setAvailable(false|true)     while false every connection is destroyed on arrival
+//                                and open ones are cut; the port is kept
+//   requests                     log of {method, path, query, contentType, body, status};
+//                                body is parsed JSON when the request sent JSON
+//   waitFor(predicate, timeoutMs?, what?)  poll every 10 ms until predicate returns a
+//                                truthy value (returned); a throw counts as "not yet"
+//   stop()                       end watches, close every connection, close the listener
+import { randomInt, randomUUID } from 'node:crypto';
+import { writeFile } from 'node:fs/promises';
+import http from 'node:http';
+import type { AddressInfo, Socket } from 'node:net';
+import path from 'node:path';
+import { setTimeout as delay } from 'node:timers/promises';
+import { dumpYaml, KubeConfig } from '@kubernetes/client-node';
+import { GROUP, KIND, PLURAL, VERSION } from '../../src/api/types.ts';
+import { MAX_OBJECT_NAME_LENGTH, NAME_PATTERN } from '../../src/api/validate.ts';
+
+export type ResourceName = 'nodes' | 'events' | 'leases' | 'pinnedimagesets';
+
+export interface ObjectMeta {
+  name?: string;
+  generateName?: string;
+  namespace?: string;
+  uid?: string;
+  resourceVersion?: string;
+  generation?: number;
+  creationTimestamp?: string;
+  deletionTimestamp?: string;
+  deletionGracePeriodSeconds?: number;
+  labels?: Record<string, string>;
+  annotations?: Record<string, string>;
+  finalizers?: string[];
+  [key: string]: unknown;
+}
+
+export interface KubeObject {
+  apiVersion?: string;
+  kind?: string;
+  metadata: ObjectMeta;
+  [key: string]: unknown;
+}
+
+export interface StatusCause {
+  reason: string;
+  message: string;
+  field: string;
+}
+
+/** metav1.Status */
+export interface KubeStatus {
+  kind: 'Status';
+  apiVersion: 'v1';
+  metadata: Record<string, never>;
+  status: 'Failure' | 'Success';
+  message?: string;
+  reason?: string;
+  details?: { name?: string; group?: string; kind?: string; uid?: string; causes?: StatusCause[] };
+  code: number;
+}
+
+/** A failed request, as the server answers it; thrown by the test controls too. */
+export class KubeStatusError extends Error {
+  readonly status: KubeStatus;
+  constructor(status: KubeStatus) {
+    super(`${status.code} ${status.reason}: ${status.message}`);
+    this.status = status;
+  }
+  get code(): number {
+    return this.status.code;
+  }
+  get reason(): string | undefined {
+    return this.status.reason;
+  }
+}
+
+export interface RecordedRequest {
+  method: string;
+  path: string;
+  query: Record<string, string>;
+  contentType: string;
+  body: unknown;
+  /** HTTP status sent (200 for a watch, whatever its events say). */
+  status: number;
+}
+
+export interface ApiServerOptions {
+  bookmarkIntervalMs?: number;
+  historyLimit?: number;
+  token?: string;
+  validators?: Partial<Record<ResourceName, (obj: KubeObject) => string[]>>;
+}
+
+export interface OpenWatch {
+  resource: ResourceName;
+  namespace: string | undefined;
+  query: Record<string, string>;
+}
+
+type FieldGetter = (obj: KubeObject) => string;
+
+interface ResourceType {
+  group: string;
+  version: string;
+  plural: ResourceName;
+  singular: string;
+  kind: string;
+  namespaced: boolean;
+  /** Built-in type: list items lose kind/apiVersion; strategic merge patch accepted. */
+  builtin: boolean;
+  statusSubresource: boolean;
+  /** Create keeps .status (a kubelet registers its Node with status). */
+  statusOnCreate: boolean;
+  generation: boolean;
+  /** PUT without metadata.resourceVersion is refused (custom resources). */
+  requireResourceVersion: boolean;
+  /** Field selectors beyond metadata.name (and metadata.namespace when namespaced). */
+  fields: Record<string, FieldGetter>;
+  /** Fields of type metav1.MicroTime, which the server writes back as RFC 3339 with microseconds. */
+  microTimes?: string[];
+}
+
+const at =
+  (dotted: string): FieldGetter =>
+  (obj) => {
+    let v: unknown = obj;
+    for (const k of dotted.split('.')) v = v !== null && typeof v === 'object' ? (v as Record<string, unknown>)[k] : undefined;
+    return v === undefined || v === null ? '' : String(v);
+  };
+
+// Field labels each type accepts, from pkg/registry/core/{node,event}/strategy.go.
+const EVENT_FIELDS: Record<string, FieldGetter> = Object.fromEntries([
+  ...['kind', 'namespace', 'name', 'uid', 'apiVersion', 'resourceVersion', 'fieldPath'].map((f) => [`involvedObject.${f}`, at(`involvedObject.${f}`)]),
+  ['reason', at('reason')],
+  ['reportingComponent', at('reportingComponent')],
+  ['source', at('source.component')],
+  ['type', at('type')],
+]);
+
+const TYPES: readonly ResourceType[] = [
+  {
+    group: '', version: 'v1', plural: 'nodes', singular: 'node', kind: 'Node', namespaced: false, builtin: true,
+    statusSubresource: true, statusOnCreate: true, generation: false, requireResourceVersion: false,
+    fields: { 'spec.unschedulable': (o) => String(at('spec.unschedulable')(o) === 'true') },
+  },
+  {
+    group: '', version: 'v1', plural: 'events', singular: 'event', kind: 'Event', namespaced: true, builtin: true,
+    statusSubresource: false, statusOnCreate: true, generation: false, requireResourceVersion: false, fields: EVENT_FIELDS,
+    microTimes: ['eventTime'],
+  },
+  {
+    group: 'coordination.k8s.io', version: 'v1', plural: 'leases', singular: 'lease', kind: 'Lease', namespaced: true, builtin: true,
+    statusSubresource: false, statusOnCreate: true, generation: false, requireResourceVersion: false, fields: {},
+    microTimes: ['spec.acquireTime', 'spec.renewTime'],
+  },
+  {
+    group: GROUP, version: VERSION, plural: PLURAL as ResourceName, singular: KIND.toLowerCase(), kind: KIND, namespaced: false, builtin: false,
+    statusSubresource: true, statusOnCreate: false, generation: true, requireResourceVersion: true, fields: {},
+  },
+];
+
+const apiVersionOf = (rt: ResourceType): string => (rt.group ? `${rt.group}/${rt.version}` : rt.version);
+const qualified = (rt: ResourceType): string => (rt.group ? `${rt.plural}.${rt.group}` : rt.plural);
+const typeByName = (name: string): ResourceType => {
+  const rt = TYPES.find((t) => t.plural === name);
+  if (!rt) throw new Error(`the test API server does not serve ${JSON.stringify(name)}`);
+  return rt;
+};
+
+// ---------------------------------------------------------------------------
+// Status objects
+
+function failure(code: number, reason: string, message: string, details?: KubeStatus['details']): KubeStatusError {
+  const status: KubeStatus = { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message, reason, code };
+  if (details) status.details = details;
+  return new KubeStatusError(status);
+}
+
+const detailsOf = (rt: ResourceType, name: string) => (rt.group ? { name, group: rt.group, kind: rt.plural } : { name, kind: rt.plural });
+const badRequest = (message: string) => failure(400, 'BadRequest', message);
+const notFound = (rt: ResourceType, name: string) => failure(404, 'NotFound', `${qualified(rt)} "${name}" not found`, detailsOf(rt, name));
+const alreadyExists = (rt: ResourceType, name: string) =>
+  failure(409, 'AlreadyExists', `${qualified(rt)} "${name}" already exists`, detailsOf(rt, name));
+const conflict = (rt: ResourceType, name: string, why: string) =>
+  failure(409, 'Conflict', `Operation cannot be fulfilled on ${qualified(rt)} "${name}": ${why}`, detailsOf(rt, name));
+const STALE = 'the object has been modified; please apply your changes to the latest version and try again';
+
+function invalid(rt: ResourceType, name: string, causes: StatusCause[]): KubeStatusError {
+  const parts = causes.map((c) => `${c.field}: ${c.message}`);
+  const list = parts.length === 1 ? parts[0] : `[${parts.join(', ')}]`;
+  const kind = rt.group ? `${rt.kind}.${rt.group}` : rt.kind;
+  const details = rt.group ? { name, group: rt.group, kind: rt.kind, causes } : { name, kind: rt.kind, causes };
+  return failure(422, 'Invalid', `${kind} "${name}" is invalid: ${list}`, details);
+}
+
+const unsupportedPatch = (rt: ResourceType, contentType: string) =>
+  failure(
+    415,
+    'UnsupportedMediaType',
+    `the body of the request was in an unknown format (${contentType || 'no Content-Type'}) - accepted media types include: ` +
+      `application/json-patch+json, application/merge-patch+json${rt.builtin ? ', application/strategic-merge-patch+json' : ''}`,
+  );
+
+// ---------------------------------------------------------------------------
+// JSON values: copies, canonical form, merge patch (RFC 7386), JSON patch (RFC 6902)
+
+type JsonMap = Record<string, unknown>;
+const isMap = (v: unknown): v is JsonMap => v !== null && typeof v === 'object' && !Array.isArray(v);
+const clone = <T>(v: T): T => structuredClone(v);
+
+/** JSON with object keys sorted, for equality that ignores key order. */
+function canonical(v: unknown): string {
+  if (Array.isArray(v)) return `[${v.map(canonical).join(',')}]`;
+  if (isMap(v)) {
+    const keys = Object.keys(v).filter((k) => v[k] !== undefined).sort();
+    return `{${keys.map((k) => `${JSON.stringify(k)}:${canonical(v[k])}`).join(',')}}`;
+  }
+  return JSON.stringify(v);
+}
+
+export function mergePatch(target: unknown, patch: unknown): unknown {
+  if (!isMap(patch)) return clone(patch);
+  const out: JsonMap = isMap(target) ? { ...target } : {};
+  for (const [k, v] of Object.entries(patch)) {
+    if (v === null) delete out[k];
+    else out[k] = mergePatch(out[k], v);
+  }
+  return out;
+}
+
+class PatchError extends Error {}
+
+function pointer(p: unknown): string[] {
+  if (typeof p !== 'string' || (p !== '' && !p.startsWith('/'))) throw new PatchError(`invalid JSON pointer ${JSON.stringify(p)}`);
+  return p === '' ? [] : p.slice(1).split('/').map((t) => t.replace(/~1/g, '/').replace(/~0/g, '~'));
+}
+
+function arrayIndex(arr: unknown[], token: string, allowEnd: boolean): number {
+  if (allowEnd && token === '-') return arr.length;
+  if (!/^(0|[1-9][0-9]*)$/.test(token)) throw new PatchError(`invalid array index ${JSON.stringify(token)}`);
+  const i = Number(token);
+  if (i > arr.length || (!allowEnd && i === arr.length)) throw new PatchError(`array index ${i} out of bounds`);
+  return i;
+}
+
+function getAt(doc: unknown, tokens: string[]): unknown {
+  let cur = doc;
+  for (const t of tokens) {
+    if (Array.isArray(cur)) cur = cur[arrayIndex(cur, t, false)];
+    else if (isMap(cur) && Object.hasOwn(cur, t)) cur = cur[t];
+    else throw new PatchError(`path /${tokens.join('/')} does not exist`);
+  }
+  return cur;
+}
+
+function addAt(doc: unknown, tokens: string[], value: unknown, replace: boolean): unknown {
+  if (tokens.length === 0) return value;
+  const parent = getAt(doc, tokens.slice(0, -1));
+  const last = tokens[tokens.length - 1]!;
+  if (Array.isArray(parent)) {
+    const i = arrayIndex(parent, last, !replace);
+    parent.splice(i, replace ? 1 : 0, value);
+  } else if (isMap(parent)) {
+    if (replace && !Object.hasOwn(parent, last)) throw new PatchError(`path /${tokens.join('/')} does not exist`);
+    parent[last] = value;
+  } else {
+    throw new PatchError(`path /${tokens.slice(0, -1).join('/')} is not a container`);
+  }
+  return doc;
+}
+
+function removeAt(doc: unknown, tokens: string[]): unknown {
+  if (tokens.length === 0) throw new PatchError('cannot remove the whole document');
+  const parent = getAt(doc, tokens.slice(0, -1));
+  const last = tokens[tokens.length - 1]!;
+  if (Array.isArray(parent)) parent.splice(arrayIndex(parent, last, false), 1);
+  else if (isMap(parent) && Object.hasOwn(parent, last)) delete parent[last];
+  else throw new PatchError(`path /${tokens.join('/')} does not exist`);
+  return doc;
+}
+
+export function jsonPatch(target: unknown, ops: unknown): unknown {
+  if (!Array.isArray(ops)) throw badRequest('a JSON patch must be a list of operations');
+  let doc = clone(target);
+  for (const raw of ops) {
+    if (!isMap(raw)) throw badRequest('a JSON patch operation must be an object');
+    const op = raw;
+    const p = pointer(op.path);
+    switch (op.op) {
+      case 'add':
+        doc = addAt(doc, p, clone(op.value), false);
+        break;
+      case 'replace':
+        doc = addAt(doc, p, clone(op.value), true);
+        break;
+      case 'remove':
+        doc = removeAt(doc, p);
+        break;
+      case 'move': {
+        const from = pointer(op.from);
+        const v = getAt(doc, from);
+        doc = addAt(removeAt(doc, from), p, v, false);
+        break;
+      }
+      case 'copy':
+        doc = addAt(doc, p, clone(getAt(doc, pointer(op.from))), false);
+        break;
+      case 'test':
+        if (canonical(getAt(doc, p)) !== canonical(op.value)) throw new PatchError(`test operation failed at ${String(op.path)}`);
+        break;
+      default:
+        throw badRequest(`unknown JSON patch operation ${JSON.stringify(op.op)}`);
+    }
+  }
+  return doc;
+}
+
+// ---------------------------------------------------------------------------
+// Selectors (k8s.io/apimachinery/pkg/labels and pkg/fields syntax)
+
+interface LabelRequirement {
+  key: string;
+  op: 'in' | 'notin' | 'exists' | 'absent' | 'gt' | 'lt';
+  values: string[];
+}
+
+function parseLabelSelector(s: string): LabelRequirement[] {
+  const parts: string[] = [];
+  let depth = 0;
+  let cur = '';
+  for (const ch of s) {
+    if (ch === '(') depth++;
+    if (ch === ')') depth--;
+    if (ch === ',' && depth === 0) {
+      parts.push(cur);
+      cur = '';
+    } else cur += ch;
+  }
+  parts.push(cur);
+  const reqs: LabelRequirement[] = [];
+  for (const raw of parts.map((p) => p.trim()).filter(Boolean)) {
+    let m: RegExpMatchArray | null;
+    if ((m = raw.match(/^!\s*([^\s=!<>(),]+)$/))) reqs.push({ key: m[1]!, op: 'absent', values: [] });
+    else if ((m = raw.match(/^([^\s=!<>(),]+)\s+(in|notin)\s*\(([^()]*)\)$/)))
+      reqs.push({ key: m[1]!, op: m[2] as 'in' | 'notin', values: m[3]!.split(',').map((v) => v.trim()) });
+    else if ((m = raw.match(/^([^\s=!<>(),]+)\s*(==|=|!=|>|<)\s*([^\s=!<>(),]*)$/))) {
+      const op = { '=': 'in', '==': 'in', '!=': 'notin', '>': 'gt', '<': 'lt' } as const;
+      reqs.push({ key: m[1]!, op: op[m[2] as keyof typeof op], values: [m[3]!] });
+    } else if ((m = raw.match(/^([^\s=!<>(),]+)$/))) reqs.push({ key: m[1]!, op: 'exists', values: [] });
+    else throw badRequest(`unable to parse requirement: ${JSON.stringify(raw)}`);
+  }
+  return reqs;
+}
+
+function labelsMatch(reqs: LabelRequirement[], labels: Record<string, string> | undefined): boolean {
+  const l = labels ?? {};
+  return reqs.every((r) => {
+    const has = Object.hasOwn(l, r.key);
+    const v = l[r.key];
+    switch (r.op) {
+      case 'in':
+        return has && r.values.includes(v!);
+      case 'notin':
+        return !has || !r.values.includes(v!);
+      case 'exists':
+        return has;
+      case 'absent':
+        return !has;
+      case 'gt':
+        return has && Number(v) > Number(r.values[0]);
+      case 'lt':
+        return has && Number(v) < Number(r.values[0]);
+    }
+  });
+}
+
+interface FieldRequirement {
+  get: FieldGetter;
+  equal: boolean;
+  value: string;
+}
+
+function parseFieldSelector(rt: ResourceType, s: string): FieldRequirement[] {
+  const getters: Record<string, FieldGetter> = { 'metadata.name': at('metadata.name'), ...rt.fields };
+  if (rt.namespaced) getters['metadata.namespace'] = at('metadata.namespace');
+  return s
+    .split(',')
+    .map((p) => p.trim())
+    .filter(Boolean)
+    .map((p) => {
+      const m = p.match(/^([^=!]+?)\s*(==|=|!=)\s*(.*)$/);
+      if (!m) throw badRequest(`invalid selector: '${s}'; can't understand '${p}'`);
+      const get = getters[m[1]!];
+      if (!get) throw badRequest(`field label not supported: ${m[1]}`);
+      return { get, equal: m[2] !== '!=', value: m[3]! };
+    });
+}
+
+const fieldsMatch = (reqs: FieldRequirement[], obj: KubeObject) => reqs.every((r) => (r.get(obj) === r.value) === r.equal);
+
+// ---------------------------------------------------------------------------
+// Object metadata validation (k8s.io/apimachinery/pkg/api/validation)
+
+const NAME_RE = new RegExp(NAME_PATTERN);
+const LABEL_VALUE_RE = /^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$/;
+const QUALIFIED_NAME_RE = /^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$/;
+/** TotalAnnotationSizeLimitB in apimachinery's ValidateAnnotations. */
+const MAX_ANNOTATIONS_BYTES = 256 * 1024;
+/** The apiserver refuses request bodies over 3 MiB. */
+const MAX_BODY_BYTES = 3 * 1024 * 1024;
+
+function stringMap(v: unknown, field: string): Record<string, string> | undefined {
+  if (v === undefined || v === null) return undefined;
+  if (!isMap(v) || Object.values(v).some((x) => typeof x !== 'string')) throw badRequest(`${field}: must be a map of strings`);
+  return v as Record<string, string>;
+}
+
+function metaCauses(meta: ObjectMeta): StatusCause[] {
+  const causes: StatusCause[] = [];
+  const bad = (field: string, message: string, reason = 'FieldValueInvalid') => causes.push({ reason, message, field });
+  if (!meta.name) bad('metadata.name', 'Required value: name or generateName is required', 'FieldValueRequired');
+  else if (typeof meta.name !== 'string' || meta.name.length > MAX_OBJECT_NAME_LENGTH || !NAME_RE.test(meta.name))
+    bad(
+      'metadata.name',
+      `Invalid value: ${JSON.stringify(meta.name)}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character`,
+    );
+  for (const [k, v] of Object.entries(stringMap(meta.labels, 'metadata.labels') ?? {})) {
+    const slash = k.lastIndexOf('/');
+    const prefix = slash >= 0 ? k.slice(0, slash) : undefined;
+    const name = k.slice(slash + 1);
+    if ((prefix !== undefined && (prefix.length > 253 || !NAME_RE.test(prefix))) || name.length > 63 || !QUALIFIED_NAME_RE.test(name))
+      bad('metadata.labels', `Invalid value: ${JSON.stringify(k)}: a label key must be a qualified name, optionally prefixed by a DNS subdomain`);
+    if (v.length > 63 || !LABEL_VALUE_RE.test(v))
+      bad(`metadata.labels`, `Invalid value: ${JSON.stringify(v)}: a valid label must be an empty string or at most 63 alphanumeric characters, '-', '_' or '.'`);
+  }
+  const annotations = stringMap(meta.annotations, 'metadata.annotations') ?? {};
+  const size = Object.entries(annotations).reduce((n, [k, v]) => n + Buffer.byteLength(k) + Buffer.byteLength(v), 0);
+  if (size > MAX_ANNOTATIONS_BYTES) bad('metadata.annotations', `Too long: must have at most ${MAX_ANNOTATIONS_BYTES} bytes`, 'FieldValueTooLong');
+  if (meta.finalizers !== undefined && (!Array.isArray(meta.finalizers) || meta.finalizers.some((f) => typeof f !== 'string')))
+    throw badRequest('metadata.finalizers: must be a list of strings');
+  return causes;
+}
+
+/** metav1.MicroTime's wire format (RFC3339Micro in apimachinery). */
+function normalizeMicroTimes(rt: ResourceType, obj: KubeObject): void {
+  for (const dotted of rt.microTimes ?? []) {
+    const keys = dotted.split('.');
+    const parent = keys.slice(0, -1).reduce<unknown>((o, k) => (isMap(o) ? o[k] : undefined), obj);
+    const last = keys[keys.length - 1]!;
+    if (!isMap(parent) || typeof parent[last] !== 'string') continue;
+    const value = parent[last] as string;
+    const utc = value.match(/^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z$/);
+    const t = new Date(value);
+    if (!utc && Number.isNaN(t.getTime()))
+      throw invalid(rt, String(obj.metadata.name ?? ''), [{ reason: 'FieldValueInvalid', field: dotted, message: `Invalid value: ${JSON.stringify(value)}: not a timestamp` }]);
+    parent[last] = utc ? `${utc[1]}.${(utc[2] ?? '').padEnd(6, '0').slice(0, 6)}Z` : t.toISOString().replace(/Z$/, '000Z');
+  }
+}
+
+const now = () => new Date().toISOString().replace(/\.\d+Z$/, 'Z');
+const NAME_SUFFIX_CHARS = 'bcdfghjklmnpqrstvwxz2456789'; // k8s.io/apiserver/pkg/storage/names
+const nameSuffix = () => Array.from({ length: 5 }, () => NAME_SUFFIX_CHARS[randomInt(NAME_SUFFIX_CHARS.length)]).join('');
+
+// ---------------------------------------------------------------------------
+// The server
+
+interface HistoryEvent {
+  rv: number;
+  plural: ResourceName;
+  type: 'ADDED' | 'MODIFIED' | 'DELETED';
+  object: KubeObject;
+  /** The stored object before the change (MODIFIED, DELETED). */
+  prev?: KubeObject;
+}
+
+interface WatchEvent {
+  type: 'ADDED' | 'MODIFIED' | 'DELETED' | 'BOOKMARK' | 'ERROR';
+  object: unknown;
+}
+
+interface Watcher {
+  rt: ResourceType;
+  namespace: string | undefined;
+  labels: LabelRequirement[];
+  fields: FieldRequirement[];
+  bookmarks: boolean;
+  query: Record<string, string>;
+  res: http.ServerResponse;
+  timers: NodeJS.Timeout[];
+}
+
+interface WriteOptions {
+  /** The request targets the /status subresource. */
+  status?: boolean;
+  /** A test control: may set .status anywhere, needs no resourceVersion. */
+  privileged?: boolean;
+}
+
+const objectKey = (namespace: string | undefined, name: string) => `${namespace ?? ''}/${name}`;
+
+export class ApiServer {
+  readonly url: string;
+  readonly requests: RecordedRequest[] = [];
+  readonly #server: http.Server;
+  readonly #bookmarkIntervalMs: number;
+  readonly #historyLimit: number;
+  readonly #token: string | undefined;
+  readonly #validators: ApiServerOptions['validators'];
+  readonly #objects = new Map(
+    TYPES.map((t): [ResourceName, Map<string, KubeObject>] => [t.plural, new Map()]),
+  );
+  readonly #watches = new Set<Watcher>();
+  readonly #sockets = new Set<Socket>();
+  #history: HistoryEvent[] = [];
+  /** Every event up to and including this resourceVersion has left the history. */
+  #compactedRv = 0;
+  #rv = 1;
+  #available = true;
+  #stopped = false;
+
+  private constructor(server: http.Server, opts: ApiServerOptions) {
+    this.#server = server;
+    this.#bookmarkIntervalMs = opts.bookmarkIntervalMs ?? 60_000;
+    this.#historyLimit = opts.historyLimit ?? 1000;
+    this.#token = opts.token;
+    this.#validators = opts.validators;
+    this.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    server.on('request', (req, res) => this.#onRequest(req, res));
+    server.on('connection', (socket: Socket) => {
+      if (!this.#available) {
+        socket.destroy();
+        return;
+      }
+      this.#sockets.add(socket);
+      socket.on('close', () => this.#sockets.delete(socket));
+    });
+  }
+
+  static async start(opts: ApiServerOptions = {}): Promise<ApiServer> {
+    const server = http.createServer();
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(0, '127.0.0.1', () => resolve());
+    });
+    return new ApiServer(server, opts);
+  }
+
+  get resourceVersion(): string {
+    return String(this.#rv);
+  }
+
+  get available(): boolean {
+    return this.#available;
+  }
+
+  // ------------------------------------------------------------------ clients
+
+  #kubeconfigDocument(): Record<string, unknown> {
+    const name = 'pinset-test';
+    return {
+      apiVersion: 'v1',
+      kind: 'Config',
+      clusters: [{ name, cluster: { server: this.url, 'insecure-skip-tls-verify': true } }],
+      users: [{ name, user: this.#token ? { token: this.#token } : {} }],
+      contexts: [{ name, context: { cluster: name, user: name } }],
+      'current-context': name,
+    };
+  }
+
+  kubeConfig(): KubeConfig {
+    const kc = new KubeConfig();
+    kc.loadFromString(dumpYaml(this.#kubeconfigDocument()));
+    return kc;
+  }
+
+  async writeKubeconfig(dir: string): Promise<string> {
+    const file = path.join(dir, 'kubeconfig');
+    await writeFile(file, dumpYaml(this.#kubeconfigDocument()), { mode: 0o600 });
+    return file;
+  }
+
+  // ------------------------------------------------------------ test controls
+
+  #typeOf(obj: KubeObject): ResourceType {
+    const rt = TYPES.find((t) => t.kind === obj?.kind && apiVersionOf(t) === obj?.apiVersion);
+    if (!rt) throw new Error(`the test API server does not serve ${obj?.apiVersion} ${obj?.kind}`);
+    return rt;
+  }
+
+  #ns(rt: ResourceType, namespace: string | undefined): string | undefined {
+    return rt.namespaced ? (namespace ?? 'default') : undefined;
+  }
+
+  create(obj: KubeObject): KubeObject {
+    const rt = this.#typeOf(obj);
+    return this.#create(rt, this.#ns(rt, obj.metadata?.namespace), obj, { privileged: true });
+  }
+
+  get(resource: ResourceName, name: string, namespace?: string): KubeObject | undefined {
+    const rt = typeByName(resource);
+    const obj = this.#bucket(rt).get(objectKey(this.#ns(rt, namespace), name));
+    return obj && clone(obj);
+  }
+
+  list(resource: ResourceName, opts: { namespace?: string; labelSelector?: string; fieldSelector?: string } = {}): KubeObject[] {
+    const rt = typeByName(resource);
+    const labels = parseLabelSelector(opts.labelSelector ?? '');
+    const fields = parseFieldSelector(rt, opts.fieldSelector ?? '');
+    return this.#objectsOf(rt, opts.namespace)
+      .filter((o) => labelsMatch(labels, o.metadata.labels) && fieldsMatch(fields, o))
+      .map(clone);
+  }
+
+  update(obj: KubeObject): KubeObject {
+    const rt = this.#typeOf(obj);
+    return this.#update(rt, this.#ns(rt, obj.metadata?.namespace), String(obj.metadata?.name), obj, { privileged: true });
+  }
+
+  patch(resource: ResourceName, name: string, patch: JsonMap, namespace?: string): KubeObject {
+    const rt = typeByName(resource);
+    return this.#patch(rt, this.#ns(rt, namespace), name, 'application/merge-patch+json', patch, { privileged: true });
+  }
+
+  remove(resource: ResourceName, name: string, namespace?: string): boolean {
+    const rt = typeByName(resource);
+    const old = this.#bucket(rt).get(objectKey(this.#ns(rt, namespace), name));
+    if (old) this.#commitDelete(rt, old);
+    return old !== undefined;
+  }
+
+  compact(): void {
+    this.#history = [];
+    this.#compactedRv = this.#rv;
+  }
+
+  dropWatches(opts: { graceful?: boolean } = {}): number {
+    const n = this.#watches.size;
+    for (const w of [...this.#watches]) {
+      this.#closeWatch(w);
+      if (opts.graceful) w.res.end();
+      else w.res.socket?.destroy();
+    }
+    return n;
+  }
+
+  openWatches(): OpenWatch[] {
+    return [...this.#watches].map((w) => ({ resource: w.rt.plural, namespace: w.namespace, query: { ...w.query } }));
+  }
+
+  setAvailable(available: boolean): void {
+    this.#available = available;
+    if (available) return;
+    for (const w of this.#watches) this.#closeWatch(w);
+    for (const s of this.#sockets) s.destroy();
+  }
+
+  async waitFor<T>(predicate: () => T | Promise<T>, timeoutMs = 5000, what = 'a condition'): Promise<T> {
+    const deadline = Date.now() + timeoutMs;
+    let lastError: unknown;
+    for (;;) {
+      try {
+        const v = await predicate();
+        if (v) return v;
+      } catch (err) {
+        lastError = err;
+      }
+      if (Date.now() > deadline) {
+        const cause = lastError instanceof Error ? ` (last error: ${lastError.message})` : '';
+        throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${cause}`);
+      }
+      await delay(10);
+    }
+  }
+
+  async stop(): Promise<void> {
+    if (this.#stopped) return;
+    this.#stopped = true;
+    for (const w of [...this.#watches]) {
+      this.#closeWatch(w);
+      w.res.end();
+    }
+    const closed = new Promise<void>((resolve) => this.#server.close(() => resolve()));
+    this.#server.closeAllConnections();
+    await closed;
+  }
+
+  // -------------------------------------------------------------------- store
+
+  #bucket(rt: ResourceType): Map<string, KubeObject> {
+    return this.#objects.get(rt.plural)!;
+  }
+
+  /** Objects of a type in key order (namespace, name), as etcd lists them. */
+  #objectsOf(rt: ResourceType, namespace: string | undefined): KubeObject[] {
+    return [...this.#bucket(rt).entries()]
+      .filter(([, o]) => namespace === undefined || o.metadata.namespace === namespace)
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+      .map(([, o]) => o);
+  }
+
+  #mustGet(rt: ResourceType, namespace: string | undefined, name: string): KubeObject {
+    const obj = this.#bucket(rt).get(objectKey(namespace, name));
+    if (!obj) throw notFound(rt, name);
+    return obj;
+  }
+
+  #record(rt: ResourceType, type: HistoryEvent['type'], object: KubeObject, prev?: KubeObject): void {
+    const ev: HistoryEvent = { rv: this.#rv, plural: rt.plural, type, object: clone(object), prev: prev && clone(prev) };
+    this.#history.push(ev);
+    while (this.#history.length > this.#historyLimit) this.#compactedRv = this.#history.shift()!.rv;
+    for (const w of this.#watches) {
+      if (w.rt !== rt) continue;
+      const out = this.#convert(w, ev);
+      if (out) this.#send(w, out);
+    }
+  }
+
+  #commitCreate(rt: ResourceType, obj: KubeObject): KubeObject {
+    this.#rv += 1;
+    obj.metadata.resourceVersion = String(this.#rv);
+    this.#bucket(rt).set(objectKey(obj.metadata.namespace, obj.metadata.name!), obj);
+    this.#record(rt, 'ADDED', obj);
+    return clone(obj);
+  }
+
+  #commitUpdate(rt: ResourceType, old: KubeObject, next: KubeObject): KubeObject {
+    next.metadata.resourceVersion = old.metadata.resourceVersion;
+    if (canonical(next) === canonical(old)) return clone(old);
+    if (next.metadata.deletionTimestamp && !next.metadata.finalizers?.length) {
+      // The last finalizer is gone: the update completes the deletion.
+      this.#commitDelete(rt, old);
+      return { ...clone(next), metadata: { ...clone(next.metadata), resourceVersion: String(this.#rv) } };
+    }
+    this.#rv += 1;
+    next.metadata.resourceVersion = String(this.#rv);
+    this.#bucket(rt).set(objectKey(next.metadata.namespace, next.metadata.name!), next);
+    this.#record(rt, 'MODIFIED', next, old);
+    return clone(next);
+  }
+
+  /** Removes `stored`; the DELETED event carries its last content with the deletion's resourceVersion. */
+  #commitDelete(rt: ResourceType, stored: KubeObject): void {
+    this.#rv += 1;
+    this.#bucket(rt).delete(objectKey(stored.metadata.namespace, stored.metadata.name!));
+    const last = clone(stored);
+    last.metadata.resourceVersion = String(this.#rv);
+    this.#record(rt, 'DELETED', last, stored);
+  }
+
+  // ------------------------------------------------------------------- verbs
+
+  #prepare(rt: ResourceType, input: unknown): KubeObject {
+    if (!isMap(input)) throw badRequest('the request body must be a JSON object');
+    const obj = clone(input) as KubeObject;
+    const apiVersion = apiVersionOf(rt);
+    if (obj.apiVersion !== undefined && obj.apiVersion !== apiVersion)
+      throw badRequest(`the API version in the data (${String(obj.apiVersion)}) does not match the expected API version (${apiVersion})`);
+    if (obj.kind !== undefined && obj.kind !== rt.kind)
+      throw badRequest(`the kind in the data (${String(obj.kind)}) does not match the expected kind (${rt.kind})`);
+    if (obj.metadata === undefined || obj.metadata === null) obj.metadata = {};
+    if (!isMap(obj.metadata)) throw badRequest('metadata must be an object');
+    const out: KubeObject = { apiVersion, kind: rt.kind, ...obj };
+    out.apiVersion = apiVersion;
+    out.kind = rt.kind;
+    return out;
+  }
+
+  #validate(rt: ResourceType, obj: KubeObject): void {
+    normalizeMicroTimes(rt, obj);
+    const causes = metaCauses(obj.metadata);
+    if (causes.length === 0) {
+      for (const line of this.#validators?.[rt.plural]?.(clone(obj)) ?? []) {
+        const i = line.indexOf(': ');
+        causes.push({ reason: 'FieldValueInvalid', field: i > 0 ? line.slice(0, i) : '<nil>', message: i > 0 ? line.slice(i + 2) : line });
+      }
+    }
+    if (causes.length) throw invalid(rt, String(obj.metadata.name ?? ''), causes);
+  }
+
+  #create(rt: ResourceType, namespace: string | undefined, input: unknown, opts: WriteOptions = {}): KubeObject {
+    const obj = this.#prepare(rt, input);
+    const meta = obj.metadata;
+    if (rt.namespaced) {
+      if (meta.namespace !== undefined && namespace !== undefined && meta.namespace !== namespace)
+        throw badRequest('the namespace of the provided object does not match the namespace sent on the request');
+      meta.namespace = namespace ?? meta.namespace;
+    } else delete meta.namespace;
+    if (!meta.name && typeof meta.generateName === 'string' && meta.generateName) meta.name = meta.generateName + nameSuffix();
+    if (rt.statusSubresource && !rt.statusOnCreate && !opts.privileged) delete obj.status;
+    this.#validate(rt, obj);
+    if (this.#bucket(rt).has(objectKey(meta.namespace, meta.name!))) throw alreadyExists(rt, meta.name!);
+    if (!opts.privileged || !meta.uid) meta.uid = randomUUID();
+    if (!opts.privileged || !meta.creationTimestamp) meta.creationTimestamp = now();
+    delete meta.deletionTimestamp;
+    delete meta.deletionGracePeriodSeconds;
+    if (rt.generation) meta.generation = 1;
+    else delete meta.generation;
+    return this.#commitCreate(rt, obj);
+  }
+
+  #update(rt: ResourceType, namespace: string | undefined, name: string, input: unknown, opts: WriteOptions = {}): KubeObject {
+    const old = this.#mustGet(rt, namespace, name);
+    const obj = this.#prepare(rt, input);
+    const meta = obj.metadata;
+    if (meta.name !== undefined && meta.name !== name)
+      throw badRequest(`the name of the object (${String(meta.name)}) does not match the name on the URL (${name})`);
+    if (rt.namespaced && meta.namespace !== undefined && meta.namespace !== namespace)
+      throw badRequest('the namespace of the provided object does not match the namespace sent on the request');
+    if (meta.resourceVersion !== undefined && meta.resourceVersion !== '') {
+      if (meta.resourceVersion !== old.metadata.resourceVersion) throw conflict(rt, name, STALE);
+    } else if (rt.requireResourceVersion && !opts.privileged) {
+      throw invalid(rt, name, [{ reason: 'FieldValueInvalid', field: 'metadata.resourceVersion', message: 'Invalid value: 0x0: must be specified for an update' }]);
+    }
+    let next: KubeObject;
+    if (opts.status) {
+      // Only .status changes through /status (customresource statusStrategy.PrepareForUpdate).
+      next = clone(old);
+      if (obj.status !== undefined) next.status = obj.status;
+      else delete next.status;
+    } else {
+      next = obj;
+      const m = next.metadata;
+      m.name = name;
+      if (rt.namespaced) m.namespace = namespace;
+      for (const k of ['uid', 'creationTimestamp', 'deletionTimestamp', 'deletionGracePeriodSeconds', 'generation'] as const) {
+        if (old.metadata[k] !== undefined) (m as JsonMap)[k] = old.metadata[k];
+        else delete m[k];
+      }
+      if (rt.statusSubresource && !opts.privileged) {
+        if (old.status !== undefined) next.status = clone(old.status);
+        else delete next.status;
+      }
+      const content = (o: KubeObject) => canonical({ ...o, metadata: undefined });
+      if (rt.generation && content(old) !== content(next)) m.generation = (old.metadata.generation ?? 0) + 1;
+    }
+    this.#validate(rt, next);
+    return this.#commitUpdate(rt, old, next);
+  }
+
+  #patch(rt: ResourceType, namespace: string | undefined, name: string, contentType: string, patch: unknown, opts: WriteOptions = {}): KubeObject {
+    const old = this.#mustGet(rt, namespace, name);
+    let patched: unknown;
+    try {
+      if (contentType === 'application/merge-patch+json') patched = mergePatch(old, patch);
+      // Strategic merge patch equals merge patch for maps; lists are replaced rather than merged by key.
+      else if (contentType === 'application/strategic-merge-patch+json' && rt.builtin) patched = mergePatch(old, patch);
+      else if (contentType === 'application/json-patch+json') patched = jsonPatch(old, patch);
+      else throw unsupportedPatch(rt, contentType);
+    } catch (err) {
+      if (err instanceof PatchError) throw failure(422, 'Invalid', err.message);
+      throw err;
+    }
+    if (!isMap(patched) || !isMap(patched.metadata)) throw badRequest('the patched object must be an object with metadata');
+    // A resourceVersion in the patch is a precondition; without one the patch applies to the current object.
+    const rv = patched.metadata.resourceVersion;
+    if (rv !== undefined && rv !== old.metadata.resourceVersion) throw conflict(rt, name, STALE);
+    patched.metadata.resourceVersion = old.metadata.resourceVersion;
+    return this.#update(rt, namespace, name, patched, opts);
+  }
+
+  #delete(rt: ResourceType, namespace: string | undefined, name: string, options: unknown): KubeObject | KubeStatus {
+    const old = this.#mustGet(rt, namespace, name);
+    const pre = isMap(options) && isMap(options.preconditions) ? options.preconditions : {};
+    if (pre.uid !== undefined && pre.uid !== old.metadata.uid)
+      throw conflict(rt, name, `Precondition failed: UID in precondition: ${String(pre.uid)}, UID in object meta: ${old.metadata.uid}`);
+    if (pre.resourceVersion !== undefined && pre.resourceVersion !== old.metadata.resourceVersion)
+      throw conflict(
+        rt,
+        name,
+        `Precondition failed: ResourceVersion in precondition: ${String(pre.resourceVersion)}, ResourceVersion in object meta: ${old.metadata.resourceVersion}`,
+      );
+    if (old.metadata.finalizers?.length) {
+      // Deletion waits for the finalizers; the object is marked and returned.
+      if (old.metadata.deletionTimestamp) return clone(old);
+      const next = clone(old);
+      next.metadata.deletionTimestamp = now();
+      next.metadata.deletionGracePeriodSeconds = 0;
+      if (rt.generation) next.metadata.generation = (old.metadata.generation ?? 0) + 1;
+      return this.#commitUpdate(rt, old, next);
+    }
+    this.#commitDelete(rt, old);
+    return { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Success', details: { ...detailsOf(rt, name), uid: old.metadata.uid }, code: 200 };
+  }
+
+  #list(rt: ResourceType, namespace: string | undefined, query: Record<string, string>): JsonMap {
+    const labels = parseLabelSelector(query.labelSelector ?? '');
+    const fields = parseFieldSelector(rt, query.fieldSelector ?? '');
+    const items = this.#objectsOf(rt, namespace)
+      .filter((o) => labelsMatch(labels, o.metadata.labels) && fieldsMatch(fields, o))
+      .map((o) => {
+        if (!rt.builtin) return o;
+        const { apiVersion: _a, kind: _k, ...rest } = o;
+        return rest;
+      });
+    return { kind: `${rt.kind}List`, apiVersion: apiVersionOf(rt), metadata: { resourceVersion: this.resourceVersion }, items };
+  }
+
+  // ------------------------------------------------------------------- watch
+
+  #matches(w: Watcher, obj: KubeObject): boolean {
+    return (
+      (w.namespace === undefined || obj.metadata.namespace === w.namespace) &&
+      labelsMatch(w.labels, obj.metadata.labels) &&
+      fieldsMatch(w.fields, obj)
+    );
+  }
+
+  /** What a watcher sees of a change, as the watch cache's cacheWatcher.convertToWatchEvent decides. */
+  #convert(w: Watcher, ev: HistoryEvent): WatchEvent | undefined {
+    const cur = ev.type !== 'DELETED' && this.#matches(w, ev.object);
+    const prev = ev.prev !== undefined && this.#matches(w, ev.prev);
+    if (cur) return { type: prev ? 'MODIFIED' : 'ADDED', object: ev.object };
+    if (prev) return { type: 'DELETED', object: { ...ev.prev, metadata: { ...ev.prev!.metadata, resourceVersion: String(ev.rv) } } };
+    return undefined;
+  }
+
+  #send(w: Watcher, ev: WatchEvent): void {
+    if (!w.res.writableEnded && !w.res.destroyed) w.res.write(`${JSON.stringify(ev)}\n`);
+  }
+
+  #bookmark(w: Watcher, annotations?: Record<string, string>): WatchEvent {
+    const metadata: JsonMap = { resourceVersion: this.resourceVersion };
+    if (annotations) metadata.annotations = annotations;
+    return { type: 'BOOKMARK', object: { kind: w.rt.kind, apiVersion: apiVersionOf(w.rt), metadata } };
+  }
+
+  #closeWatch(w: Watcher): void {
+    for (const t of w.timers) clearTimeout(t);
+    w.timers = [];
+    this.#watches.delete(w);
+  }
+
+  #watch(rt: ResourceType, namespace: string | undefined, query: Record<string, string>, res: http.ServerResponse): void {
+    const rvParam = query.resourceVersion ?? '';
+    let since: number | undefined;
+    if (rvParam !== '' && rvParam !== '0') {
+      if (!/^[0-9]+$/.test(rvParam)) throw badRequest(`invalid resource version: ${JSON.stringify(rvParam)}`);
+      since = Number(rvParam);
+    }
+    let timeoutMs: number | undefined;
+    if (query.timeoutSeconds !== undefined) {
+      if (!/^[0-9]+$/.test(query.timeoutSeconds)) throw badRequest(`invalid timeoutSeconds: ${JSON.stringify(query.timeoutSeconds)}`);
+      timeoutMs = Number(query.timeoutSeconds) * 1000;
+    }
+    const w: Watcher = {
+      rt,
+      namespace,
+      labels: parseLabelSelector(query.labelSelector ?? ''),
+      fields: parseFieldSelector(rt, query.fieldSelector ?? ''),
+      bookmarks: query.allowWatchBookmarks === 'true',
+      query,
+      res,
+      timers: [],
+    };
+    res.writeHead(200, { 'Content-Type': 'application/json', 'Cache-Control': 'no-cache, private' });
+    res.flushHeaders();
+    const initial = query.sendInitialEvents === 'true';
+    if (since === undefined || initial) {
+      for (const o of this.#objectsOf(rt, namespace)) if (this.#matches(w, o)) this.#send(w, { type: 'ADDED', object: o });
+      if (initial && w.bookmarks) this.#send(w, this.#bookmark(w, { 'k8s.io/initial-events-end': 'true' }));
+    } else if (since < this.#compactedRv) {
+      const status = failure(410, 'Expired', `too old resource version: ${since} (${this.#compactedRv + 1})`).status;
+      this.#send(w, { type: 'ERROR', object: status });
+      res.end();
+      return;
+    } else {
+      for (const ev of this.#history) {
+        if (ev.rv <= since || ev.plural !== rt.plural) continue;
+        const out = this.#convert(w, ev);
+        if (out) this.#send(w, out);
+      }
+    }
+    this.#watches.add(w);
+    res.on('close', () => this.#closeWatch(w));
+    if (w.bookmarks) w.timers.push(setInterval(() => this.#send(w, this.#bookmark(w)), this.#bookmarkIntervalMs).unref());
+    if (timeoutMs !== undefined) {
+      const timer = setTimeout(() => {
+        if (w.bookmarks) this.#send(w, this.#bookmark(w));
+        this.#closeWatch(w);
+        res.end();
+      }, timeoutMs);
+      w.timers.push(timer.unref());
+    }
+  }
+
+  // -------------------------------------------------------------------- HTTP
+
+  #onRequest(req: http.IncomingMessage, res: http.ServerResponse): void {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on('data', (chunk: Buffer) => {
+      size += chunk.length;
+      if (size <= MAX_BODY_BYTES) chunks.push(chunk);
+    });
+    req.on('end', () => this.#respond(req, res, Buffer.concat(chunks), size));
+  }
+
+  #respond(req: http.IncomingMessage, res: http.ServerResponse, raw: Buffer, size: number): void {
+    const url = new URL(req.url ?? '/', this.url);
+    const contentType = (req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase();
+    const entry: RecordedRequest = {
+      method: req.method ?? 'GET',
+      path: url.pathname,
+      query: Object.fromEntries(url.searchParams),
+      contentType,
+      body: undefined,
+      status: 0,
+    };
+    this.requests.push(entry);
+    try {
+      if (this.#token !== undefined && req.headers.authorization !== `Bearer ${this.#token}`) throw failure(401, 'Unauthorized', 'Unauthorized');
+      if (size > MAX_BODY_BYTES) throw failure(413, 'RequestEntityTooLarge', 'the request is too large');
+      if (raw.length > 0) {
+        const text = raw.toString('utf8');
+        entry.body = text;
+        if (contentType === '' || contentType.includes('json')) {
+          try {
+            entry.body = JSON.parse(text);
+          } catch {
+            throw badRequest('the request body is not valid JSON');
+          }
+        }
+      }
+      this.#route(entry, res);
+    } catch (err) {
+      const status = err instanceof KubeStatusError ? err.status : failure(500, 'InternalError', String(err)).status;
+      if (!res.headersSent) sendJson(res, status.code, status);
+      else res.destroy();
+    }
+    entry.status = res.statusCode;
+  }
+
+  #route(r: RecordedRequest, res: http.ServerResponse): void {
+    const { method, query } = r;
+    const discovery = this.#discovery(r.path);
+    if (discovery !== undefined) {
+      if (method !== 'GET') throw failure(405, 'MethodNotAllowed', 'the server does not allow this method on the requested resource');
+      if (typeof discovery === 'string') {
+        res.writeHead(200, { 'Content-Type': 'text/plain; charset=utf-8' });
+        res.end(discovery);
+      } else sendJson(res, 200, discovery);
+      return;
+    }
+    const target = parseResourcePath(r.path);
+    if (!target) throw failure(404, 'NotFound', 'the server could not find the requested resource', {});
+    const { rt, namespace, name, sub } = target;
+    if (sub !== undefined && (sub !== 'status' || !rt.statusSubresource)) throw notFound(rt, name ?? '');
+    const notAllowed = () => failure(405, 'MethodNotAllowed', 'the server does not allow this method on the requested resource');
+    if (name === undefined) {
+      if (method === 'GET') {
+        if (query.watch === 'true' || query.watch === '1') this.#watch(rt, namespace, query, res);
+        else sendJson(res, 200, this.#list(rt, namespace, query));
+        return;
+      }
+      if (method === 'POST' && (namespace !== undefined || !rt.namespaced)) return sendJson(res, 201, this.#create(rt, namespace, r.body));
+      throw notAllowed();
+    }
+    const opts = { status: sub === 'status' };
+    switch (method) {
+      case 'GET':
+        return sendJson(res, 200, this.#mustGet(rt, namespace, name));
+      case 'PUT':
+        return sendJson(res, 200, this.#update(rt, namespace, name, r.body, opts));
+      case 'PATCH':
+        return sendJson(res, 200, this.#patch(rt, namespace, name, r.contentType, r.body, opts));
+      case 'DELETE':
+        if (sub) throw notAllowed();
+        return sendJson(res, 200, this.#delete(rt, namespace, name, r.body));
+      default:
+        throw notAllowed();
+    }
+  }
+
+  #discovery(pathname: string): JsonMap | string | undefined {
+    const p = pathname.replace(/\/+$/, '') || '/';
+    if (p === '/healthz' || p === '/readyz' || p === '/livez') return 'ok';
+    if (p === '/version')
+      return { major: '1', minor: '33', gitVersion: 'v1.33.0-pinset-test', platform: 'linux/amd64', goVersion: 'none (in-process test server)' };
+    if (p === '/api') return { kind: 'APIVersions', versions: ['v1'], serverAddressByClientCIDRs: [{ clientCIDR: '0.0.0.0/0', serverAddress: new URL(this.url).host }] };
+    const groups = [...new Set(TYPES.filter((t) => t.group).map((t) => `${t.group}/${t.version}`))];
+    if (p === '/apis') {
+      const list = groups.map((gv) => {
+        const [name, version] = gv.split('/') as [string, string];
+        const v = { groupVersion: gv, version };
+        return { name, versions: [v], preferredVersion: v };
+      });
+      return { kind: 'APIGroupList', apiVersion: 'v1', groups: list };
+    }
+    const gv = p === '/api/v1' ? 'v1' : p.startsWith('/apis/') ? p.slice('/apis/'.length) : undefined;
+    const types = TYPES.filter((t) => apiVersionOf(t) === gv);
+    if (types.length === 0) return undefined;
+    const resources = types.flatMap((t) => {
+      const main = {
+        name: t.plural, singularName: t.singular, namespaced: t.namespaced, kind: t.kind,
+        verbs: ['create', 'delete', 'get', 'list', 'patch', 'update', 'watch'],
+      };
+      return t.statusSubresource ? [main, { name: `${t.plural}/status`, singularName: '', namespaced: t.namespaced, kind: t.kind, verbs: ['get', 'patch', 'update'] }] : [main];
+    });
+    return { kind: 'APIResourceList', apiVersion: 'v1', groupVersion: gv!, resources };
+  }
+}
+
+function parseResourcePath(pathname: string): { rt: ResourceType; namespace?: string; name?: string; sub?: string } | undefined {
+  const seg = pathname.split('/').filter(Boolean).map(decodeURIComponent);
+  let group: string;
+  let rest: string[];
+  if (seg[0] === 'api' && seg.length >= 2) [group, rest] = ['', seg.slice(1)];
+  else if (seg[0] === 'apis' && seg.length >= 3) [group, rest] = [seg[1]!, seg.slice(2)];
+  else return undefined;
+  const version = rest[0];
+  rest = rest.slice(1);
+  let namespace: string | undefined;
+  if (rest[0] === 'namespaces' && rest.length >= 3) {
+    namespace = rest[1];
+    rest = rest.slice(2);
+  }
+  if (rest.length < 1 || rest.length > 3) return undefined;
+  const rt = TYPES.find((t) => t.group === group && t.version === version && t.plural === rest[0]);
+  if (!rt || (namespace !== undefined && !rt.namespaced) || (namespace === undefined && rt.namespaced && rest.length > 1)) return undefined;
+  return { rt, namespace, name: rest[1], sub: rest[2] };
+}
+
+function sendJson(res: http.ServerResponse, code: number, body: unknown): void {
+  const data = JSON.stringify(body);
+  res.writeHead(code, { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(data) });
+  res.end(data);
+}
