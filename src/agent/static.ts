@@ -5,7 +5,7 @@
 // planner keeps the current pins rather than drop them.
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
-import { loadAllYaml } from '@kubernetes/client-node';
+import { parseYamlDocuments } from '../api/yaml.ts';
 import type { ObservedSet, SourceProblem } from './plan.ts';
 
 const SET_FILE = /\.(ya?ml|json)$/i;
@@ -31,16 +31,18 @@ export async function readStaticSets(dir: string): Promise<StaticRead> {
   for (const name of names) {
     const file = path.join(dir, name);
     out.files.push(file);
-    let docs: unknown[];
+    let text: string;
     try {
-      docs = loadAllYaml(await fsp.readFile(file, 'utf8'));
+      text = await fsp.readFile(file, 'utf8');
     } catch (e) {
-      out.problems.push({ origin: file, error: `not valid YAML: ${(e as Error).message.split('\n')[0]}` });
+      out.problems.push({ origin: file, error: `cannot read: ${(e as Error).message}` });
       continue;
     }
-    docs.forEach((doc, i) => {
-      if (doc === null || doc === undefined) return;
-      out.sets.push({ source: 'static', object: doc, origin: `${file} (document ${i + 1})` });
+    const docs = parseYamlDocuments(text);
+    docs.forEach((d, i) => {
+      const origin = `${file} (document ${i + 1}, line ${d.line})`;
+      if ('error' in d) out.problems.push({ origin, error: d.error });
+      else out.sets.push({ source: 'static', object: d.value, origin });
     });
   }
   return out;

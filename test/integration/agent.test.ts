@@ -356,7 +356,7 @@ describe('pinset agent against the API server, CRI-O and systemd stand-ins', () 
     bed.start();
     await bed.waitForSet('a', ready, 'Ready');
     await bed.waitForSet('gone-while-away', ready, 'Ready');
-    const watches = await bed.api.waitFor(() => (bed.api.openWatches().length >= 2 ? bed.api.openWatches() : undefined), 10_000, 'two open watches');
+    const watches = (await bed.api.waitFor(() => (bed.api.openWatches().length >= 2 ? bed.api.openWatches() : undefined), 10_000, 'two open watches'))!;
     const setsWatch = watches.find((w) => w.resource === 'pinnedimagesets')!;
     const nodeWatch = watches.find((w) => w.resource === 'nodes')!;
     assert.equal(setsWatch.query.allowWatchBookmarks, 'true');

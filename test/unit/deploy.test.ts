@@ -1,0 +1,391 @@
+// deploy/: what `kubectl apply -k deploy/` would install, built offline with
+// `kubectl kustomize` and checked object by object, plus the systemd unit.
+// RBAC is compared as an exact set of (scope, group, resource, verb), so
+// widening a Role fails here.
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { chmod, copyFile, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { parseYamlDocuments } from '../../src/api/yaml.ts';
+
+const run = promisify(execFile);
+const ROOT = path.resolve(import.meta.dirname, '../..');
+const NS = 'pinset-system';
+const AGENT_SA = 'pinset-agent';
+const CONTROLLER_SA = 'pinset-controller';
+
+type Obj = Record<string, any>;
+
+function findOnPath(cmd: string, preferred: string[]): string | undefined {
+  for (const p of preferred) if (existsSync(p)) return p;
+  for (const dir of (process.env.PATH ?? '').split(path.delimiter)) {
+    if (dir && existsSync(path.join(dir, cmd))) return path.join(dir, cmd);
+  }
+  return undefined;
+}
+
+const kubectl = findOnPath('kubectl', ['/usr/bin/kubectl']);
+const kubectlMissing = 'kubectl not found (looked at /usr/bin/kubectl and PATH): the kustomization is NOT checked';
+if (!kubectl && process.env.CI !== 'true') process.stderr.write(`\n*** SKIPPING deploy tests: ${kubectlMissing} ***\n\n`);
+
+async function build(): Promise<Obj[]> {
+  if (!kubectl) assert.fail(`${kubectlMissing}; CI=true requires it`);
+  const { stdout } = await run(kubectl, ['kustomize', path.join(ROOT, 'deploy')], { maxBuffer: 16 << 20 });
+  return parseYamlDocuments(stdout).map((d) => {
+    if ('error' in d) assert.fail(`kubectl kustomize printed invalid YAML: ${d.error}`);
+    return d.value as Obj;
+  });
+}
+
+const skip = !kubectl && process.env.CI !== 'true' ? kubectlMissing : false;
+const objects: Obj[] = skip ? [] : await build();
+const pkg = JSON.parse(await readFile(path.join(ROOT, 'package.json'), 'utf8')) as { version: string };
+
+function one(kind: string, name: string, namespace?: string): Obj {
+  const found = objects.filter((o) => o.kind === kind && o.metadata.name === name && o.metadata.namespace === namespace);
+  assert.equal(found.length, 1, `${kind} ${namespace ? namespace + '/' : ''}${name}: expected exactly one`);
+  return found[0]!;
+}
+
+interface CommandHelp {
+  flags: Set<string>;
+  env: Set<string>;
+  text: string;
+}
+const helps = new Map<string, Promise<CommandHelp>>();
+
+/** Flags and environment twins from `pinset <command> --help`. */
+function helpOf(command: string): Promise<CommandHelp> {
+  let h = helps.get(command);
+  if (!h) {
+    h = run(path.join(ROOT, 'node_modules/.bin/node'), [path.join(ROOT, 'src/cli/main.ts'), command, '--help']).then(({ stdout }) => ({
+      flags: new Set([...stdout.matchAll(/^\s+--([a-z0-9-]+)/gm)].map((m) => m[1]!)),
+      env: new Set([...stdout.matchAll(/\(env ([A-Z_][A-Z0-9_]*)/g)].map((m) => m[1]!)),
+      text: stdout,
+    }));
+    helps.set(command, h);
+  }
+  return h;
+}
+
+describe('kubectl kustomize deploy', { skip }, () => {
+  test('builds exactly the objects an install needs', () => {
+    const ids = objects.map((o) => `${o.kind} ${o.metadata.namespace ?? '-'}/${o.metadata.name}`).sort();
+    assert.deepEqual(ids, [
+      'ClusterRole -/pinset-agent',
+      'ClusterRole -/pinset-controller',
+      'ClusterRoleBinding -/pinset-agent',
+      'ClusterRoleBinding -/pinset-controller',
+      'CustomResourceDefinition -/pinnedimagesets.pinset.dev',
+      'DaemonSet pinset-system/pinset-agent',
+      'Deployment pinset-system/pinset-controller',
+      'Namespace -/pinset-system',
+      'Role default/pinset-agent-events',
+      'Role pinset-system/pinset-controller',
+      'RoleBinding default/pinset-agent-events',
+      'RoleBinding pinset-system/pinset-controller',
+      'ServiceAccount pinset-system/pinset-agent',
+      'ServiceAccount pinset-system/pinset-controller',
+      'ValidatingAdmissionPolicy -/pinset-agent-node-scope',
+      'ValidatingAdmissionPolicyBinding -/pinset-agent-node-scope',
+    ]);
+  });
+
+  test('every container runs the image of this version', () => {
+    for (const w of objects.filter((o) => o.kind === 'DaemonSet' || o.kind === 'Deployment')) {
+      for (const c of w.spec.template.spec.containers) assert.equal(c.image, `ghcr.io/pinset/pinset:${pkg.version}`, w.metadata.name);
+    }
+  });
+
+  describe('the agent DaemonSet', () => {
+    const ds = () => one('DaemonSet', 'pinset-agent', NS);
+    const pod = () => ds().spec.template.spec;
+    const container = () => {
+      const cs = pod().containers as Obj[];
+      assert.equal(cs.length, 1);
+      return cs[0]!;
+    };
+
+    test('runs `pinset agent` as its service account on every node, whatever the taints', () => {
+      assert.deepEqual(container().args, ['agent']);
+      assert.equal(container().command, undefined, 'the image ENTRYPOINT starts pinset');
+      assert.equal(pod().serviceAccountName, AGENT_SA);
+      assert.deepEqual(pod().tolerations, [{ operator: 'Exists' }]);
+      assert.equal(pod().priorityClassName, 'system-node-critical');
+      assert.equal(pod().hostNetwork, undefined);
+      assert.equal(pod().hostPID, undefined);
+      assert.deepEqual(ds().spec.updateStrategy, { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: '10%' } });
+      for (const [k, v] of Object.entries(ds().spec.selector.matchLabels as Obj)) assert.equal(ds().spec.template.metadata.labels[k], v);
+    });
+
+    test('NODE_NAME from the downward API, metrics on :9402', () => {
+      const env = Object.fromEntries((container().env as Obj[]).map((e) => [e.name, e]));
+      assert.deepEqual(env.NODE_NAME.valueFrom, { fieldRef: { fieldPath: 'spec.nodeName' } });
+      assert.equal(env.PINSET_METRICS_ADDR.value, '0.0.0.0:9402');
+    });
+
+    test('probes: liveness /healthz and readiness /readyz on :9402', () => {
+      assert.deepEqual(container().livenessProbe.httpGet, { path: '/healthz', port: 9402 });
+      assert.deepEqual(container().readinessProbe.httpGet, { path: '/readyz', port: 9402 });
+    });
+
+    test('resources from the measured footprint', async () => {
+      assert.deepEqual(container().resources, { requests: { cpu: '20m', memory: '64Mi' }, limits: { memory: '160Mi' } });
+      assert.match(await readFile(path.join(ROOT, 'deploy/agent/daemonset.yaml'), 'utf8'), /BENCHMARKS\.md/);
+    });
+
+    test('host paths: CRI-O socket folder, drop-in folder (writable), D-Bus socket, kubelet auth (read-only), static sets (read-only)', () => {
+      const volumes: Record<string, Obj> = Object.fromEntries((pod().volumes as Obj[]).map((v) => [v.name, v.hostPath]));
+      const mounts: Record<string, Obj> = Object.fromEntries((container().volumeMounts as Obj[]).map((m) => [m.mountPath, m]));
+      const expect: [string, string, string | undefined, boolean][] = [
+        // host path, hostPath type, mount path (same), read-only
+        ['/var/run/crio', 'Directory', '/var/run/crio', true],
+        ['/etc/crio/crio.conf.d', 'DirectoryOrCreate', '/etc/crio/crio.conf.d', false],
+        ['/run/dbus/system_bus_socket', 'Socket', '/run/dbus/system_bus_socket', true],
+        ['/var/lib/kubelet/config.json', 'File', '/var/lib/kubelet/config.json', true],
+        ['/etc/pinset/sets.d', 'DirectoryOrCreate', '/etc/pinset/sets.d', true],
+      ];
+      assert.equal(Object.keys(volumes).length, expect.length, 'no other volumes');
+      for (const [hostPath, type, mountPath, readOnly] of expect) {
+        const vol = Object.entries(volumes).find(([, hp]) => hp?.path === hostPath);
+        assert.ok(vol, `no hostPath volume for ${hostPath}`);
+        assert.equal(vol[1].type, type, hostPath);
+        const m = mounts[mountPath!];
+        assert.ok(m, `${hostPath} not mounted at ${mountPath}`);
+        assert.equal(m.name, vol[0]);
+        assert.equal(m.readOnly === true, readOnly, `${mountPath} readOnly`);
+      }
+    });
+
+    test('security: root without capabilities or privilege, read-only root, RuntimeDefault seccomp, spc_t', () => {
+      const sc = container().securityContext;
+      assert.equal(sc.runAsUser, 0);
+      assert.equal(sc.privileged, false);
+      assert.equal(sc.allowPrivilegeEscalation, false);
+      assert.deepEqual(sc.capabilities, { drop: ['ALL'] }, 'no capability added back');
+      assert.equal(sc.readOnlyRootFilesystem, true);
+      assert.deepEqual(sc.seccompProfile, { type: 'RuntimeDefault' });
+      assert.deepEqual(sc.seLinuxOptions, { type: 'spc_t' });
+      assert.equal(pod().hostUsers, true, 'uid 0 must be the host\'s root for D-Bus and the root-owned files');
+    });
+
+    test('every privilege kept is explained in the manifest', async () => {
+      const text = await readFile(path.join(ROOT, 'deploy/agent/daemonset.yaml'), 'utf8');
+      for (const field of ['runAsUser: 0', 'capabilities:', 'seLinuxOptions:', 'hostUsers: true', 'tolerations:']) {
+        const at = text.indexOf(field);
+        assert.ok(at > 0, field);
+        const before = text.slice(0, at).split('\n').slice(-4).join('\n');
+        assert.match(before, /#/, `no comment right above ${field}`);
+      }
+    });
+  });
+
+  describe('the controller Deployment', () => {
+    const dep = () => one('Deployment', 'pinset-controller', NS);
+    const pod = () => dep().spec.template.spec;
+    const container = () => pod().containers[0] as Obj;
+
+    test('two replicas with leader election', () => {
+      assert.equal(dep().spec.replicas, 2);
+      assert.deepEqual(container().args, ['controller', '--leader-elect']);
+      assert.equal(pod().serviceAccountName, CONTROLLER_SA);
+      const env = Object.fromEntries((container().env as Obj[]).map((e) => [e.name, e]));
+      assert.deepEqual(env.POD_NAME.valueFrom, { fieldRef: { fieldPath: 'metadata.name' } });
+      assert.deepEqual(env.POD_NAMESPACE.valueFrom, { fieldRef: { fieldPath: 'metadata.namespace' } });
+    });
+
+    test('non-root 65532, read-only root, no capabilities, probes on :9403/healthz', () => {
+      const sc = { ...pod().securityContext, ...container().securityContext };
+      assert.equal(sc.runAsNonRoot, true);
+      assert.equal(sc.runAsUser, 65532);
+      assert.equal(sc.readOnlyRootFilesystem, true);
+      assert.equal(sc.allowPrivilegeEscalation, false);
+      assert.deepEqual(sc.capabilities, { drop: ['ALL'] });
+      assert.deepEqual(sc.seccompProfile, { type: 'RuntimeDefault' });
+      assert.deepEqual(container().livenessProbe.httpGet, { path: '/healthz', port: 9403 });
+      assert.equal(pod().volumes, undefined, 'no volumes, no host access');
+    });
+  });
+
+  describe('RBAC: least privilege, exactly', () => {
+    /** Every (scope group/resource verb) a service account is granted through the built bindings. */
+    function grants(sa: string): string[] {
+      const out = new Set<string>();
+      for (const b of objects.filter((o) => o.kind === 'ClusterRoleBinding' || o.kind === 'RoleBinding')) {
+        const bound = (b.subjects as Obj[]).some((s) => s.kind === 'ServiceAccount' && s.name === sa && s.namespace === NS);
+        if (!bound) continue;
+        const role = one(b.roleRef.kind, b.roleRef.name, b.roleRef.kind === 'Role' ? b.metadata.namespace : undefined);
+        const scope = b.kind === 'RoleBinding' ? b.metadata.namespace : 'cluster';
+        for (const r of role.rules as Obj[]) {
+          assert.equal(r.nonResourceURLs, undefined);
+          const names: (string | undefined)[] = r.resourceNames ?? [undefined];
+          for (const g of r.apiGroups) {
+            for (const res of r.resources) {
+              for (const v of r.verbs) for (const n of names) out.add(`${scope} ${g || 'core'}/${res}${n ? `/${n}` : ''} ${v}`);
+            }
+          }
+        }
+      }
+      return [...out].sort();
+    }
+
+    test('the agent: read sets; read and patch Nodes; core Events in "default" only', () => {
+      assert.deepEqual(grants(AGENT_SA), [
+        'cluster core/nodes get',
+        'cluster core/nodes list',
+        'cluster core/nodes patch',
+        'cluster core/nodes watch',
+        'cluster pinset.dev/pinnedimagesets get',
+        'cluster pinset.dev/pinnedimagesets list',
+        'cluster pinset.dev/pinnedimagesets watch',
+        'default core/events create',
+        'default core/events patch',
+      ]);
+    });
+
+    test('the controller: read sets, write their status, list/watch Nodes; its Lease and Events in its namespace only', () => {
+      assert.deepEqual(grants(CONTROLLER_SA), [
+        'cluster core/nodes list',
+        'cluster core/nodes watch',
+        'cluster pinset.dev/pinnedimagesets get',
+        'cluster pinset.dev/pinnedimagesets list',
+        'cluster pinset.dev/pinnedimagesets watch',
+        'cluster pinset.dev/pinnedimagesets/status patch',
+        'cluster pinset.dev/pinnedimagesets/status update',
+        'pinset-system coordination.k8s.io/leases create',
+        'pinset-system coordination.k8s.io/leases/pinset-controller get',
+        'pinset-system coordination.k8s.io/leases/pinset-controller update',
+        'pinset-system core/events create',
+        'pinset-system core/events patch',
+      ]);
+    });
+
+    test('no binding grants anything to anyone else', () => {
+      for (const b of objects.filter((o) => o.kind.endsWith('Binding') && o.apiVersion.startsWith('rbac'))) {
+        for (const s of b.subjects as Obj[]) {
+          assert.ok(s.kind === 'ServiceAccount' && s.namespace === NS && [AGENT_SA, CONTROLLER_SA].includes(s.name), `${b.metadata.name}: ${JSON.stringify(s)}`);
+        }
+      }
+    });
+  });
+
+  describe('the manifests speak the commands\' language', () => {
+    for (const [kind, name, command] of [['DaemonSet', 'pinset-agent', 'agent'], ['Deployment', 'pinset-controller', 'controller']] as const) {
+      test(`${name}: every argument and environment variable is one \`pinset ${command}\` reads`, async () => {
+        const help = await helpOf(command);
+        const c = one(kind, name, NS).spec.template.spec.containers[0] as Obj;
+        assert.equal(c.args[0], command);
+        for (const a of c.args.slice(1) as string[]) assert.ok(help.flags.has(a.replace(/^--/, '').replace(/=.*$/, '')), `unknown flag ${a}`);
+        for (const e of c.env as Obj[]) assert.ok(help.env.has(e.name), `pinset ${command} does not read ${e.name}`);
+      });
+    }
+
+    test('the controller\'s Role names the Lease the controller uses by default', async () => {
+      const help = await helpOf('controller');
+      const lease = /--lease-name .*default "([^"]+)"/.exec(help.text)?.[1];
+      assert.ok(lease, 'no --lease-name default in the help');
+      const rules = one('Role', 'pinset-controller', NS).rules as Obj[];
+      assert.deepEqual(rules.filter((r) => r.resourceNames).flatMap((r) => r.resourceNames), [lease]);
+    });
+
+    test('the metrics addresses are the probed ports', () => {
+      for (const [kind, name] of [['DaemonSet', 'pinset-agent'], ['Deployment', 'pinset-controller']] as const) {
+        const c = one(kind, name, NS).spec.template.spec.containers[0] as Obj;
+        const addr = (c.env as Obj[]).find((e) => /METRICS_ADDR$/.test(e.name))?.value as string;
+        assert.equal(Number(addr.split(':').at(-1)), c.livenessProbe.httpGet.port, name);
+      }
+    });
+  });
+
+  test('the admission policy names the agent\'s service account as built here', () => {
+    one('ServiceAccount', AGENT_SA, NS);
+    const policy = one('ValidatingAdmissionPolicy', 'pinset-agent-node-scope');
+    assert.deepEqual(policy.spec.matchConditions.map((c: Obj) => c.expression), [`request.userInfo.username == 'system:serviceaccount:${NS}:${AGENT_SA}'`]);
+    const binding = one('ValidatingAdmissionPolicyBinding', 'pinset-agent-node-scope');
+    assert.equal(binding.spec.policyName, policy.metadata.name);
+    assert.deepEqual(binding.spec.validationActions, ['Deny']);
+  });
+
+  test('the Namespace admits the agent\'s host access', () => {
+    assert.equal(one('Namespace', NS).metadata.labels['pod-security.kubernetes.io/enforce'], 'privileged');
+  });
+});
+
+// ---------------------------------------------------------------------------
+
+const UNIT = path.join(ROOT, 'deploy/systemd/pinset-agent.service');
+
+/** Key=value pairs per [Section] (a key may repeat). */
+function parseUnit(text: string): Record<string, Record<string, string[]>> {
+  const out: Record<string, Record<string, string[]>> = {};
+  let section = '';
+  for (const raw of text.split('\n')) {
+    const line = raw.trim();
+    if (!line || line.startsWith('#') || line.startsWith(';')) continue;
+    const s = /^\[(.+)\]$/.exec(line);
+    if (s) {
+      section = s[1]!;
+      out[section] ??= {};
+      continue;
+    }
+    const eq = line.indexOf('=');
+    assert.ok(eq > 0 && section, `not a key=value line in a section: ${line}`);
+    ((out[section]![line.slice(0, eq)] ??= [])).push(line.slice(eq + 1));
+  }
+  return out;
+}
+
+describe('deploy/systemd/pinset-agent.service', async () => {
+  const text = await readFile(UNIT, 'utf8');
+  const unit = parseUnit(text);
+  const svc = unit.Service ?? {};
+  const get = (k: string) => svc[k]?.at(-1);
+
+  test('runs `pinset agent` as a simple service that always restarts and logs to the journal', () => {
+    assert.equal(get('Type'), 'simple');
+    assert.match(get('ExecStart') ?? '', /^\/usr\/local\/bin\/pinset agent(\s|$)/);
+    assert.equal(get('Restart'), 'always');
+    assert.equal(get('StandardOutput'), 'journal');
+    assert.ok(svc.Environment?.some((e) => e.startsWith('NODE_NAME=')), 'NODE_NAME set');
+    assert.deepEqual(unit.Install?.WantedBy, ['multi-user.target']);
+  });
+
+  test('ExecStart and Environment use only flags and variables `pinset agent` knows', async () => {
+    const help = await helpOf('agent');
+    const args = (get('ExecStart') ?? '').split(/\s+/).slice(2);
+    for (const a of args.filter((x) => x.startsWith('--'))) assert.ok(help.flags.has(a.slice(2).replace(/=.*$/, '')), `unknown flag ${a}`);
+    for (const e of svc.Environment ?? []) assert.ok(help.env.has(e.split('=')[0]!), `pinset agent does not read ${e}`);
+  });
+
+  test('hardened, with the one writable folder the agent needs', () => {
+    assert.equal(get('ProtectSystem'), 'strict');
+    assert.deepEqual(svc.ReadWritePaths, ['/etc/crio/crio.conf.d']);
+    assert.equal(get('NoNewPrivileges'), 'yes');
+    assert.equal(get('CapabilityBoundingSet'), '', 'no capabilities');
+    for (const k of ['ProtectHome', 'PrivateTmp', 'PrivateDevices', 'ProtectKernelTunables', 'ProtectKernelModules', 'ProtectControlGroups', 'RestrictSUIDSGID', 'LockPersonality']) {
+      assert.equal(get(k), 'yes', k);
+    }
+    assert.match(get('RestrictAddressFamilies') ?? '', /\bAF_UNIX\b/, 'Unix sockets for CRI-O and D-Bus');
+    assert.notEqual(get('MemoryDenyWriteExecute'), 'yes', 'V8 needs W+X memory');
+    assert.equal(get('PrivateNetwork'), undefined, 'the agent talks to the API server');
+  });
+
+  const analyze = findOnPath('systemd-analyze', []);
+  test('systemd-analyze verify finds nothing to complain about', { skip: analyze ? false : 'systemd-analyze not installed' }, async (t) => {
+    // verify insists that ExecStart exists: point it at a stand-in.
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-unit-'));
+    t.after(() => rm(dir, { recursive: true, force: true }));
+    const stub = path.join(dir, 'pinset');
+    await writeFile(stub, '#!/bin/sh\nexit 0\n');
+    await chmod(stub, 0o755);
+    const copy = path.join(dir, 'pinset-agent.service');
+    await copyFile(UNIT, copy);
+    await writeFile(copy, text.replaceAll('/usr/local/bin/pinset', stub));
+    const { stdout, stderr } = await run(analyze!, ['verify', copy], { env: { ...process.env, SYSTEMD_LOG_LEVEL: 'warning' } }).catch((e: { stdout: string; stderr: string }) => e);
+    assert.equal((stdout + stderr).trim(), '', 'systemd-analyze verify output');
+  });
+});
