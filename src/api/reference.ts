@@ -104,6 +104,7 @@ function explain(ref: string): string {
   if (ref.indexOf('@', at + 1) >= 0) return `has more than one "@"; ${expected}`;
   const name = ref.slice(0, at);
   const dig = ref.slice(at + 1);
+  if (dig === '') return `has nothing after "@"; ${expected}`;
   if (!dig.startsWith('sha256:')) {
     return `has digest algorithm ${quote(dig.split(':')[0] ?? '', 20)}; only sha256 is supported`;
   }
@@ -113,8 +114,12 @@ function explain(ref: string): string {
   }
   if (!/^[a-f0-9]*$/.test(hex)) return 'has a digest with characters other than lowercase hex';
   if (hex.length !== 64) return `has a digest of ${hex.length} hex characters; a sha256 digest has 64`;
+  if (name === '') return `has no name before "@"; ${expected}`;
   const slash = name.indexOf('/');
   const first = slash < 0 ? name : name.slice(0, slash);
+  if (slash < 0 && hostRe.test(first)) {
+    return `has a registry host (${quote(first, 60)}) but no repository path; ${expected}`;
+  }
   const lastColonInName = name.lastIndexOf(':');
   if (lastColonInName > name.lastIndexOf('/') && slash >= 0) {
     return `has a tag as well as a digest; drop ${quote(name.slice(lastColonInName), 40)} and keep the digest`;

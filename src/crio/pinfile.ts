@@ -108,7 +108,10 @@ export class PinFile {
       if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
     }
     for (const e of entries) {
-      if (tempNameRe.test(e)) await fsp.rm(path.join(dir, e), { force: true });
+      if (!tempNameRe.test(e)) continue;
+      const full = path.join(dir, e);
+      const st = await fsp.lstat(full).catch(() => null);
+      if (st?.isFile()) await fsp.rm(full, { force: true });
     }
     const owned = await PinFile.ownedFiles(dir, entries);
     const name = owned[owned.length - 1] ?? `${PIN_FILE_PREFIX}${randomUUID()}${PIN_FILE_SUFFIX}`;
@@ -150,7 +153,7 @@ export class PinFile {
       if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
     }
     // Lexical (byte) order, as Go's filepath.Walk reads a folder.
-    const files = entries.filter((e) => e.isFile() && !tempNameRe.test(e.name)).map((e) => e.name).sort((a, b) => (Buffer.from(a) < Buffer.from(b) ? -1 : a === b ? 0 : 1));
+    const files = entries.filter((e) => e.isFile() && !tempNameRe.test(e.name)).map((e) => e.name).sort((a, b) => Buffer.compare(Buffer.from(a), Buffer.from(b)));
     for (const file of files) {
       const r = await readPins(file, path.join(this.dir, file));
       if (file === this.name) {

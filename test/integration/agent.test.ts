@@ -381,6 +381,34 @@ describe('pinset agent against the API server, CRI-O and systemd stand-ins', () 
     assert.deepEqual(await bed.pinFileList(), [A1, C1].sort());
   });
 
+  test('health, readiness and metrics; PullFailed Events de-duplicated across retries', async () => {
+    bed.node.crio.failPulls(A2, { times: 4, code: 2, message: 'failed to resolve reference: dial tcp 127.0.0.1:1: connect: connection refused' });
+    bed.api.create(set('a', [A1, A2]));
+    const agent = bed.start(['--metrics-addr', '127.0.0.1:0']);
+    const listening = await agent.waitForLog((l) => l.msg === 'health and metrics listening', 10_000, 'the metrics listener');
+    const url = String(listening.url);
+    assert.match(url, /^http:\/\/127\.0\.0\.1:\d+$/);
+    const failing = await bed.waitForSet('a', (x) => x.reason === 'RegistryUnavailable', 'RegistryUnavailable');
+    assert.match(failing.message ?? '', /registry registry\.test could not be reached/);
+    await bed.waitForSet('a', ready, 'Ready after the registry answers again', 40_000);
+    assert.equal((await fetch(`${url}/healthz`)).status, 200);
+    assert.equal((await fetch(`${url}/readyz`)).status, 200);
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    const value = (re: RegExp) => Number(re.exec(metrics)?.[1]);
+    assert.equal(value(/^pinset_pulls_total\{result="success"\} (\d+)$/m), 2);
+    assert.ok(value(/^pinset_pulls_total\{result="Unavailable"\} (\d+)$/m) >= 2, 'the failed attempts are counted');
+    assert.equal(value(/^pinset_sets\{phase="Ready"\} (\d+)$/m), 1);
+    assert.equal(value(/^pinset_images_pinned (\d+)$/m), 2);
+    assert.ok(value(/^pinset_reloads_total\{result="success"\} (\d+)$/m) >= 1);
+    assert.ok(value(/^pinset_last_successful_reconcile_timestamp_seconds (\d+(?:\.\d+)?)/m) > 1_700_000_000);
+    assert.match(metrics, /^pinset_pull_duration_seconds_count 2$/m);
+    const events = bed.api.list('events', { namespace: 'default' }) as { reason?: string; count?: number; involvedObject?: { name?: string } }[];
+    const pullFailed = events.filter((e) => e.reason === 'PullFailed');
+    assert.equal(pullFailed.length, 1, 'one Event for the retries, not one per retry');
+    assert.equal(pullFailed[0]!.involvedObject?.name, NODE);
+    assert.equal(events.filter((e) => e.reason === 'SetReady').length, 1);
+  });
+
   test('--once with static sets and no API: exit 0 when Ready, one JSON line per set', async () => {
     await writeFile(join(bed.staticDir, 'boot.yaml'), [set('boot-a', [A1]), set('boot-b', [B1], { matchLabels: { zone: 'x' } })].map((o) => JSON.stringify(o)).join('\n---\n'));
     const args = bed.args().filter((a, i, all) => a !== '--kubeconfig' && all[i - 1] !== '--kubeconfig');

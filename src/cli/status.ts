@@ -1,0 +1,285 @@
+// `pinset status`: what each agent reports in its Node's `pinset.dev/status`
+// annotation, as a node-by-set table or as JSON.
+import { CoreV1Api, CustomObjectsApi, KubeConfig, type V1Node } from '@kubernetes/client-node';
+import { selectorErrors, selectorMatches } from '../api/selector.ts';
+import { GROUP, PLURAL, VERSION, type NodeSetStatus, type PinnedImageSet } from '../api/types.ts';
+import { readNodeStatus, type NodeStatusReading } from '../controller/node-status.ts';
+import { helpText, parseFlags, type FlagSpec } from './flags.ts';
+
+export const STATUS_FLAGS: readonly FlagSpec[] = [
+  { name: 'set', type: 'string', help: 'show only this PinnedImageSet' },
+  { name: 'output', type: 'string', default: 'table', choices: ['table', 'json'], help: 'output format (also -o)' },
+  { name: 'kubeconfig', env: 'KUBECONFIG', type: 'string', help: 'kubeconfig file; the usual search (~/.kube/config, in-cluster) when unset' },
+  { name: 'timeout', env: 'PINSET_STATUS_TIMEOUT', type: 'duration', default: '15s', help: 'give up reaching the API server after this long' },
+];
+
+export interface NodeReport {
+  name: string;
+  labels: Record<string, string>;
+  reading: NodeStatusReading;
+}
+
+export interface StatusRow {
+  node: string;
+  set: string;
+  phase: string;
+  images: string;
+  generation: string;
+  age: string;
+  error: string;
+}
+
+/**
+ * A duration the way kubectl prints ages (k8s.io/apimachinery
+ * pkg/util/duration.HumanDuration): 45s, 3m20s, 15m, 5h30m, 20h, 3d4h, 30d, 2y.
+ */
+export function formatAge(ms: number): string {
+  const seconds = Math.floor(ms / 1000);
+  if (seconds < -1) return '<invalid>';
+  if (seconds < 0) return '0s';
+  if (seconds < 120) return `${seconds}s`;
+  const minutes = Math.floor(seconds / 60);
+  if (minutes < 10) {
+    const s = seconds % 60;
+    return s === 0 ? `${minutes}m` : `${minutes}m${s}s`;
+  }
+  if (minutes < 180) return `${minutes}m`;
+  const hours = Math.floor(minutes / 60);
+  if (hours < 8) {
+    const m = minutes % 60;
+    return m === 0 ? `${hours}h` : `${hours}h${m}m`;
+  }
+  if (hours < 48) return `${hours}h`;
+  if (hours < 24 * 8) {
+    const h = hours % 24;
+    return h === 0 ? `${Math.floor(hours / 24)}d` : `${Math.floor(hours / 24)}d${h}h`;
+  }
+  if (hours < 24 * 365 * 2) return `${Math.floor(hours / 24)}d`;
+  if (hours < 24 * 365 * 8) {
+    const days = Math.floor(hours / 24);
+    const dy = days % 365;
+    return dy === 0 ? `${Math.floor(days / 365)}y` : `${Math.floor(days / 365)}y${dy}d`;
+  }
+  return `${Math.floor(hours / 24 / 365)}y`;
+}
+
+function oneLine(s: string): string {
+  return s.replace(/\s+/g, ' ').trim();
+}
+
+function errorOf(e: NodeSetStatus): string {
+  const failedNow = e.lastFailedGenerationError && e.lastFailedGeneration !== undefined && e.lastFailedGeneration >= e.desiredGeneration;
+  if (e.phase !== 'Degraded' && !failedNow) return '';
+  const text = e.lastFailedGenerationError || e.message || '';
+  return oneLine(text ? `${e.reason || e.phase}: ${text}` : e.reason || e.phase);
+}
+
+/**
+ * One row per node and set it reports; one row for a node that reports
+ * nothing. With `only`, rows for that set; `selects`, when the set object is
+ * known, adds the nodes it selects that have not reported on it.
+ */
+export function statusRows(
+  nodes: readonly NodeReport[],
+  now: Date,
+  only?: { name: string; uid?: string; selects?: (labels: Record<string, string>) => boolean },
+): StatusRow[] {
+  const rows: StatusRow[] = [];
+  const sorted = [...nodes].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  for (const node of sorted) {
+    const { status, error } = node.reading;
+    const updated = status?.updatedAt ? Date.parse(status.updatedAt) : NaN;
+    const age = Number.isNaN(updated) ? '<unknown>' : formatAge(now.getTime() - updated);
+    const empty = { images: '-', generation: '-', age: '-' };
+    let entries = status?.sets ?? [];
+    if (only) entries = entries.filter((e) => e.name === only.name);
+    const mismatch = only?.uid ? entries.filter((e) => e.source === 'api' && e.uid && e.uid !== only.uid) : [];
+    entries = entries.filter((e) => !mismatch.includes(e));
+    if (entries.length === 0) {
+      if (only && !error && !only.selects?.(node.labels) && mismatch.length === 0) continue;
+      if (error) rows.push({ node: node.name, set: only?.name ?? '<none>', phase: 'Unreadable', ...empty, error: oneLine(error) });
+      else if (!status) rows.push({ node: node.name, set: only?.name ?? '<none>', phase: 'NotReported', ...empty, error: '' });
+      else {
+        const why = mismatch.length > 0 ? 'the report is about an earlier set of the same name' : '';
+        rows.push({ node: node.name, set: only?.name ?? '<none>', phase: only ? 'NotReported' : '-', images: '-', generation: '-', age, error: why });
+      }
+      continue;
+    }
+    for (const e of [...entries].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))) {
+      rows.push({
+        node: node.name,
+        set: e.source === 'static' ? `${e.name} (static)` : e.name,
+        phase: e.phase,
+        images: `${e.images.present}/${e.images.wanted}`,
+        generation: `${e.currentGeneration}/${e.desiredGeneration}`,
+        age,
+        error: errorOf(e),
+      });
+    }
+  }
+  return rows;
+}
+
+const HEADERS: Record<keyof StatusRow, string> = {
+  node: 'NODE',
+  set: 'SET',
+  phase: 'PHASE',
+  images: 'IMAGES',
+  generation: 'GENERATION',
+  age: 'AGE',
+  error: 'ERROR',
+};
+const GAP = 3;
+/** ERROR keeps at least this many characters however narrow the terminal. */
+const MIN_ERROR_WIDTH = 20;
+
+function cut(s: string, width: number): string {
+  const chars = [...s];
+  return chars.length <= width ? s : `${chars.slice(0, Math.max(0, width - 1)).join('')}…`;
+}
+
+/** kubectl-style columns; the ERROR column is cut so each line fits `width`. */
+export function renderTable(rows: readonly StatusRow[], width: number): string {
+  const cols = ['node', 'set', 'phase', 'images', 'generation', 'age'] as const;
+  const widths = cols.map((c) => Math.max(HEADERS[c].length, ...rows.map((r) => [...r[c]].length)));
+  const line = (r: Record<keyof StatusRow, string>) => {
+    const left = cols.map((c, i) => r[c] + ' '.repeat(widths[i]! - [...r[c]].length + GAP)).join('');
+    const room = Math.max(MIN_ERROR_WIDTH, width - [...left].length);
+    return (left + cut(r.error, room)).trimEnd();
+  };
+  return [line(HEADERS), ...rows.map(line)].join('\n') + '\n';
+}
+
+function expandShortFlags(argv: readonly string[]): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    if (a === '--') {
+      out.push(...argv.slice(i));
+      break;
+    }
+    if (a === '-o') out.push('--output');
+    else if (a.startsWith('-o=')) out.push(`--output=${a.slice(3)}`);
+    else if (a.startsWith('-o') && !a.startsWith('--')) out.push(`--output=${a.slice(2)}`);
+    else out.push(a);
+  }
+  return out;
+}
+
+function terminalWidth(): number {
+  if (process.stdout.isTTY && process.stdout.columns) return process.stdout.columns;
+  const env = Number(process.env.COLUMNS);
+  return Number.isInteger(env) && env > 0 ? env : 120;
+}
+
+function apiError(err: unknown): string {
+  const code = (err as { code?: unknown } | null)?.code;
+  const body = (err as { body?: unknown } | null)?.body;
+  if (typeof code === 'number') {
+    let detail = '';
+    try {
+      const parsed = typeof body === 'string' ? JSON.parse(body) : body;
+      if (parsed && typeof parsed.message === 'string') detail = parsed.message;
+    } catch {
+      // not a Status object
+    }
+    return `HTTP ${code}${detail ? `: ${detail}` : ''}`;
+  }
+  const e = err as { message?: unknown; cause?: { message?: unknown; code?: unknown } };
+  const cause = e?.cause?.code ?? e?.cause?.message;
+  return `${String(e?.message ?? err)}${cause ? ` (${String(cause)})` : ''}`;
+}
+
+async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  p.catch(() => {});
+  try {
+    return await Promise.race([
+      p,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`no answer within ${ms}ms while ${what}`)), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+export async function run(argv: string[]): Promise<number> {
+  const { values } = parseFlags(STATUS_FLAGS, expandShortFlags(argv));
+  if (values.help) {
+    process.stdout.write(helpText('pinset status [--set NAME] [-o table|json] [--kubeconfig FILE]', 'Show, per node and set, what the agents report.', STATUS_FLAGS));
+    return 0;
+  }
+  const kc = new KubeConfig();
+  const kubeconfig = values.kubeconfig as string | undefined;
+  try {
+    if (kubeconfig) kc.loadFromFile(kubeconfig);
+    else kc.loadFromDefault();
+  } catch (err) {
+    process.stderr.write(`pinset status: cannot load the kubeconfig${kubeconfig ? ` ${kubeconfig}` : ''}: ${(err as Error).message}\n`);
+    return 1;
+  }
+  const server = kc.getCurrentCluster()?.server ?? '(no cluster)';
+  const timeoutMs = values.timeout as number;
+  const setName = values.set as string | undefined;
+
+  let nodes: V1Node[];
+  try {
+    const list = await withTimeout(kc.makeApiClient(CoreV1Api).listNode(), timeoutMs, 'listing nodes');
+    nodes = list.items;
+  } catch (err) {
+    process.stderr.write(`pinset status: cannot list nodes from the API server at ${server}: ${apiError(err)}\n`);
+    return 1;
+  }
+
+  // With --set, the object (when readable) says which nodes should have
+  // reported on it; without it only the reports themselves are shown.
+  let only: Parameters<typeof statusRows>[2];
+  if (setName) {
+    only = { name: setName };
+    try {
+      const set = (await withTimeout(
+        kc.makeApiClient(CustomObjectsApi).getClusterCustomObject({ group: GROUP, version: VERSION, plural: PLURAL, name: setName }),
+        timeoutMs,
+        `reading PinnedImageSet ${setName}`,
+      )) as PinnedImageSet;
+      const sel = set?.spec?.nodeSelector;
+      const valid = selectorErrors(sel).length === 0;
+      only = { name: setName, uid: set?.metadata?.uid, selects: (labels) => valid && selectorMatches(sel, labels) };
+    } catch (err) {
+      const code = (err as { code?: unknown } | null)?.code;
+      if (code === 404) process.stderr.write(`pinset status: PinnedImageSet ${setName} does not exist; showing what nodes report under that name\n`);
+    }
+  }
+
+  const reports: NodeReport[] = nodes.map((n) => ({
+    name: n.metadata?.name ?? '',
+    labels: n.metadata?.labels ?? {},
+    reading: readNodeStatus(n.metadata?.annotations),
+  }));
+
+  if (values.output === 'json') {
+    const items = [...reports]
+      .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+      .map((r) => {
+        const status = r.reading.status && setName ? { ...r.reading.status, sets: r.reading.status.sets.filter((s) => s.name === setName) } : r.reading.status;
+        return {
+          node: r.name,
+          status: status ?? null,
+          ...(r.reading.error ? { error: r.reading.error } : {}),
+          ...(r.reading.droppedEntries ? { droppedEntries: r.reading.droppedEntries } : {}),
+        };
+      });
+    process.stdout.write(`${JSON.stringify({ nodes: items }, null, 2)}\n`);
+    return 0;
+  }
+
+  const rows = statusRows(reports, new Date(), only);
+  if (rows.length === 0) {
+    process.stdout.write(setName ? `No node reports on set ${setName}.\n` : 'No nodes found.\n');
+    return 0;
+  }
+  process.stdout.write(renderTable(rows, terminalWidth()));
+  return 0;
+}

@@ -1,0 +1,340 @@
+// The status controller: informers on Nodes and PinnedImageSets, and, while
+// this replica leads, the roll-up of each set touched by a change written to
+// the set's status subresource when (and only when) it differs from what is
+// there. Level-triggered: every pass recomputes from the caches, so a missed
+// or repeated event costs nothing but a recomputation.
+import {
+  CoreV1Api,
+  CustomObjectsApi,
+  PatchStrategy,
+  makeInformer,
+  setHeaderOptions,
+  type Informer,
+  type KubeConfig,
+  type KubernetesListObject,
+  type KubernetesObject,
+  type ObjectCache,
+  type V1Node,
+} from '@kubernetes/client-node';
+import { selectorErrors, selectorMatches } from '../api/selector.ts';
+import { GROUP, PLURAL, STATUS_ANNOTATION, VERSION, type PinnedImageSet, type PinnedImageSetStatus } from '../api/types.ts';
+import type { Logger } from '../util/log.ts';
+import type { ControllerMetrics } from './metrics.ts';
+import { parseNodeStatus } from './node-status.ts';
+import { rollUpSetStatus, sameJson, type ObservedNode } from './rollup.ts';
+
+export interface SetStatusControllerOptions {
+  kubeConfig: KubeConfig;
+  log: Logger;
+  metrics?: ControllerMetrics;
+  /** Changes arriving within this window are rolled up together. */
+  debounceMs?: number;
+  /** Recompute every set this often even without events. */
+  resyncMs?: number;
+  now?: () => Date;
+}
+
+type SetObject = PinnedImageSet & KubernetesObject;
+
+interface NodeSnapshot extends ObservedNode {
+  raw: string | undefined;
+}
+
+const SETS_PATH = `/apis/${GROUP}/${VERSION}/${PLURAL}`;
+const NODES_PATH = '/api/v1/nodes';
+const MAX_RETRY_MS = 30_000;
+
+function errorText(err: unknown): string {
+  const code = (err as { code?: unknown } | null)?.code;
+  const msg = err instanceof Error ? err.message : String(err);
+  return typeof code === 'number' ? `HTTP ${code}: ${msg.split('\n')[0]}` : msg;
+}
+
+function sameLabels(a: Readonly<Record<string, string>>, b: Readonly<Record<string, string>>): boolean {
+  const ak = Object.keys(a);
+  return ak.length === Object.keys(b).length && ak.every((k) => Object.prototype.hasOwnProperty.call(b, k) && a[k] === b[k]);
+}
+
+/** Whether a set's selector selects these labels; an invalid selector selects nothing. */
+function selects(set: PinnedImageSet, labels: Readonly<Record<string, string>> | undefined): boolean {
+  if (!labels) return false;
+  const sel = set.spec?.nodeSelector;
+  return selectorErrors(sel).length === 0 && selectorMatches(sel, labels);
+}
+
+export class SetStatusController {
+  readonly #log: Logger;
+  readonly #metrics: ControllerMetrics | undefined;
+  readonly #debounceMs: number;
+  readonly #resyncMs: number;
+  readonly #now: () => Date;
+  readonly #custom: CustomObjectsApi;
+  readonly #nodeInformer: Informer<V1Node> & ObjectCache<V1Node>;
+  readonly #setInformer: Informer<SetObject> & ObjectCache<SetObject>;
+  readonly #nodes = new Map<string, NodeSnapshot>();
+  /** Status written by this replica and not yet seen back in the set cache, by set name. */
+  readonly #written = new Map<string, { uid: string | undefined; status: PinnedImageSetStatus }>();
+  readonly #dirty = new Set<string>();
+  readonly #retry = new Map<string, number>();
+  #nodesSynced = false;
+  #setsSynced = false;
+  #leading = false;
+  #stopped = true;
+  #timer: NodeJS.Timeout | undefined;
+  #timerDue = 0;
+  #resyncTimer: NodeJS.Timeout | undefined;
+  #flushing: Promise<void> | undefined;
+  #restartTimers = new Set<NodeJS.Timeout>();
+
+  constructor(opts: SetStatusControllerOptions) {
+    this.#log = opts.log;
+    this.#metrics = opts.metrics;
+    this.#debounceMs = opts.debounceMs ?? 500;
+    this.#resyncMs = opts.resyncMs ?? 5 * 60_000;
+    this.#now = opts.now ?? (() => new Date());
+    const kc = opts.kubeConfig;
+    const core = kc.makeApiClient(CoreV1Api);
+    this.#custom = kc.makeApiClient(CustomObjectsApi);
+
+    this.#nodeInformer = makeInformer<V1Node>(kc, NODES_PATH, async () => {
+      const list = await core.listNode();
+      this.#nodesSynced = true;
+      this.#arm();
+      return list;
+    });
+    this.#setInformer = makeInformer<SetObject>(kc, SETS_PATH, async () => {
+      const list = (await this.#custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural: PLURAL })) as KubernetesListObject<SetObject>;
+      this.#setsSynced = true;
+      this.#arm();
+      return list;
+    });
+
+    this.#nodeInformer.on('add', (n) => this.#onNode(n, false));
+    this.#nodeInformer.on('update', (n) => this.#onNode(n, false));
+    this.#nodeInformer.on('delete', (n) => this.#onNode(n, true));
+    this.#setInformer.on('add', (s) => this.#onSet(s, false));
+    this.#setInformer.on('update', (s) => this.#onSet(s, false));
+    this.#setInformer.on('delete', (s) => this.#onSet(s, true));
+    this.#restartOnError(this.#nodeInformer, 'nodes');
+    this.#restartOnError(this.#setInformer, 'pinnedimagesets');
+  }
+
+  /** Both caches have been filled from a list at least once. */
+  synced(): boolean {
+    return this.#nodesSynced && this.#setsSynced;
+  }
+
+  isLeading(): boolean {
+    return this.#leading;
+  }
+
+  /** Start the informers. Failures are retried in the background. */
+  start(): void {
+    if (!this.#stopped) return;
+    this.#stopped = false;
+    for (const inf of [this.#nodeInformer, this.#setInformer]) {
+      inf.start().catch((err: unknown) => this.#log.warn({ err: errorText(err) }, 'informer start failed'));
+    }
+    this.#resyncTimer = setInterval(() => this.#markAll(), this.#resyncMs);
+  }
+
+  /**
+   * Begin or end writing status. On becoming leader every set is recomputed;
+   * on losing leadership nothing more is written.
+   */
+  setLeading(leading: boolean): void {
+    if (leading === this.#leading) return;
+    this.#leading = leading;
+    this.#metrics?.leader.set(leading ? 1 : 0);
+    if (leading) {
+      this.#markAll();
+    } else {
+      clearTimeout(this.#timer);
+      this.#timer = undefined;
+      this.#written.clear();
+      this.#retry.clear();
+    }
+  }
+
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    this.setLeading(false);
+    clearInterval(this.#resyncTimer);
+    for (const t of this.#restartTimers) clearTimeout(t);
+    this.#restartTimers.clear();
+    await Promise.all([this.#nodeInformer.stop(), this.#setInformer.stop()]);
+    await this.#flushing;
+  }
+
+  #restartOnError(inf: Informer<KubernetesObject>, resource: string): void {
+    // client-node's informer stops on a list or watch error; start it again
+    // with a capped exponential backoff, reset after a quiet minute.
+    let delay = 500;
+    let lastError = 0;
+    inf.on('error', (err: unknown) => {
+      this.#metrics?.watchErrors.inc({ resource });
+      if (this.#stopped) return;
+      const now = Date.now();
+      if (now - lastError > 60_000) delay = 500;
+      lastError = now;
+      this.#log.warn({ resource, err: errorText(err), retryInMs: delay }, 'list or watch failed; retrying');
+      const t = setTimeout(() => {
+        this.#restartTimers.delete(t);
+        if (this.#stopped) return;
+        inf.start().catch(() => {});
+      }, delay);
+      this.#restartTimers.add(t);
+      delay = Math.min(delay * 2, MAX_RETRY_MS);
+    });
+  }
+
+  #onNode(node: V1Node, deleted: boolean): void {
+    const name = node.metadata?.name;
+    if (!name) return;
+    const prev = this.#nodes.get(name);
+    let next: NodeSnapshot | undefined;
+    if (!deleted) {
+      const labels = node.metadata?.labels ?? {};
+      const raw = node.metadata?.annotations?.[STATUS_ANNOTATION];
+      // Kubelets update their Node every few seconds; only labels and the
+      // status annotation matter here.
+      if (prev && prev.raw === raw && sameLabels(prev.labels, labels)) return;
+      next = { name, labels: { ...labels }, raw, reading: prev && prev.raw === raw ? prev.reading : parseNodeStatus(raw) };
+      if (next.reading.error) this.#log.debug({ node: name, err: next.reading.error }, 'unreadable status annotation');
+      this.#nodes.set(name, next);
+    } else {
+      if (!prev) return;
+      this.#nodes.delete(name);
+    }
+    for (const set of this.#setInformer.list()) {
+      if (selects(set, prev?.labels) || selects(set, next?.labels)) this.#mark(set.metadata.name);
+    }
+  }
+
+  #onSet(set: SetObject, deleted: boolean): void {
+    const name = set.metadata?.name;
+    if (!name) return;
+    const mine = this.#written.get(name);
+    if (deleted || (mine && (mine.uid !== set.metadata.uid || sameJson(mine.status, set.status)))) this.#written.delete(name);
+    this.#retry.delete(name);
+    if (deleted) {
+      this.#dirty.delete(name);
+      return;
+    }
+    this.#mark(name);
+  }
+
+  #markAll(): void {
+    for (const set of this.#setInformer.list()) this.#dirty.add(set.metadata.name);
+    this.#arm();
+  }
+
+  #mark(name: string): void {
+    this.#dirty.add(name);
+    this.#arm();
+  }
+
+  /** Schedule a pass if one is due and allowed. */
+  #arm(delay = this.#debounceMs): void {
+    if (this.#stopped || !this.#leading || !this.synced() || this.#dirty.size === 0) return;
+    const due = Date.now() + delay;
+    if (this.#timer) {
+      // A pass is already due sooner (or as soon): the change joins it.
+      if (this.#timerDue <= due) return;
+      clearTimeout(this.#timer);
+    }
+    this.#timerDue = due;
+    this.#timer = setTimeout(() => {
+      this.#timer = undefined;
+      if (this.#flushing) {
+        // The running pass re-arms when it ends.
+        return;
+      }
+      this.#flushing = this.#flush().finally(() => {
+        this.#flushing = undefined;
+        this.#arm(this.#nextDelay());
+      });
+    }, delay);
+  }
+
+  #nextDelay(): number {
+    // Sets whose write failed wait for their own backoff; others go at the debounce pace.
+    let delay = this.#debounceMs;
+    for (const name of this.#dirty) {
+      const r = this.#retry.get(name);
+      if (r === undefined) return this.#debounceMs;
+      delay = Math.max(delay, r);
+    }
+    return delay;
+  }
+
+  async #flush(): Promise<void> {
+    const names = [...this.#dirty].sort();
+    this.#dirty.clear();
+    const nodes = [...this.#nodes.values()];
+    for (const name of names) {
+      if (!this.#leading || this.#stopped) return;
+      const set = this.#setInformer.get(name);
+      if (!set) continue;
+      await this.#reconcileSet(set, nodes);
+    }
+    this.#countReady();
+  }
+
+  async #reconcileSet(set: SetObject, nodes: readonly ObservedNode[]): Promise<void> {
+    const name = set.metadata.name;
+    const mine = this.#written.get(name);
+    const current = mine && mine.uid === set.metadata.uid ? mine.status : set.status;
+    const next = rollUpSetStatus(set, nodes, this.#now(), current);
+    this.#metrics?.rollups.inc();
+    if (sameJson(next, current)) {
+      this.#retry.delete(name);
+      return;
+    }
+    // A merge patch replaces lists whole and removes fields set to null. The
+    // resourceVersion is a precondition: the server answers 409 when the set
+    // changed (or was deleted and created again) since the cache saw it, and
+    // the watch event that follows brings the set back for a fresh roll-up.
+    const body: Record<string, unknown> = {
+      status: { ...next, degradedNodes: next.degradedNodes ?? null },
+    };
+    if (set.metadata.resourceVersion) body.metadata = { resourceVersion: set.metadata.resourceVersion };
+    try {
+      await this.#custom.patchClusterCustomObjectStatus(
+        { group: GROUP, version: VERSION, plural: PLURAL, name, body },
+        setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+      );
+      this.#written.set(name, { uid: set.metadata.uid, status: next });
+      this.#retry.delete(name);
+      this.#metrics?.statusWrites.inc({ result: 'success' });
+      this.#log.info(
+        { set: name, generation: next.observedGeneration, nodes: next.nodes, ready: next.conditions?.find((c) => c.type === 'Ready')?.status },
+        'set status updated',
+      );
+    } catch (err) {
+      const code = (err as { code?: unknown } | null)?.code;
+      this.#metrics?.statusWrites.inc({ result: 'error' });
+      if (code === 404) {
+        this.#log.debug({ set: name }, 'set gone before its status was written');
+        return;
+      }
+      // Back off; an event for the set (the usual answer to a 409) ends the wait.
+      const delay = Math.min((this.#retry.get(name) ?? this.#debounceMs) * 2, MAX_RETRY_MS);
+      this.#retry.set(name, delay);
+      this.#dirty.add(name);
+      if (code === 409) this.#log.debug({ set: name, retryInMs: delay }, 'set changed since the cache saw it; will recompute');
+      else this.#log.warn({ set: name, err: errorText(err), retryInMs: delay }, 'cannot write set status; will retry');
+    }
+  }
+
+  #countReady(): void {
+    if (!this.#metrics) return;
+    const counts: Record<string, number> = { True: 0, False: 0, Unknown: 0 };
+    for (const set of this.#setInformer.list()) {
+      const status = this.#written.get(set.metadata.name)?.status ?? set.status;
+      const ready = status?.conditions?.find((c) => c.type === 'Ready')?.status ?? 'Unknown';
+      counts[ready] = (counts[ready] ?? 0) + 1;
+    }
+    for (const [status, n] of Object.entries(counts)) this.#metrics.setsByReady.set({ status }, n);
+  }
+}

@@ -1,0 +1,146 @@
+// `pinset controller`: one active replica (leader election on a Lease) rolls
+// what the agents report on their Nodes up into each PinnedImageSet's status.
+import { hostname } from 'node:os';
+import type { Server } from 'node:http';
+import { KubeConfig } from '@kubernetes/client-node';
+import { helpText, parseFlags, UsageError, type FlagSpec } from '../cli/flags.ts';
+import { createLogger } from '../util/log.ts';
+import { SetStatusController } from './controller.ts';
+import { LeaderElector, leaderElectionConfigErrors } from './leader.ts';
+import { ControllerMetrics, parseListenAddress, serveMetrics } from './metrics.ts';
+
+export const CONTROLLER_FLAGS: readonly FlagSpec[] = [
+  { name: 'kubeconfig', env: 'KUBECONFIG', type: 'string', help: 'kubeconfig file; in-cluster configuration when unset' },
+  { name: 'leader-elect', env: 'PINSET_LEADER_ELECT', type: 'bool', default: true, help: 'elect one active replica through a Lease' },
+  { name: 'lease-namespace', env: 'POD_NAMESPACE', type: 'string', default: 'pinset-system', help: 'namespace of the leader election Lease' },
+  { name: 'lease-name', env: 'PINSET_LEASE_NAME', type: 'string', default: 'pinset-controller', help: 'name of the leader election Lease' },
+  { name: 'identity', env: 'POD_NAME', type: 'string', default: hostname(), help: 'this replica\'s name in the Lease' },
+  { name: 'lease-duration', env: 'PINSET_LEASE_DURATION', type: 'duration', default: '15s', help: 'how long a Lease holds without renewal before others may take it' },
+  { name: 'renew-deadline', env: 'PINSET_RENEW_DEADLINE', type: 'duration', default: '10s', help: 'the leader steps down when it cannot renew for this long' },
+  { name: 'retry-period', env: 'PINSET_RETRY_PERIOD', type: 'duration', default: '2s', help: 'interval between attempts to acquire or renew' },
+  {
+    name: 'metrics-addr',
+    env: 'PINSET_CONTROLLER_METRICS_ADDR',
+    type: 'string',
+    default: '0.0.0.0:9403',
+    help: 'listen address for /healthz, /readyz and /metrics; "" disables',
+  },
+  { name: 'debounce', env: 'PINSET_CONTROLLER_DEBOUNCE', type: 'duration', default: '500ms', help: 'changes within this window are rolled up together' },
+  { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['debug', 'info', 'warn', 'error'], help: 'log level' },
+];
+
+/** Whole shutdown (stop leading, release the Lease, stop watches) within this. */
+const SHUTDOWN_BUDGET_MS = 5000;
+
+export async function run(argv: string[]): Promise<number> {
+  const { values } = parseFlags(CONTROLLER_FLAGS, argv);
+  if (values.help) {
+    process.stdout.write(helpText('pinset controller [flags]', 'Roll per-node results up into each PinnedImageSet\'s status.', CONTROLLER_FLAGS));
+    return 0;
+  }
+  const leaseDurationMs = values['lease-duration'] as number;
+  const renewDeadlineMs = values['renew-deadline'] as number;
+  const retryPeriodMs = values['retry-period'] as number;
+  const leaderElect = values['leader-elect'] as boolean;
+  if (leaderElect) {
+    const errs = leaderElectionConfigErrors({ leaseDurationMs, renewDeadlineMs, retryPeriodMs });
+    if (errs.length > 0) throw new UsageError(errs.join('; '));
+  }
+  // An empty --metrics-addr disables the listener. The flag table treats an
+  // empty environment variable as unset, so that case is read here.
+  const onCommandLine = argv.some((a) => a === '--metrics-addr' || a.startsWith('--metrics-addr='));
+  const metricsAddr = !onCommandLine && process.env.PINSET_CONTROLLER_METRICS_ADDR === '' ? '' : (values['metrics-addr'] as string);
+  if (metricsAddr) {
+    try {
+      parseListenAddress(metricsAddr);
+    } catch (err) {
+      throw new UsageError(`--metrics-addr: ${(err as Error).message}`);
+    }
+  }
+  const identity = values.identity as string;
+  if (!identity) throw new UsageError('--identity (or POD_NAME) must not be empty');
+
+  const log = createLogger({ level: values['log-level'] as string, name: 'pinset-controller' });
+  const kc = new KubeConfig();
+  const kubeconfig = values.kubeconfig as string | undefined;
+  try {
+    if (kubeconfig) kc.loadFromFile(kubeconfig);
+    else kc.loadFromDefault();
+  } catch (err) {
+    process.stderr.write(`pinset controller: cannot load the kubeconfig${kubeconfig ? ` ${kubeconfig}` : ''}: ${(err as Error).message}\n`);
+    return 2;
+  }
+  if (!kc.getCurrentCluster()) {
+    process.stderr.write('pinset controller: the kubeconfig names no current cluster; pass --kubeconfig or run in a cluster\n');
+    return 2;
+  }
+
+  const metrics = new ControllerMetrics({ defaultMetrics: true });
+  const controller = new SetStatusController({ kubeConfig: kc, log, metrics, debounceMs: values.debounce as number });
+  let server: Server | undefined;
+  if (metricsAddr) {
+    try {
+      const served = await serveMetrics(metricsAddr, metrics, { alive: () => true, ready: () => controller.synced() });
+      server = served.server;
+      log.info({ addr: `${served.address.address}:${served.address.port}` }, 'serving /healthz, /readyz and /metrics');
+    } catch (err) {
+      log.error({ addr: metricsAddr, err: (err as Error).message }, 'cannot listen for metrics');
+      return 1;
+    }
+  }
+
+  controller.start();
+  let elector: LeaderElector | undefined;
+  if (leaderElect) {
+    elector = new LeaderElector({
+      kubeConfig: kc,
+      namespace: values['lease-namespace'] as string,
+      name: values['lease-name'] as string,
+      identity,
+      leaseDurationMs,
+      renewDeadlineMs,
+      retryPeriodMs,
+      log,
+      onStartedLeading: () => controller.setLeading(true),
+      onStoppedLeading: () => controller.setLeading(false),
+    });
+    elector.start();
+  } else {
+    controller.setLeading(true);
+  }
+  log.info({ identity, leaderElect, server: kc.getCurrentCluster()?.server }, 'controller started');
+
+  const signal = await new Promise<NodeJS.Signals>((resolve) => {
+    const on = (s: NodeJS.Signals) => {
+      process.off('SIGTERM', on);
+      process.off('SIGINT', on);
+      resolve(s);
+    };
+    process.on('SIGTERM', on);
+    process.on('SIGINT', on);
+  });
+  log.info({ signal }, 'shutting down');
+
+  const shutdown = (async () => {
+    // Stop writing before giving up the Lease, so the next leader never races our last write.
+    controller.setLeading(false);
+    await elector?.stop({ release: true });
+    await controller.stop();
+    await new Promise<void>((resolve) => {
+      if (!server) return resolve();
+      server.close(() => resolve());
+      server.closeAllConnections();
+    });
+  })();
+  let timer: NodeJS.Timeout | undefined;
+  const finished = await Promise.race([
+    shutdown.then(() => true),
+    new Promise<boolean>((resolve) => {
+      timer = setTimeout(() => resolve(false), SHUTDOWN_BUDGET_MS);
+    }),
+  ]);
+  clearTimeout(timer);
+  if (!finished) log.warn({ budgetMs: SHUTDOWN_BUDGET_MS }, 'shutdown did not finish in time; exiting anyway');
+  log.info('stopped');
+  return 0;
+}

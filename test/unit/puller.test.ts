@@ -1,0 +1,399 @@
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { parseReference } from '../../src/api/reference.ts';
+import { wantedKey, type WantedImage } from '../../src/agent/plan.ts';
+import { ImagePuller, type PullResult } from '../../src/agent/puller.ts';
+import { RETRY_POLICY } from '../../src/agent/backoff.ts';
+import {
+  RuntimeError,
+  type ImageFilesystem,
+  type ImageRuntime,
+  type PullOptions,
+  type RuntimeImage,
+  type RuntimeInfo,
+} from '../../src/cri/runtime.ts';
+import { silentLogger } from '../../src/util/log.ts';
+
+interface PullCall {
+  ref: string;
+  opts: PullOptions;
+  resolve: (imageRef: string) => void;
+  reject: (e: unknown) => void;
+  settled: boolean;
+}
+
+/**
+ * An in-memory ImageRuntime whose pulls wait until the test ends them.
+ * On abort it rejects as CriImageRuntime does (gRPC CANCELLED), or, with
+ * `abortWith: 'reason'`, with the signal's own reason.
+ */
+class MemoryRuntime implements ImageRuntime {
+  calls: PullCall[] = [];
+  active = 0;
+  maxActive = 0;
+  abortWith: 'grpc' | 'reason' = 'grpc';
+
+  async version(): Promise<RuntimeInfo> {
+    return { runtimeName: 'memory', runtimeVersion: '0', runtimeApiVersion: 'v1' };
+  }
+  async listImages(): Promise<RuntimeImage[]> {
+    return [];
+  }
+  async imageStatus(): Promise<RuntimeImage | null> {
+    return null;
+  }
+  async imageFsInfo(): Promise<ImageFilesystem[]> {
+    return [];
+  }
+  close(): void {}
+
+  pullImage(ref: string, opts: PullOptions = {}): Promise<string> {
+    this.active++;
+    this.maxActive = Math.max(this.maxActive, this.active);
+    return new Promise<string>((resolve, reject) => {
+      const call: PullCall = {
+        ref,
+        opts,
+        settled: false,
+        resolve: (v) => {
+          if (call.settled) return;
+          call.settled = true;
+          this.active--;
+          resolve(v);
+        },
+        reject: (e) => {
+          if (call.settled) return;
+          call.settled = true;
+          this.active--;
+          reject(e);
+        },
+      };
+      this.calls.push(call);
+      opts.signal?.addEventListener(
+        'abort',
+        () => call.reject(this.abortWith === 'grpc' ? new RuntimeError('Canceled', 'PullImage: CANCELLED: Cancelled on client', 1) : opts.signal!.reason),
+        { once: true },
+      );
+    });
+  }
+
+  /** The pending (not yet ended) call for a reference. */
+  open(ref: string): PullCall {
+    const c = this.calls.find((x) => x.ref === ref && !x.settled);
+    assert.ok(c, `no pull of ${ref} in progress`);
+    return c;
+  }
+  started(): string[] {
+    return this.calls.map((c) => c.ref);
+  }
+}
+
+function wanted(ref: string, runtimeHandler = ''): WantedImage {
+  const r = parseReference(ref);
+  assert.ok(r.ok, ref);
+  return { key: wantedKey(ref, runtimeHandler), reference: r.value, runtimeHandler, sets: ['api/test'] };
+}
+
+const img = (name: string, host = 'quay.io') => wanted(`${host}/org/${name}@sha256:${'a'.repeat(64)}`);
+const settle = async () => {
+  for (let i = 0; i < 5; i++) await new Promise<void>((r) => setImmediate(r));
+};
+const never = () => new AbortController().signal;
+
+function puller(runtime: MemoryRuntime, over: Partial<ConstructorParameters<typeof ImagePuller>[0]> = {}) {
+  const clock = { now: 1_000_000 };
+  const p = new ImagePuller({ runtime, maxParallel: 2, logger: silentLogger(), now: () => clock.now, random: () => 1, ...over });
+  return { p, clock };
+}
+
+describe('ImagePuller: parallelism', () => {
+  test('never more pulls at once than maxParallel; queued pulls start in order as slots free', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt, { maxParallel: 2 });
+    const images = ['a', 'b', 'c', 'd', 'e', 'f'].map((n) => img(n));
+    const done = p.pull(images, never());
+    await settle();
+    assert.equal(rt.active, 2);
+    assert.deepEqual(rt.started(), [images[0]!, images[1]!].map((w) => w.reference.reference));
+    rt.open(images[1]!.reference.reference).resolve('sha256:b');
+    await settle();
+    assert.equal(rt.calls.length, 3);
+    assert.equal(rt.calls[2]!.ref, images[2]!.reference.reference);
+    for (let i = 0; i < 6; i++) {
+      for (const c of rt.calls) if (!c.settled) c.resolve(`id-${c.ref}`);
+      await settle();
+    }
+    const results = await done;
+    assert.equal(rt.maxActive, 2);
+    assert.deepEqual(
+      rt.started(),
+      images.map((w) => w.reference.reference),
+    );
+    assert.ok(results.every((r) => r.ok));
+    assert.deepEqual(
+      results.map((r) => r.key),
+      images.map((w) => w.key),
+    );
+  });
+
+  test('maxParallel below 1 still pulls, one at a time', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt, { maxParallel: 0 });
+    const done = p.pull([img('a'), img('b')], never());
+    await settle();
+    assert.equal(rt.active, 1);
+    rt.calls[0]!.resolve('x');
+    await settle();
+    rt.calls[1]!.resolve('y');
+    assert.equal((await done).length, 2);
+    assert.equal(rt.maxActive, 1);
+  });
+
+  test('passes the runtime handler and the credentials of the image’s own registry', async () => {
+    const rt = new MemoryRuntime();
+    const asked: string[] = [];
+    const { p } = puller(rt, {
+      authFor: (host, path) => {
+        asked.push(`${host} ${path}`);
+        return host === 'quay.io' ? { username: 'robot', password: 'secret', serverAddress: 'quay.io' } : undefined;
+      },
+    });
+    const kata = wanted(`quay.io/org/a@sha256:${'a'.repeat(64)}`, 'kata');
+    const other = img('b', 'ghcr.io');
+    const done = p.pull([kata, other], never());
+    await settle();
+    assert.deepEqual(asked, ['quay.io org/a', 'ghcr.io org/b']);
+    assert.equal(rt.calls[0]!.opts.runtimeHandler, 'kata');
+    assert.deepEqual(rt.calls[0]!.opts.auth, { username: 'robot', password: 'secret', serverAddress: 'quay.io' });
+    assert.equal(rt.calls[1]!.opts.runtimeHandler, undefined, 'no handler: the runtime default');
+    assert.equal(rt.calls[1]!.opts.auth, undefined);
+    for (const c of rt.calls) c.resolve('id');
+    await done;
+  });
+});
+
+describe('ImagePuller: retries', () => {
+  for (const kind of ['NotFound', 'Unauthorized', 'Unavailable', 'NoSpace', 'Other'] as const) {
+    test(`a ${kind} failure is retried at its own pace, doubling per failure`, async () => {
+      const rt = new MemoryRuntime();
+      const { p, clock } = puller(rt);
+      const a = img('a');
+      const first = p.pull([a], never());
+      await settle();
+      rt.open(a.reference.reference).reject(new RuntimeError(kind, `PullImage: UNKNOWN: ${kind}`, 2));
+      const [r1] = await first;
+      assert.equal(r1!.ok, false);
+      assert.equal(r1!.failure!.kind, kind);
+      assert.equal(r1!.failure!.failures, 1);
+      const base = RETRY_POLICY[kind].baseMs;
+      assert.equal(p.failure(a.key)!.nextAttemptAt, clock.now + base);
+      assert.equal(p.nextAttemptAt(), clock.now + base);
+
+      // Not due yet: no attempt.
+      clock.now += base - 1;
+      assert.equal(p.isDue(a.key), false);
+      assert.deepEqual(await p.pull([a], never()), []);
+      assert.equal(rt.calls.length, 1);
+
+      // Due: one attempt; a second failure waits twice as long (capped).
+      clock.now += 1;
+      assert.equal(p.isDue(a.key), true);
+      const second = p.pull([a], never());
+      await settle();
+      assert.equal(rt.calls.length, 2);
+      rt.open(a.reference.reference).reject(new RuntimeError(kind, 'again', 2));
+      const [r2] = await second;
+      assert.equal(r2!.failure!.failures, 2);
+      assert.equal(r2!.failure!.nextAttemptAt, clock.now + Math.min(RETRY_POLICY[kind].capMs, 2 * base));
+    });
+  }
+
+  test('the retry pace has jitter: with random() = 0 the delay is half', async () => {
+    const rt = new MemoryRuntime();
+    const { p, clock } = puller(rt, { random: () => 0 });
+    const a = img('a');
+    const done = p.pull([a], never());
+    await settle();
+    rt.open(a.reference.reference).reject(new RuntimeError('Unavailable', 'connection refused', 2));
+    await done;
+    assert.equal(p.failure(a.key)!.nextAttemptAt, clock.now + RETRY_POLICY.Unavailable.baseMs / 2);
+  });
+
+  test('an error that is not a RuntimeError is Other, and its message is scrubbed of secrets', async () => {
+    const rt = new MemoryRuntime();
+    const results: PullResult[] = [];
+    const { p } = puller(rt, { scrub: (s) => s.replaceAll('hunter2', '[redacted]'), onResult: (r) => results.push(r) });
+    const a = img('a');
+    const done = p.pull([a], never());
+    await settle();
+    rt.open(a.reference.reference).reject(new Error('auth hunter2 rejected'));
+    await done;
+    const f = p.failure(a.key)!;
+    assert.equal(f.kind, 'Other');
+    assert.equal(f.message, 'auth [redacted] rejected');
+    assert.equal(f.runtimeDown, false);
+    assert.equal(results.length, 1);
+    assert.equal(results[0]!.failure!.message, 'auth [redacted] rejected');
+  });
+
+  test('a runtime that is down is flagged as such', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt);
+    const a = img('a');
+    const done = p.pull([a], never());
+    await settle();
+    rt.open(a.reference.reference).reject(new RuntimeError('Unavailable', 'PullImage: UNAVAILABLE: connect ENOENT', 14));
+    await done;
+    assert.equal(p.failure(a.key)!.runtimeDown, true);
+  });
+
+  test('success and markPresent forget earlier failures', async () => {
+    const rt = new MemoryRuntime();
+    const { p, clock } = puller(rt);
+    const a = img('a');
+    const b = img('b');
+    const f = p.pull([a, b], never());
+    await settle();
+    rt.open(a.reference.reference).reject(new RuntimeError('Unavailable', 'x', 2));
+    rt.open(b.reference.reference).reject(new RuntimeError('Unavailable', 'x', 2));
+    await f;
+    clock.now += RETRY_POLICY.Unavailable.capMs;
+    const s = p.pull([a], never());
+    await settle();
+    rt.open(a.reference.reference).resolve('id');
+    const [r] = await s;
+    assert.equal(r!.ok, true);
+    assert.equal(r!.imageRef, 'id');
+    assert.equal(p.failure(a.key), undefined);
+    p.markPresent(b.key);
+    assert.equal(p.failure(b.key), undefined);
+    assert.equal(p.nextAttemptAt(), undefined);
+  });
+});
+
+describe('ImagePuller: joining and cancelling', () => {
+  test('a pull outlives an abandoned wait and is joined by the next reconcile, not repeated', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt);
+    const a = img('a');
+    const first = new AbortController();
+    const waiting = p.pull([a], first.signal);
+    await settle();
+    first.abort(new Error('superseded'));
+    await assert.rejects(waiting, /superseded/);
+    assert.equal(rt.calls[0]!.opts.signal!.aborted, false, 'the pull itself goes on');
+
+    const second = p.pull([a], never());
+    await settle();
+    assert.equal(rt.calls.length, 1, 'joined, not started again');
+    rt.open(a.reference.reference).resolve('id-a');
+    const [r] = await second;
+    assert.equal(r!.ok, true);
+  });
+
+  test('an already aborted wait starts the pulls but does not wait', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt);
+    const c = new AbortController();
+    c.abort(new Error('stop'));
+    await assert.rejects(p.pull([img('a')], c.signal), /stop/);
+    await settle();
+    assert.equal(rt.calls.length, 1);
+    rt.calls[0]!.resolve('x');
+  });
+
+  test('retain() cancels pulls no longer wanted: the runtime sees the abort, the failure is not kept', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt);
+    const a = img('a');
+    const b = img('b');
+    const done = p.pull([a, b], never());
+    await settle();
+    const cancelled = p.retain(new Set([a.key]));
+    assert.deepEqual(cancelled, [b.key]);
+    const bCall = rt.calls.find((c) => c.ref === b.reference.reference)!;
+    const aCall = rt.calls.find((c) => c.ref === a.reference.reference)!;
+    assert.equal(bCall.opts.signal!.aborted, true);
+    assert.equal(aCall.opts.signal!.aborted, false);
+    aCall.resolve('id-a');
+    const results = await done;
+    const rb = results.find((r) => r.key === b.key)!;
+    assert.equal(rb.ok, false);
+    assert.equal(rb.failure!.kind, 'Canceled');
+    assert.equal(p.failure(b.key), undefined, 'a cancelled pull leaves no failure behind');
+    assert.equal(p.isDue(b.key), true, 'wanted again, it is pulled at once');
+  });
+
+  test('a runtime that rejects an aborted pull with the signal’s reason is still a cancellation', async () => {
+    const rt = new MemoryRuntime();
+    rt.abortWith = 'reason';
+    const { p } = puller(rt);
+    const a = img('a');
+    const done = p.pull([a], never());
+    await settle();
+    p.retain(new Set());
+    const [r] = await done;
+    assert.equal(r!.failure!.kind, 'Canceled');
+    assert.equal(p.failure(a.key), undefined);
+    assert.equal(p.nextAttemptAt(), undefined);
+  });
+
+  test('retain() cancels a pull still waiting for a slot: it never reaches the runtime', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt, { maxParallel: 1 });
+    const a = img('a');
+    const b = img('b');
+    const done = p.pull([a, b], never());
+    await settle();
+    assert.deepEqual(rt.started(), [a.reference.reference]);
+    assert.deepEqual(p.retain(new Set([a.key])), [b.key]);
+    rt.open(a.reference.reference).resolve('id');
+    const results = await done;
+    assert.equal(results.find((r) => r.key === b.key)!.failure!.kind, 'Canceled');
+    assert.deepEqual(rt.started(), [a.reference.reference]);
+    assert.equal(rt.active, 0);
+  });
+
+  test('retain() forgets failures of images no longer wanted', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt);
+    const a = img('a');
+    const b = img('b');
+    const done = p.pull([a, b], never());
+    await settle();
+    rt.open(a.reference.reference).reject(new RuntimeError('NotFound', 'manifest unknown', 5));
+    rt.open(b.reference.reference).reject(new RuntimeError('NotFound', 'manifest unknown', 5));
+    await done;
+    assert.deepEqual(p.retain(new Set([a.key])), []);
+    assert.ok(p.failure(a.key));
+    assert.equal(p.failure(b.key), undefined);
+    assert.equal(p.isDue(b.key), true);
+  });
+
+  test('abortAll() cancels every pull in flight', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt);
+    const done = p.pull([img('a'), img('b')], never());
+    await settle();
+    p.abortAll();
+    const results = await done;
+    assert.ok(rt.calls.every((c) => c.opts.signal!.aborted));
+    assert.ok(results.every((r) => r.failure?.kind === 'Canceled'));
+  });
+
+  test('after a cancellation, the slot is free for the next pull', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt, { maxParallel: 1 });
+    const a = img('a');
+    const b = img('b');
+    const first = p.pull([a], never());
+    await settle();
+    p.retain(new Set());
+    await first;
+    const second = p.pull([b], never());
+    await settle();
+    assert.equal(rt.active, 1);
+    rt.open(b.reference.reference).resolve('id');
+    assert.equal((await second)[0]!.ok, true);
+  });
+});

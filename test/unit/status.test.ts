@@ -1,0 +1,491 @@
+import { afterEach, describe, mock, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { planReconcile, type ObservedSet, type Plan, type PlanInput, type WantedImage } from '../../src/agent/plan.ts';
+import type { PullFailure } from '../../src/agent/puller.ts';
+import {
+  boundedNodeStatus,
+  computeSetStatuses,
+  cutBytes,
+  historyFromStatus,
+  makeNodeStatus,
+  parseNodeStatus,
+  StatusReporter,
+  type SetHistory,
+  type StatusFacts,
+  type StatusSink,
+} from '../../src/agent/status.ts';
+import { STATUS_MAX_BYTES, type LabelSelector, type NodeSetStatus, type NodeStatus } from '../../src/api/types.ts';
+import type { FailureKind } from '../../src/cri/runtime.ts';
+import { silentLogger } from '../../src/util/log.ts';
+
+const ref = (host: string, name: string, c: string) => `${host}/org/${name}@sha256:${c.repeat(64)}`;
+const A = ref('quay.io', 'a', 'a');
+const B = ref('registry.example.com:5000', 'b', 'b');
+const PIN_FILE = '99-pinset-01234567-89ab-4def-8123-456789abcdef.conf';
+
+function observed(name: string, images: string[], opts: { generation?: number; selector?: LabelSelector; runtimeHandler?: string; uid?: string } = {}): ObservedSet {
+  return {
+    source: 'api',
+    origin: 'api',
+    object: {
+      apiVersion: 'pinset.dev/v1alpha1',
+      kind: 'PinnedImageSet',
+      metadata: { name, uid: opts.uid ?? `uid-${name}`, generation: opts.generation ?? 1 },
+      spec: {
+        ...(opts.selector ? { nodeSelector: opts.selector } : {}),
+        ...(opts.runtimeHandler ? { runtimeHandler: opts.runtimeHandler } : {}),
+        pinnedImages: images.map((n) => ({ name: n })),
+      },
+    },
+  };
+}
+
+function plan(sets: ObservedSet[], over: Partial<PlanInput> = {}): Plan {
+  return planReconcile({ labels: { zone: 'a' }, apiSets: sets, staticSets: [], staticProblems: [], currentPins: [], carriedPins: [], ...over });
+}
+
+/** Facts where every wanted image is present, in the file, reported pinned. */
+function facts(p: Plan, over: Partial<StatusFacts> = {}): StatusFacts {
+  return {
+    plan: p,
+    pinsInFile: new Set(p.pins),
+    present: () => true,
+    pinnedByRuntime: () => true,
+    failure: () => undefined,
+    overriding: [],
+    pinFile: PIN_FILE,
+    history: new Map(),
+    ...over,
+  };
+}
+
+function failure(kind: FailureKind, message: string, runtimeDown = false): PullFailure {
+  return { kind, runtimeDown, message, failures: 1, nextAttemptAt: 0 };
+}
+
+const only = (f: StatusFacts): NodeSetStatus => {
+  const { sets } = computeSetStatuses(f);
+  assert.equal(sets.length, 1, JSON.stringify(sets));
+  return sets[0]!;
+};
+
+const isA = (w: WantedImage) => w.reference.reference === A;
+
+describe('computeSetStatuses: phases and reasons', () => {
+  test('Ready: every image present and pinned', () => {
+    const s = only(facts(plan([observed('web', [A, B], { generation: 3 })])));
+    assert.equal(s.phase, 'Ready');
+    assert.equal(s.reason, 'AllImagesPinned');
+    assert.equal(s.name, 'web');
+    assert.equal(s.uid, 'uid-web');
+    assert.equal(s.source, 'api');
+    assert.equal(s.desiredGeneration, 3);
+    assert.equal(s.currentGeneration, 3);
+    assert.deepEqual(s.images, { wanted: 2, present: 2, pinned: 2, failed: 0, invalid: 0 });
+  });
+
+  test('Ready on a runtime that does not report pins (containerd): the file is what counts', () => {
+    const s = only(facts(plan([observed('web', [A])]), { pinnedByRuntime: () => undefined }));
+    assert.equal(s.phase, 'Ready');
+    assert.equal(s.images.pinned, 1);
+  });
+
+  test('Pulling: an image missing with no failure', () => {
+    const s = only(facts(plan([observed('web', [A, B])]), { present: (w) => !isA(w) }));
+    assert.equal(s.phase, 'Progressing');
+    assert.equal(s.reason, 'Pulling');
+    assert.equal(s.message, '1 of 2 images present');
+    assert.equal(s.currentGeneration, 0);
+    assert.deepEqual(s.images, { wanted: 2, present: 1, pinned: 2, failed: 0, invalid: 0 });
+  });
+
+  test('a cancelled pull is still Pulling, not a failure', () => {
+    const s = only(facts(plan([observed('web', [A])]), { present: () => false, failure: () => failure('Canceled', 'cancelled') }));
+    assert.equal(s.reason, 'Pulling');
+    assert.equal(s.images.failed, 0);
+  });
+
+  const kinds: [FailureKind, string, RegExp][] = [
+    ['NotFound', 'ImageNotFound', /^registry quay\.io has no image quay\.io\/org\/a@sha256:a{64}: manifest unknown \(retrying\)$/],
+    ['Unauthorized', 'Unauthorized', /^registry quay\.io refused the credentials for .* \(check the entry for quay\.io in the auth file\): 401 Unauthorized \(retrying\)$/],
+    ['Unavailable', 'RegistryUnavailable', /^registry quay\.io could not be reached/],
+    ['NoSpace', 'NoSpace', /^no space left on the image filesystem while pulling quay\.io\/org\/a/],
+    ['Other', 'PullFailed', /^pulling quay\.io\/org\/a@sha256:a{64} failed: /],
+  ];
+  for (const [kind, reason, message] of kinds) {
+    test(`a ${kind} pull failure: Degraded ${reason} with a message naming registry and image`, () => {
+      const text = { NotFound: 'manifest unknown', Unauthorized: '401 Unauthorized', Unavailable: 'connection refused', NoSpace: 'no space left on device', Other: 'weird' }[kind as string]!;
+      const s = only(facts(plan([observed('web', [A], { generation: 2 })]), { present: () => false, failure: () => failure(kind, text) }));
+      assert.equal(s.phase, 'Degraded');
+      assert.equal(s.reason, reason);
+      assert.match(s.message!, message);
+      assert.equal(s.images.failed, 1);
+      assert.equal(s.lastFailedGeneration, 2);
+      assert.ok(s.lastFailedGenerationError!.startsWith(`${reason}: `));
+    });
+  }
+
+  test('Unauthorized names the registry host of the failing image (with its port)', () => {
+    const s = only(facts(plan([observed('web', [A, B])]), { present: (w) => isA(w), failure: () => failure('Unauthorized', 'denied: requested access to the resource is denied') }));
+    assert.equal(s.reason, 'Unauthorized');
+    assert.ok(s.message!.includes('registry registry.example.com:5000 refused the credentials'), s.message);
+    assert.ok(!s.message!.includes('quay.io'));
+  });
+
+  test('several failures: the most severe names the reason, the count is given', () => {
+    const s = only(
+      facts(plan([observed('web', [A, B])]), {
+        present: () => false,
+        failure: (k) => (k.includes('quay.io') ? failure('Unavailable', 'connection refused') : failure('NoSpace', 'no space left on device')),
+      }),
+    );
+    assert.equal(s.reason, 'NoSpace');
+    assert.match(s.message!, /\(2 of 2 images failing; retrying\)$/);
+  });
+
+  test('a runtime that went away during a pull: RuntimeUnavailable', () => {
+    const s = only(facts(plan([observed('web', [A])]), { present: () => false, failure: () => failure('Unavailable', 'PullImage: UNAVAILABLE: connect ENOENT', true) }));
+    assert.equal(s.reason, 'RuntimeUnavailable');
+  });
+
+  test('a pull error about the runtime handler: RuntimeHandlerRejected', () => {
+    const s = only(facts(plan([observed('web', [A], { runtimeHandler: 'kata' })]), { present: () => false, failure: () => failure('Other', 'runtime handler "kata" is not supported') }));
+    assert.equal(s.reason, 'RuntimeHandlerRejected');
+    assert.match(s.message!, /runtimeHandler "kata"/);
+  });
+
+  test('InvalidReference: the good references apply, the set is Degraded naming the bad one', () => {
+    const s = only(facts(plan([observed('web', [A, 'quay.io/org/app:1.2'])])));
+    assert.equal(s.phase, 'Degraded');
+    assert.equal(s.reason, 'InvalidReference');
+    assert.match(s.message!, /^1 reference\(s\) rejected and not pinned: spec\.pinnedImages\[1\]\.name: "quay\.io\/org\/app:1\.2" names a tag/);
+    assert.deepEqual(s.images, { wanted: 1, present: 1, pinned: 1, failed: 0, invalid: 1 });
+  });
+
+  test('InvalidSpec: reported even though the set is not applied', () => {
+    const bad = observed('web', [A, A]);
+    const s = only(facts(plan([bad])));
+    assert.equal(s.phase, 'Degraded');
+    assert.equal(s.reason, 'InvalidSpec');
+    assert.match(s.message!, /^set web \(api\) is not applied: spec\.pinnedImages\[1\]\.name: duplicate/);
+  });
+
+  test('a set that does not select the node is not reported', () => {
+    const { sets } = computeSetStatuses(facts(plan([observed('here', [A]), observed('there', [B], { selector: { matchLabels: { zone: 'b' } } })])));
+    assert.deepEqual(
+      sets.map((s) => s.name),
+      ['here'],
+    );
+  });
+
+  test('PinsOverridden names the overriding file and the pin file', () => {
+    const s = only(facts(plan([observed('web', [A])]), { overriding: [{ file: 'zz-local.conf', pins: [] }] }));
+    assert.equal(s.phase, 'Degraded');
+    assert.equal(s.reason, 'PinsOverridden');
+    assert.ok(s.message!.startsWith(`zz-local.conf sets pinned_images and sorts after ${PIN_FILE}`), s.message);
+  });
+
+  test('ReloadFailed, PinFileWriteFailed and RuntimeUnavailable carry the cause', () => {
+    const p = plan([observed('web', [A])]);
+    const reload = only(facts(p, { reloadError: 'ReloadUnit: unit crio.service not loaded' }));
+    assert.equal(reload.reason, 'ReloadFailed');
+    assert.match(reload.message!, /crio\.service not loaded/);
+    const write = only(facts(p, { writeError: 'EROFS: read-only file system' }));
+    assert.equal(write.reason, 'PinFileWriteFailed');
+    assert.ok(write.message!.includes(PIN_FILE) && write.message!.includes('EROFS'));
+    const down = only(facts(p, { runtimeError: 'connect ENOENT /var/run/crio/crio.sock' }));
+    assert.equal(down.phase, 'Degraded');
+    assert.equal(down.reason, 'RuntimeUnavailable');
+    assert.equal(down.images.present, 0, 'nothing is known present when the runtime cannot be asked');
+  });
+
+  test('WaitingForNodeLabels while the labels are unknown', () => {
+    const s = only(facts(plan([observed('web', [A], { selector: { matchLabels: { zone: 'a' } } })], { labels: null })));
+    assert.equal(s.phase, 'Progressing');
+    assert.equal(s.reason, 'WaitingForNodeLabels');
+  });
+
+  test('WaitingForPin: present and in the file, but the runtime does not report it pinned yet', () => {
+    const s = only(facts(plan([observed('web', [A, B])]), { pinnedByRuntime: (w) => !isA(w) }));
+    assert.equal(s.phase, 'Progressing');
+    assert.equal(s.reason, 'WaitingForPin');
+    assert.equal(s.images.pinned, 1);
+  });
+
+  test('not Ready while an image is present but not in the pin file', () => {
+    const p = plan([observed('web', [A, B])]);
+    const s = only(facts(p, { pinsInFile: new Set([B]), pinnedByRuntime: () => undefined }));
+    assert.equal(s.phase, 'Progressing');
+    assert.equal(s.reason, 'WaitingForPin');
+    assert.ok(s.message!.includes(PIN_FILE), s.message);
+    assert.equal(s.images.pinned, 1);
+  });
+
+  test('sets are listed by source then name', () => {
+    const { sets } = computeSetStatuses(facts(plan([observed('zeta', [A]), observed('alpha', [B])])));
+    assert.deepEqual(
+      sets.map((s) => s.name),
+      ['alpha', 'zeta'],
+    );
+  });
+});
+
+describe('computeSetStatuses: generation history', () => {
+  test('currentGeneration follows Ready; a failure records lastFailedGeneration and its error', () => {
+    let history: Map<string, SetHistory> = new Map();
+    const step = (generation: number, over: Partial<StatusFacts>) => {
+      const r = computeSetStatuses(facts(plan([observed('web', [A], { generation })]), { history, ...over }));
+      history = r.history;
+      return r.sets[0]!;
+    };
+    const g1 = step(1, {});
+    assert.equal(g1.currentGeneration, 1);
+    assert.equal(g1.lastFailedGeneration, undefined);
+
+    const g2 = step(2, { present: () => false, failure: () => failure('NotFound', 'manifest unknown') });
+    assert.equal(g2.desiredGeneration, 2);
+    assert.equal(g2.currentGeneration, 1, 'the last completed generation stays');
+    assert.equal(g2.lastFailedGeneration, 2);
+    assert.match(g2.lastFailedGenerationError!, /^ImageNotFound: registry quay\.io has no image/);
+
+    const g2pulling = step(2, { present: () => false });
+    assert.equal(g2pulling.phase, 'Progressing');
+    assert.equal(g2pulling.currentGeneration, 1);
+    assert.equal(g2pulling.lastFailedGeneration, 2, 'the failure is remembered while retrying');
+
+    const g2ready = step(2, {});
+    assert.equal(g2ready.currentGeneration, 2);
+    assert.equal(g2ready.lastFailedGeneration, 2);
+  });
+
+  test('the error kept per set is at most 1 KiB, cut on a character boundary', () => {
+    const huge = 'é'.repeat(5000);
+    const s = only(facts(plan([observed('web', [A])]), { present: () => false, failure: () => failure('Other', huge) }));
+    assert.ok(Buffer.byteLength(s.lastFailedGenerationError!) <= 1024);
+    assert.ok(Buffer.byteLength(s.message!) <= 1024);
+    assert.ok(!s.lastFailedGenerationError!.includes('\uFFFD'), 'a character was split');
+    assert.ok(s.lastFailedGenerationError!.endsWith('...'));
+  });
+
+  test('history survives a restart through the annotation', () => {
+    const first = computeSetStatuses(facts(plan([observed('web', [A], { generation: 4 })]), { present: () => false, failure: () => failure('NotFound', 'x') }));
+    const annotation = JSON.stringify(makeNodeStatus('node-1', PIN_FILE, first.sets, '2025-01-01T00:00:00Z'));
+    const restored = historyFromStatus(parseNodeStatus(annotation));
+    assert.deepEqual(restored.get('api/web'), first.history.get('api/web'));
+    assert.equal(parseNodeStatus('not json'), null);
+    assert.equal(parseNodeStatus(JSON.stringify({ version: 2, sets: [] })), null);
+  });
+});
+
+describe('cutBytes', () => {
+  test('leaves short text alone and cuts long text without splitting characters', () => {
+    assert.equal(cutBytes('abc', 10), 'abc');
+    for (const s of ['a'.repeat(100), '€'.repeat(100), '😀'.repeat(100), 'a' + '😀'.repeat(100)]) {
+      const c = cutBytes(s, 50);
+      assert.ok(Buffer.byteLength(c) <= 50, c);
+      assert.ok(!c.includes('\uFFFD'));
+      assert.ok(s.startsWith(c.slice(0, -3)));
+    }
+  });
+});
+
+function entry(name: string, phase: NodeSetStatus['phase'], message?: string): NodeSetStatus {
+  return {
+    name,
+    source: 'api',
+    desiredGeneration: 1,
+    currentGeneration: phase === 'Ready' ? 1 : 0,
+    images: { wanted: 1, present: 1, pinned: 1, failed: 0, invalid: 0 },
+    phase,
+    reason: phase === 'Ready' ? 'AllImagesPinned' : phase === 'Degraded' ? 'ImageNotFound' : 'Pulling',
+    ...(message ? { message } : {}),
+  };
+}
+
+function nodeStatus(sets: NodeSetStatus[]): NodeStatus {
+  return { version: 1, node: 'node-1', pinFile: PIN_FILE, updatedAt: '2025-01-01T00:00:00Z', sets };
+}
+
+describe('boundedNodeStatus: the 64 KiB bound', () => {
+  test('a small status is returned as is', () => {
+    const s = nodeStatus([entry('a', 'Ready')]);
+    assert.equal(boundedNodeStatus(s), s);
+  });
+
+  test('long messages are shortened first; every set is kept', () => {
+    const sets = Array.from({ length: 100 }, (_, i) => entry(`set-${i}`, 'Degraded', 'x'.repeat(1000)));
+    const out = boundedNodeStatus(nodeStatus(sets));
+    assert.ok(Buffer.byteLength(JSON.stringify(out)) <= STATUS_MAX_BYTES);
+    assert.equal(out.sets.length, 100);
+    assert.equal(out.truncated, undefined);
+    assert.ok(out.sets.every((s) => Buffer.byteLength(s.message!) <= 160));
+  });
+
+  test('too many sets: truncated, Degraded first, then Progressing, then Ready', () => {
+    const sets: NodeSetStatus[] = [];
+    for (let i = 0; i < 2000; i++) sets.push(entry(`ready-${String(i).padStart(4, '0')}-${'r'.repeat(40)}`, 'Ready'));
+    for (let i = 0; i < 5; i++) sets.push(entry(`progressing-${i}`, 'Progressing', 'waiting'));
+    for (let i = 0; i < 5; i++) sets.push(entry(`degraded-${i}`, 'Degraded', 'broken'));
+    const input = nodeStatus(sets);
+    assert.ok(Buffer.byteLength(JSON.stringify(input)) > STATUS_MAX_BYTES);
+    const out = boundedNodeStatus(input);
+    const size = Buffer.byteLength(JSON.stringify(out));
+    assert.ok(size <= STATUS_MAX_BYTES, `${size} bytes`);
+    assert.ok(size > STATUS_MAX_BYTES - 1024, 'the room is used');
+    assert.equal(out.truncated, true);
+    assert.ok(out.sets.length < sets.length);
+    assert.deepEqual(
+      out.sets.slice(0, 10).map((s) => s.phase),
+      [...Array(5).fill('Degraded'), ...Array(5).fill('Progressing')],
+    );
+    assert.ok(out.sets.slice(10).every((s) => s.phase === 'Ready'));
+    assert.ok(parseNodeStatus(JSON.stringify(out)));
+  });
+
+  test('a smaller bound is honoured', () => {
+    const out = boundedNodeStatus(nodeStatus(Array.from({ length: 50 }, (_, i) => entry(`s${i}`, 'Degraded', 'm'))), 2000);
+    assert.ok(Buffer.byteLength(JSON.stringify(out)) <= 2000);
+    assert.equal(out.truncated, true);
+  });
+});
+
+// ---------------------------------------------------------------------------
+
+/** An in-memory sink: records every write, can fail or hold writes on demand. */
+class MemorySink implements StatusSink {
+  written: NodeStatus[] = [];
+  attempts = 0;
+  failNext = 0;
+  hold: Promise<void> | undefined;
+  async write(status: NodeStatus): Promise<void> {
+    this.attempts++;
+    if (this.hold) await this.hold;
+    if (this.failNext > 0) {
+      this.failNext--;
+      throw new Error('connection refused');
+    }
+    this.written.push(structuredClone(status));
+  }
+  names(): string[] {
+    return this.written.map((s) => s.sets.map((x) => `${x.name}:${x.phase}:${x.message ?? ''}`).join(','));
+  }
+}
+
+const settle = () => new Promise<void>((r) => setImmediate(r));
+
+const ready = (name = 'web', updatedAt = '2025-01-01T00:00:00Z') => ({ ...nodeStatus([entry(name, 'Ready')]), updatedAt });
+const progressing = (message: string) => nodeStatus([entry('web', 'Progressing', message)]);
+
+describe('StatusReporter', () => {
+  afterEach(() => mock.timers.reset());
+
+  test('writes only when the content changes (the time stamp alone is no change)', async () => {
+    const sink = new MemorySink();
+    const r = new StatusReporter(sink, { logger: silentLogger(), minIntervalMs: 10 });
+    r.report(ready('web', 'T1'));
+    await r.flush();
+    r.report(ready('web', 'T2'));
+    await r.flush();
+    assert.equal(sink.written.length, 1);
+    r.report(ready('api', 'T3'));
+    await r.flush();
+    assert.deepEqual(sink.names(), ['web:Ready:', 'api:Ready:']);
+    assert.equal(r.writes, 2);
+    r.close();
+  });
+
+  test('the annotation found at start counts as written', async () => {
+    const sink = new MemorySink();
+    const r = new StatusReporter(sink, { logger: silentLogger(), initial: ready('web', 'yesterday') });
+    r.report(ready('web', 'today'));
+    await r.flush();
+    assert.equal(sink.attempts, 0);
+    r.close();
+  });
+
+  test('while Progressing, writes are coalesced: the latest content wins', async () => {
+    mock.timers.enable({ apis: ['setTimeout'] });
+    let now = 1_000_000;
+    const sink = new MemorySink();
+    const r = new StatusReporter(sink, { logger: silentLogger(), minIntervalMs: 5_000, now: () => now });
+    r.report(progressing('0 of 3 images present'));
+    await settle();
+    assert.deepEqual(sink.names(), ['web:Progressing:0 of 3 images present'], 'the first write is not delayed');
+    now += 1_000;
+    r.report(progressing('1 of 3 images present'));
+    r.report(progressing('2 of 3 images present'));
+    await settle();
+    assert.equal(sink.written.length, 1, 'held back inside the interval');
+    mock.timers.tick(4_000);
+    now += 4_000;
+    await settle();
+    assert.deepEqual(sink.names(), ['web:Progressing:0 of 3 images present', 'web:Progressing:2 of 3 images present']);
+    r.close();
+  });
+
+  test('a change back to what is written cancels the pending write', async () => {
+    mock.timers.enable({ apis: ['setTimeout'] });
+    let now = 0;
+    const sink = new MemorySink();
+    const r = new StatusReporter(sink, { logger: silentLogger(), minIntervalMs: 5_000, now: () => now });
+    r.report(progressing('a'));
+    await settle();
+    r.report(progressing('b'));
+    r.report(progressing('a'));
+    mock.timers.tick(5_000);
+    now += 5_000;
+    await settle();
+    assert.deepEqual(sink.names(), ['web:Progressing:a']);
+    r.close();
+  });
+
+  test('a status reported while a write is in flight is written after it', async () => {
+    const sink = new MemorySink();
+    let release!: () => void;
+    sink.hold = new Promise<void>((r) => (release = r));
+    const r = new StatusReporter(sink, { logger: silentLogger(), minIntervalMs: 10 });
+    r.report(ready('first'));
+    await settle();
+    r.report(ready('second'));
+    sink.hold = undefined;
+    release();
+    await settle();
+    assert.deepEqual(sink.names(), ['first:Ready:', 'second:Ready:']);
+    r.close();
+  });
+
+  test('a failed write is retried with backoff, and the newest content lands', async () => {
+    mock.timers.enable({ apis: ['setTimeout'] });
+    const sink = new MemorySink();
+    sink.failNext = 2;
+    const r = new StatusReporter(sink, { logger: silentLogger() });
+    r.report(ready('v1'));
+    await settle();
+    assert.equal(sink.attempts, 1);
+    assert.equal(sink.written.length, 0);
+    mock.timers.tick(1_000); // first retry within base (1 s)
+    await settle();
+    assert.equal(sink.attempts, 2);
+    r.report(ready('v2')); // newer content while waiting to retry
+    mock.timers.tick(2_000); // second retry within 2 s
+    await settle();
+    assert.equal(sink.attempts, 3);
+    assert.deepEqual(sink.names(), ['v2:Ready:']);
+    assert.equal(r.writes, 1);
+    r.close();
+  });
+
+  test('flush() writes what is pending at once (shutdown, --once)', async () => {
+    mock.timers.enable({ apis: ['setTimeout'] });
+    let now = 0;
+    const sink = new MemorySink();
+    const r = new StatusReporter(sink, { logger: silentLogger(), minIntervalMs: 60_000, now: () => now });
+    r.report(progressing('a'));
+    await settle();
+    now += 1;
+    r.report(progressing('b'));
+    await r.flush();
+    assert.deepEqual(sink.names(), ['web:Progressing:a', 'web:Progressing:b']);
+    r.close();
+  });
+});
