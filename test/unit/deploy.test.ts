@@ -138,12 +138,13 @@ describe('kubectl kustomize deploy', { skip }, () => {
       assert.match(await readFile(path.join(ROOT, 'deploy/agent/daemonset.yaml'), 'utf8'), /BENCHMARKS\.md/);
     });
 
-    test('host paths: CRI-O socket folder, drop-in folder (writable), D-Bus socket, kubelet auth (read-only), static sets (read-only)', () => {
+    test('host paths: CRI-O socket folder, CRI-O config (read-only), drop-in folder (writable), D-Bus socket, kubelet auth (read-only), static sets (read-only)', () => {
       const volumes: Record<string, Obj> = Object.fromEntries((pod().volumes as Obj[]).map((v) => [v.name, v.hostPath]));
       const mounts: Record<string, Obj> = Object.fromEntries((container().volumeMounts as Obj[]).map((m) => [m.mountPath, m]));
       const expect: [string, string, string | undefined, boolean][] = [
         // host path, hostPath type, mount path (same), read-only
         ['/var/run/crio', 'Directory', '/var/run/crio', true],
+        ['/etc/crio', 'Directory', '/etc/crio', true],
         ['/etc/crio/crio.conf.d', 'DirectoryOrCreate', '/etc/crio/crio.conf.d', false],
         ['/run/dbus/system_bus_socket', 'Socket', '/run/dbus/system_bus_socket', true],
         ['/var/lib/kubelet/config.json', 'File', '/var/lib/kubelet/config.json', true],
