@@ -1,0 +1,221 @@
+// `pinset status` as a user runs it: a subprocess with --kubeconfig, against
+// the in-process API server holding Nodes with status annotations.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { ApiServer } from '../support/apiserver.ts';
+import { STATUS_ANNOTATION, type NodeSetStatus } from '../../src/api/types.ts';
+import { formatAge, renderTable, statusRows } from '../../src/cli/status.ts';
+
+const ROOT = path.resolve(import.meta.dirname, '../..');
+const NODE = path.join(ROOT, 'node_modules/.bin/node');
+const LONG_ERROR = `pulling quay.io/org/app@sha256:${'c'.repeat(64)}: rpc error: code = NotFound desc = manifest unknown: ${'the registry does not know it; '.repeat(8)}`;
+
+let api: ApiServer;
+let dir: string;
+let kubeconfig: string;
+let setUid: string;
+
+function entry(over: Partial<NodeSetStatus>): NodeSetStatus {
+  return {
+    name: 'upgrade',
+    uid: setUid,
+    source: 'api',
+    desiredGeneration: 2,
+    currentGeneration: 2,
+    images: { wanted: 3, present: 3, pinned: 3, failed: 0, invalid: 0 },
+    phase: 'Ready',
+    reason: 'AllImagesPinned',
+    ...over,
+  };
+}
+
+function node(name: string, annotation?: string, labels: Record<string, string> = { role: 'worker' }): void {
+  api.create({ apiVersion: 'v1', kind: 'Node', metadata: { name, labels, ...(annotation !== undefined ? { annotations: { [STATUS_ANNOTATION]: annotation } } : {}) } });
+}
+
+function report(name: string, ageMs: number, sets: NodeSetStatus[]): string {
+  return JSON.stringify({ version: 1, node: name, pinFile: '99-pinset-x.conf', updatedAt: new Date(Date.now() - ageMs).toISOString(), sets });
+}
+
+function pinset(args: string[], env: Record<string, string> = {}): Promise<{ code: number; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    execFile(NODE, ['src/cli/main.ts', 'status', ...args], { cwd: ROOT, env: { ...process.env, COLUMNS: '100', ...env }, timeout: 30_000 }, (err, stdout, stderr) => {
+      const code = err ? (typeof (err as { code?: unknown }).code === 'number' ? ((err as { code: number }).code) : -1) : 0;
+      resolve({ code, stdout, stderr });
+    });
+  });
+}
+
+before(async () => {
+  api = await ApiServer.start();
+  dir = await mkdtemp(path.join(tmpdir(), 'pinset-status-'));
+  kubeconfig = await api.writeKubeconfig(dir);
+  setUid = api.create({
+    apiVersion: 'pinset.dev/v1alpha1',
+    kind: 'PinnedImageSet',
+    metadata: { name: 'upgrade' },
+    spec: { nodeSelector: { matchLabels: { role: 'worker' } }, pinnedImages: [{ name: `quay.io/org/app@sha256:${'a'.repeat(64)}` }] },
+  }).metadata.uid!;
+  node(
+    'worker-a',
+    report('worker-a', 3 * 3600_000 + 10_000, [
+      entry({}),
+      { ...entry({ name: 'local-tools', source: 'static', desiredGeneration: 1, currentGeneration: 1 }), uid: undefined },
+    ]),
+  );
+  node(
+    'worker-b',
+    report('worker-b', 20 * 60_000, [
+      entry({ phase: 'Degraded', reason: 'ImageNotFound', currentGeneration: 1, lastFailedGeneration: 2, lastFailedGenerationError: LONG_ERROR, images: { wanted: 3, present: 2, pinned: 3, failed: 1, invalid: 0 } }),
+    ]),
+  );
+  node('worker-c');
+  node('worker-d', '{"version":1,"sets":[');
+  node('control-1', report('control-1', 15 * 60_000, []), { role: 'control-plane' });
+});
+
+after(async () => {
+  await api.stop();
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe('pinset status', () => {
+  test('prints a node-by-set table', async () => {
+    const { code, stdout, stderr } = await pinset(['--kubeconfig', kubeconfig], { COLUMNS: '140' });
+    assert.equal(code, 0, stderr);
+    const lines = stdout.trimEnd().split('\n');
+    assert.match(lines[0]!, /^NODE\s+SET\s+PHASE\s+IMAGES\s+GENERATION\s+AGE\s+ERROR$/);
+    const row = (node: string, set: string) => {
+      const found = lines.find((l) => l.split(/\s{2,}/)[0] === node && l.split(/\s{2,}/)[1] === set);
+      assert.ok(found, `a row for ${node} ${set} in\n${stdout}`);
+      return found.split(/\s{2,}/);
+    };
+    assert.deepEqual(row('worker-a', 'upgrade'), ['worker-a', 'upgrade', 'Ready', '3/3', '2/2', '3h']);
+    assert.deepEqual(row('worker-a', 'local-tools (static)').slice(2), ['Ready', '3/3', '1/1', '3h']);
+    const b = row('worker-b', 'upgrade');
+    assert.deepEqual(b.slice(0, 6), ['worker-b', 'upgrade', 'Degraded', '2/3', '1/2', '20m']);
+    assert.match(b[6]!, /^ImageNotFound: pulling quay\.io\/org\/app@sha256:c+…$/, 'the error is cut to fit');
+    assert.deepEqual(row('worker-c', '<none>').slice(2), ['NotReported', '-', '-', '-']);
+    const d = row('worker-d', '<none>');
+    assert.equal(d[2], 'Unreadable');
+    assert.match(d[6]!, /not JSON/);
+    assert.deepEqual(row('control-1', '<none>').slice(2), ['-', '-', '-', '15m']);
+    for (const l of lines) assert.ok([...l].length <= 140, `line fits 140 columns: ${l}`);
+    assert.equal([...lines.find((l) => l.startsWith('worker-b'))!].length, 140);
+    // Nodes in name order.
+    const nodes = lines.slice(1).map((l) => l.split(/\s+/)[0]);
+    assert.deepEqual(nodes, [...nodes].sort());
+  });
+
+  test('--set shows that set only, and the selected nodes that have not reported on it', async () => {
+    const { code, stdout } = await pinset(['--kubeconfig', kubeconfig, '--set', 'upgrade']);
+    assert.equal(code, 0);
+    const lines = stdout.trimEnd().split('\n').slice(1);
+    assert.deepEqual(
+      lines.map((l) => l.split(/\s{2,}/).slice(0, 3)),
+      [
+        ['worker-a', 'upgrade', 'Ready'],
+        ['worker-b', 'upgrade', 'Degraded'],
+        ['worker-c', 'upgrade', 'NotReported'],
+        ['worker-d', 'upgrade', 'Unreadable'],
+      ],
+    );
+  });
+
+  test('-o json prints the parsed reports', async () => {
+    const { code, stdout } = await pinset(['--kubeconfig', kubeconfig, '-o', 'json']);
+    assert.equal(code, 0);
+    const doc = JSON.parse(stdout) as { nodes: Array<{ node: string; status: { sets: NodeSetStatus[]; updatedAt: string } | null; error?: string }> };
+    assert.deepEqual(doc.nodes.map((n) => n.node), ['control-1', 'worker-a', 'worker-b', 'worker-c', 'worker-d']);
+    const a = doc.nodes.find((n) => n.node === 'worker-a')!;
+    assert.deepEqual(a.status?.sets.map((s) => s.name), ['upgrade', 'local-tools']);
+    const b = doc.nodes.find((n) => n.node === 'worker-b')!;
+    assert.equal(b.status?.sets[0]?.lastFailedGenerationError, LONG_ERROR, 'JSON is not cut');
+    assert.equal(doc.nodes.find((n) => n.node === 'worker-c')!.status, null);
+    const d = doc.nodes.find((n) => n.node === 'worker-d')!;
+    assert.equal(d.status, null);
+    assert.match(d.error!, /not JSON/);
+
+    const only = await pinset(['--kubeconfig', kubeconfig, '-ojson', '--set', 'local-tools']);
+    const doc2 = JSON.parse(only.stdout) as typeof doc;
+    assert.deepEqual(doc2.nodes.find((n) => n.node === 'worker-a')!.status?.sets.map((s) => s.name), ['local-tools']);
+  });
+
+  test('exits 1 with a clear message when the API server cannot be reached', async () => {
+    const gone = await ApiServer.start();
+    const goneDir = await mkdtemp(path.join(tmpdir(), 'pinset-status-gone-'));
+    try {
+      const file = await gone.writeKubeconfig(goneDir);
+      await gone.stop();
+      const { code, stdout, stderr } = await pinset(['--kubeconfig', file]);
+      assert.equal(code, 1);
+      assert.equal(stdout, '');
+      assert.match(stderr, new RegExp(`^pinset status: cannot list nodes from the API server at ${gone.url.replace(/\./g, '\\.')}: .+`));
+    } finally {
+      await gone.stop();
+      await rm(goneDir, { recursive: true, force: true });
+    }
+  });
+
+  test('a bad -o value is a usage error', async () => {
+    const { code, stderr } = await pinset(['--kubeconfig', kubeconfig, '-o', 'yaml']);
+    assert.equal(code, 2);
+    assert.match(stderr, /table, json/);
+  });
+});
+
+describe('status table pieces', () => {
+  test('ages read like kubectl\'s', () => {
+    const s = 1000;
+    const cases: Array<[number, string]> = [
+      [0, '0s'],
+      [-500, '0s'],
+      [-5 * s, '<invalid>'],
+      [45 * s, '45s'],
+      [119 * s, '119s'],
+      [3 * 60 * s, '3m'],
+      [(3 * 60 + 20) * s, '3m20s'],
+      [15 * 60 * s, '15m'],
+      [179 * 60 * s, '179m'],
+      [(5 * 60 + 30) * 60 * s, '5h30m'],
+      [20 * 3600 * s, '20h'],
+      [(3 * 24 + 4) * 3600 * s, '3d4h'],
+      [30 * 24 * 3600 * s, '30d'],
+      [(2 * 365 + 10) * 24 * 3600 * s, '2y10d'],
+      [9 * 365 * 24 * 3600 * s, '9y'],
+    ];
+    for (const [ms, want] of cases) assert.equal(formatAge(ms), want, `${ms} ms`);
+  });
+
+  test('ERROR keeps a minimum width on a narrow terminal and multi-line errors stay on one line', () => {
+    const now = new Date('2025-01-01T00:00:00Z');
+    const rows = statusRows(
+      [
+        {
+          name: 'n',
+          labels: {},
+          reading: {
+            status: {
+              version: 1,
+              node: 'n',
+              pinFile: 'x',
+              updatedAt: '2024-12-31T23:59:00Z',
+              sets: [{ name: 's', source: 'api', desiredGeneration: 1, currentGeneration: 0, phase: 'Degraded', reason: 'PullFailed', lastFailedGeneration: 1, lastFailedGenerationError: 'line one\nline two '.repeat(10), images: { wanted: 1, present: 0, pinned: 1, failed: 1, invalid: 0 } }],
+            },
+          },
+        },
+      ],
+      now,
+    );
+    assert.equal(rows[0]!.age, '60s');
+    const out = renderTable(rows, 10).trimEnd().split('\n');
+    assert.equal(out.length, 2);
+    const err = out[1]!.split(/\s{2,}/)[6]!;
+    assert.equal([...err].length, 20);
+    assert.equal(err, 'PullFailed: line on…');
+  });
+});
