@@ -11,7 +11,7 @@ import * as fs from 'node:fs';
 import type { Logger } from 'pino';
 import type { Labels } from '../api/selector.ts';
 import type { NodeSetStatus, PinnedImageSet, SetPhase } from '../api/types.ts';
-import { STATUS_ANNOTATION } from '../api/types.ts';
+import { readNodeStatus } from '../api/node-status.ts';
 import type { ImageRuntime, RuntimeImage, RuntimeInfo } from '../cri/runtime.ts';
 import { renderPinFile, type PinFile } from '../crio/pinfile.ts';
 import type { Reloader } from '../crio/reloader.ts';
@@ -21,11 +21,11 @@ import { RuntimeError } from '../cri/runtime.ts';
 import { Backoff } from './backoff.ts';
 import type { DiskCheck } from './disk.ts';
 import type { KubeObserver } from './kube.ts';
-import type { EventRecorder } from './node-status.ts';
+import type { EventRecorder } from './node-sinks.ts';
 import { planReconcile, type ObservedSet, type Plan, type WantedImage } from './plan.ts';
 import type { ImagePuller } from './puller.ts';
 import { readStaticSets } from './static.ts';
-import { computeSetStatuses, historyFromStatus, makeNodeStatus, parseNodeStatus, type SetHistory, type StatusReporter } from './status.ts';
+import { computeSetStatuses, historyFromStatus, makeNodeStatus, type SetHistory, type StatusReporter } from './status.ts';
 
 export interface AgentOptions {
   nodeName: string;
@@ -140,7 +140,7 @@ export class Agent {
     const node = this.opts.kube?.currentNode();
     if (!node && this.opts.kube) return;
     this.historySeeded = true;
-    const previous = parseNodeStatus(node?.metadata?.annotations?.[STATUS_ANNOTATION]);
+    const previous = readNodeStatus(node?.metadata?.annotations).status ?? null;
     this.opts.reporter.seed(previous);
     for (const [k, v] of historyFromStatus(previous)) if (!this.history.has(k)) this.history.set(k, v);
   }

@@ -9,12 +9,12 @@ import { PinFile } from '../crio/pinfile.ts';
 import { createReloader } from '../crio/reload.ts';
 import type { ReloadMode } from '../crio/reloader.ts';
 import { AgentMetrics } from '../metrics/agent-metrics.ts';
-import { startHealthServer } from '../metrics/server.ts';
+import { parseListenAddress, startHealthServer } from '../metrics/server.ts';
 import { AuthFile } from '../registry/auth.ts';
 import { createLogger } from '../util/log.ts';
 import { Agent } from './agent.ts';
 import { KubeObserver, loadKubeConfig } from './kube.ts';
-import { LogStatusSink, NodeAnnotationSink, NodeEventRecorder } from './node-status.ts';
+import { LogStatusSink, NodeAnnotationSink, NodeEventRecorder } from './node-sinks.ts';
 import { DiskCheck } from './disk.ts';
 import { ImagePuller } from './puller.ts';
 import { StatusReporter } from './status.ts';
@@ -40,7 +40,7 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
   { name: 'max-parallel-pulls', env: 'PINSET_MAX_PARALLEL_PULLS', type: 'int', default: DEFAULT_MAX_PARALLEL_PULLS, help: 'images pulled at the same time' },
   { name: 'image-fs-high-watermark', env: 'PINSET_IMAGE_FS_HIGH_WATERMARK', type: 'int', default: 85, help: 'pulls wait while the image filesystem is at least this % full (the kubelet\'s image GC threshold); 0 disables' },
   { name: 'resync-interval', env: 'PINSET_RESYNC_INTERVAL', type: 'duration', default: '5m', help: 'full reconcile at least this often' },
-  { name: 'metrics-addr', env: 'PINSET_METRICS_ADDR', type: 'string', default: '0.0.0.0:9402', help: 'host:port for /healthz, /readyz and /metrics ("" disables)' },
+  { name: 'metrics-addr', env: 'PINSET_METRICS_ADDR', type: 'string', default: '0.0.0.0:9402', allowEmpty: true, help: 'host:port for /healthz, /readyz and /metrics ("" disables)' },
   { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['trace', 'debug', 'info', 'warn', 'error', 'fatal'], help: 'log level' },
   { name: 'once', env: 'PINSET_ONCE', type: 'bool', default: false, help: 'one full reconcile, then exit 0 if every selected set is Ready, 1 if not; one JSON line per set on stdout' },
 ];
@@ -63,6 +63,13 @@ export async function run(argv: string[]): Promise<number> {
   const nodeName = String(f['node-name']);
   // With --once, stdout carries the results; logs go to stderr.
   const logger = createLogger({ level: String(f['log-level']), base: { node: nodeName }, ...(once ? { destination: process.stderr } : {}) });
+  if (f['metrics-addr'] && !once) {
+    try {
+      parseListenAddress(String(f['metrics-addr']));
+    } catch (e) {
+      throw new UsageError(`--metrics-addr: ${(e as Error).message}`);
+    }
+  }
   const maxParallel = Number(f['max-parallel-pulls']);
   if (maxParallel < 1) throw new UsageError('--max-parallel-pulls must be at least 1');
 

@@ -13,6 +13,7 @@ import {
 } from '../api/types.ts';
 import type { FailureKind } from '../cri/runtime.ts';
 import type { DropinPins } from '../crio/pinfile.ts';
+import { sameJson } from '../util/json.ts';
 import { Backoff } from './backoff.ts';
 import type { Plan, PlannedSet, WantedImage } from './plan.ts';
 import { wantedKey } from './plan.ts';
@@ -213,16 +214,6 @@ export function boundedNodeStatus(status: NodeStatus, maxBytes = STATUS_MAX_BYTE
   return out;
 }
 
-export function parseNodeStatus(annotation: string | undefined): NodeStatus | null {
-  if (!annotation) return null;
-  try {
-    const v = JSON.parse(annotation) as NodeStatus;
-    return v && v.version === STATUS_FORMAT_VERSION && Array.isArray(v.sets) ? v : null;
-  } catch {
-    return null;
-  }
-}
-
 /** History as remembered in a previous annotation (so a restart keeps currentGeneration). */
 export function historyFromStatus(status: NodeStatus | null): Map<string, SetHistory> {
   const h = new Map<string, SetHistory>();
@@ -245,9 +236,10 @@ export interface StatusSink {
   write(status: NodeStatus): Promise<void>;
 }
 
-/** Identity of a status for change detection: everything but the time stamp. */
-function contentKey(s: NodeStatus): string {
-  return JSON.stringify({ ...s, updatedAt: '' });
+/** Same content, whatever the time stamp and key order. */
+function sameContent(a: NodeStatus | undefined, b: NodeStatus | undefined): boolean {
+  if (!a || !b) return a === b;
+  return sameJson({ ...a, updatedAt: '' }, { ...b, updatedAt: '' });
 }
 
 /**
@@ -260,7 +252,7 @@ export class StatusReporter {
   private readonly minIntervalMs: number;
   private readonly log: Logger;
   private readonly now: () => number;
-  private lastWrittenKey: string | undefined;
+  private lastWritten: NodeStatus | undefined;
   private lastWriteAt = -Infinity;
   private pending: NodeStatus | undefined;
   private timer: NodeJS.Timeout | undefined;
@@ -273,23 +265,22 @@ export class StatusReporter {
     this.minIntervalMs = opts.minIntervalMs ?? 5_000;
     this.log = opts.logger;
     this.now = opts.now ?? Date.now;
-    if (opts.initial) this.lastWrittenKey = contentKey(opts.initial);
+    if (opts.initial) this.lastWritten = opts.initial;
   }
 
   /** What is already on the Node (read at start): identical content is not written again. */
   seed(existing: NodeStatus | null): void {
-    if (existing && this.lastWrittenKey === undefined && !this.pending) this.lastWrittenKey = contentKey(existing);
+    if (existing && this.lastWritten === undefined && !this.pending) this.lastWritten = existing;
   }
 
   /** True when this content differs from what was last written (or queued). */
   changed(status: NodeStatus): boolean {
-    const key = contentKey(status);
-    return key !== (this.pending ? contentKey(this.pending) : this.lastWrittenKey);
+    return !sameContent(status, this.pending ?? this.lastWritten);
   }
 
   report(status: NodeStatus): void {
     if (!this.changed(status)) return;
-    if (contentKey(status) === this.lastWrittenKey) {
+    if (sameContent(status, this.lastWritten)) {
       // Back to what is already written: nothing to send.
       this.pending = undefined;
       clearTimeout(this.timer);
@@ -322,7 +313,7 @@ export class StatusReporter {
     this.writing = (async () => {
       try {
         await this.sink.write(status);
-        this.lastWrittenKey = contentKey(status);
+        this.lastWritten = status;
         this.lastWriteAt = this.now();
         this.writes++;
         this.backoff.reset();

@@ -14,6 +14,10 @@ export interface FlagSpec {
   required?: boolean;
   /** Allowed values for string flags. */
   choices?: readonly string[];
+  /** One-letter alias, e.g. "o" for -o. */
+  short?: string;
+  /** An empty value (also from the environment) is meaningful, e.g. "" disables a listener. */
+  allowEmpty?: boolean;
 }
 
 export type FlagValues = Record<string, string | number | boolean | undefined>;
@@ -65,6 +69,7 @@ export function parseFlags(
   env: Record<string, string | undefined> = process.env,
 ): { values: FlagValues; positional: string[] } {
   const byName = new Map(specs.map((s) => [s.name, s]));
+  const byShort = new Map(specs.filter((s) => s.short).map((s) => [s.short!, s]));
   const values: FlagValues = {};
   const positional: string[] = [];
   for (let i = 0; i < argv.length; i++) {
@@ -77,8 +82,22 @@ export function parseFlags(
       values.help = true;
       continue;
     }
-    if (!arg.startsWith('--')) {
+    if (arg === '-' || !arg.startsWith('-')) {
       positional.push(arg);
+      continue;
+    }
+    if (!arg.startsWith('--')) {
+      // -o value, -o=value, -ovalue
+      const spec = byShort.get(arg[1]!);
+      if (!spec) throw new UsageError(`unknown flag ${arg.slice(0, 2)}`);
+      let raw: string;
+      if (arg.length > 2) raw = arg.slice(arg[2] === '=' ? 3 : 2);
+      else if (spec.type === 'bool') raw = 'true';
+      else {
+        if (i + 1 >= argv.length) throw new UsageError(`-${spec.short} needs a value`);
+        raw = argv[++i]!;
+      }
+      values[spec.name] = convert(spec, raw, `-${spec.short}`);
       continue;
     }
     const eq = arg.indexOf('=');
@@ -97,7 +116,7 @@ export function parseFlags(
   for (const spec of specs) {
     if (values[spec.name] !== undefined) continue;
     const fromEnv = spec.env ? env[spec.env] : undefined;
-    if (fromEnv !== undefined && fromEnv !== '') values[spec.name] = convert(spec, fromEnv, spec.env!);
+    if (fromEnv !== undefined && (fromEnv !== '' || spec.allowEmpty)) values[spec.name] = convert(spec, fromEnv, spec.env!);
     else if (spec.default !== undefined) {
       values[spec.name] = spec.type === 'duration' && typeof spec.default === 'string' ? parseDuration(spec.default) : spec.default;
     }
@@ -115,7 +134,7 @@ export function parseFlags(
 /** Help text: usage line, then one line per flag with its env twin and default. */
 export function helpText(usage: string, summary: string, specs: readonly FlagSpec[]): string {
   const rows = specs.map((s) => {
-    const left = `  --${s.name}${s.type === 'bool' ? '' : ` ${s.choices ? s.choices.join('|') : s.type}`}`;
+    const left = `  ${s.short ? `-${s.short}, ` : ''}--${s.name}${s.type === 'bool' ? '' : ` ${s.choices ? s.choices.join('|') : s.type}`}`;
     const extra = [s.env ? `env ${s.env}` : '', s.default !== undefined ? `default ${JSON.stringify(s.default)}` : '', s.required ? 'required' : '']
       .filter(Boolean)
       .join(', ');

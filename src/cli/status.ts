@@ -3,12 +3,12 @@
 import { CoreV1Api, CustomObjectsApi, KubeConfig, type V1Node } from '@kubernetes/client-node';
 import { selectorErrors, selectorMatches } from '../api/selector.ts';
 import { GROUP, PLURAL, VERSION, type NodeSetStatus, type PinnedImageSet } from '../api/types.ts';
-import { readNodeStatus, type NodeStatusReading } from '../controller/node-status.ts';
+import { readNodeStatus, type NodeStatusReading } from '../api/node-status.ts';
 import { helpText, parseFlags, type FlagSpec } from './flags.ts';
 
 export const STATUS_FLAGS: readonly FlagSpec[] = [
   { name: 'set', type: 'string', help: 'show only this PinnedImageSet' },
-  { name: 'output', type: 'string', default: 'table', choices: ['table', 'json'], help: 'output format (also -o)' },
+  { name: 'output', type: 'string', default: 'table', choices: ['table', 'json'], help: 'output format', short: 'o' },
   { name: 'kubeconfig', env: 'KUBECONFIG', type: 'string', help: 'kubeconfig file; the usual search (~/.kube/config, in-cluster) when unset' },
   { name: 'timeout', env: 'PINSET_STATUS_TIMEOUT', type: 'duration', default: '15s', help: 'give up reaching the API server after this long' },
 ];
@@ -150,22 +150,6 @@ export function renderTable(rows: readonly StatusRow[], width: number): string {
   return [line(HEADERS), ...rows.map(line)].join('\n') + '\n';
 }
 
-function expandShortFlags(argv: readonly string[]): string[] {
-  const out: string[] = [];
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
-    if (a === '--') {
-      out.push(...argv.slice(i));
-      break;
-    }
-    if (a === '-o') out.push('--output');
-    else if (a.startsWith('-o=')) out.push(`--output=${a.slice(3)}`);
-    else if (a.startsWith('-o') && !a.startsWith('--')) out.push(`--output=${a.slice(2)}`);
-    else out.push(a);
-  }
-  return out;
-}
-
 function terminalWidth(): number {
   if (process.stdout.isTTY && process.stdout.columns) return process.stdout.columns;
   const env = Number(process.env.COLUMNS);
@@ -206,7 +190,7 @@ async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<
 }
 
 export async function run(argv: string[]): Promise<number> {
-  const { values } = parseFlags(STATUS_FLAGS, expandShortFlags(argv));
+  const { values } = parseFlags(STATUS_FLAGS, argv);
   if (values.help) {
     process.stdout.write(helpText('pinset status [--set NAME] [-o table|json] [--kubeconfig FILE]', 'Show, per node and set, what the agents report.', STATUS_FLAGS));
     return 0;

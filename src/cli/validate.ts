@@ -8,7 +8,7 @@ import { parseYamlDocuments } from '../api/yaml.ts';
 import { helpText, parseFlags, UsageError, type FlagSpec } from './flags.ts';
 
 const FLAGS: readonly FlagSpec[] = [
-  { name: 'output', type: 'string', choices: ['text', 'json'], default: 'text', help: 'report format; -o is short for --output' },
+  { name: 'output', type: 'string', choices: ['text', 'json'], default: 'text', help: 'report format', short: 'o' },
 ];
 
 const USAGE = 'pinset validate [-o text|json] FILE... ("-" reads standard input)';
@@ -80,29 +80,6 @@ function printable(s: string): string {
   return /^[\x21-\x7e]+$/.test(s) && s.length <= 253 ? s : JSON.stringify(s.length > 120 ? s.slice(0, 120) + '…' : s);
 }
 
-/** `-o json`, `-o=json` and `-ojson` to `--output ...`; other single-dash flags are errors. */
-function expandShortFlags(argv: readonly string[]): string[] {
-  const out: string[] = [];
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
-    if (a === '--') {
-      out.push(...argv.slice(i));
-      break;
-    }
-    if (a === '-o') {
-      if (i + 1 >= argv.length) throw new UsageError('-o needs a value (text or json)');
-      out.push(`--output=${argv[++i]}`);
-    } else if (a.startsWith('-o')) {
-      out.push(`--output=${a.slice(a[2] === '=' ? 3 : 2)}`);
-    } else if (/^-[^-]/.test(a) && a !== '-h') {
-      throw new UsageError(`unknown flag ${a}`);
-    } else {
-      out.push(a);
-    }
-  }
-  return out;
-}
-
 async function readAll(stream: NodeJS.ReadableStream): Promise<string> {
   const chunks: Buffer[] = [];
   for await (const c of stream) chunks.push(typeof c === 'string' ? Buffer.from(c) : (c as Buffer));
@@ -125,7 +102,7 @@ export interface ValidateIO {
 }
 
 export async function run(argv: string[], io: ValidateIO = { stdin: process.stdin, stdout: process.stdout }): Promise<number> {
-  const { values, positional } = parseFlags(FLAGS, expandShortFlags(argv));
+  const { values, positional } = parseFlags(FLAGS, argv);
   if (values.help) {
     io.stdout.write(helpText(USAGE, SUMMARY, FLAGS));
     return 0;

@@ -20,8 +20,9 @@ import { selectorErrors, selectorMatches } from '../api/selector.ts';
 import { GROUP, PLURAL, STATUS_ANNOTATION, VERSION, type PinnedImageSet, type PinnedImageSetStatus } from '../api/types.ts';
 import type { Logger } from '../util/log.ts';
 import type { ControllerMetrics } from './metrics.ts';
-import { parseNodeStatus } from './node-status.ts';
-import { rollUpSetStatus, sameJson, type ObservedNode } from './rollup.ts';
+import { parseNodeStatus } from '../api/node-status.ts';
+import { sameJson } from '../util/json.ts';
+import { rollUpSetStatus, type ObservedNode } from './rollup.ts';
 
 export interface SetStatusControllerOptions {
   kubeConfig: KubeConfig;

@@ -1,13 +1,13 @@
 // `pinset controller`: one active replica (leader election on a Lease) rolls
 // what the agents report on their Nodes up into each PinnedImageSet's status.
 import { hostname } from 'node:os';
-import type { Server } from 'node:http';
 import { KubeConfig } from '@kubernetes/client-node';
 import { helpText, parseFlags, UsageError, type FlagSpec } from '../cli/flags.ts';
 import { createLogger } from '../util/log.ts';
 import { SetStatusController } from './controller.ts';
 import { LeaderElector, leaderElectionConfigErrors } from './leader.ts';
-import { ControllerMetrics, parseListenAddress, serveMetrics } from './metrics.ts';
+import { parseListenAddress, startHealthServer } from '../metrics/server.ts';
+import { ControllerMetrics } from './metrics.ts';
 
 export const CONTROLLER_FLAGS: readonly FlagSpec[] = [
   { name: 'kubeconfig', env: 'KUBECONFIG', type: 'string', help: 'kubeconfig file; in-cluster configuration when unset' },
@@ -23,6 +23,7 @@ export const CONTROLLER_FLAGS: readonly FlagSpec[] = [
     env: 'PINSET_CONTROLLER_METRICS_ADDR',
     type: 'string',
     default: '0.0.0.0:9403',
+    allowEmpty: true,
     help: 'listen address for /healthz, /readyz and /metrics; "" disables',
   },
   { name: 'debounce', env: 'PINSET_CONTROLLER_DEBOUNCE', type: 'duration', default: '500ms', help: 'changes within this window are rolled up together' },
@@ -46,10 +47,7 @@ export async function run(argv: string[]): Promise<number> {
     const errs = leaderElectionConfigErrors({ leaseDurationMs, renewDeadlineMs, retryPeriodMs });
     if (errs.length > 0) throw new UsageError(errs.join('; '));
   }
-  // An empty --metrics-addr disables the listener. The flag table treats an
-  // empty environment variable as unset, so that case is read here.
-  const onCommandLine = argv.some((a) => a === '--metrics-addr' || a.startsWith('--metrics-addr='));
-  const metricsAddr = !onCommandLine && process.env.PINSET_CONTROLLER_METRICS_ADDR === '' ? '' : (values['metrics-addr'] as string);
+  const metricsAddr = values['metrics-addr'] as string;
   if (metricsAddr) {
     try {
       parseListenAddress(metricsAddr);
@@ -77,12 +75,14 @@ export async function run(argv: string[]): Promise<number> {
 
   const metrics = new ControllerMetrics({ defaultMetrics: true });
   const controller = new SetStatusController({ kubeConfig: kc, log, metrics, debounceMs: values.debounce as number });
-  let server: Server | undefined;
+  let server: Awaited<ReturnType<typeof startHealthServer>> | undefined;
   if (metricsAddr) {
     try {
-      const served = await serveMetrics(metricsAddr, metrics, { alive: () => true, ready: () => controller.synced() });
-      server = served.server;
-      log.info({ addr: `${served.address.address}:${served.address.port}` }, 'serving /healthz, /readyz and /metrics');
+      server = await startHealthServer(metricsAddr, metrics.registry, {
+        live: () => null,
+        ready: () => (controller.synced() ? null : 'caches not filled yet'),
+      });
+      log.info({ addr: server.url.replace(/^http:\/\//, '') }, 'serving /healthz, /readyz and /metrics');
     } catch (err) {
       log.error({ addr: metricsAddr, err: (err as Error).message }, 'cannot listen for metrics');
       return 1;
@@ -126,11 +126,7 @@ export async function run(argv: string[]): Promise<number> {
     controller.setLeading(false);
     await elector?.stop({ release: true });
     await controller.stop();
-    await new Promise<void>((resolve) => {
-      if (!server) return resolve();
-      server.close(() => resolve());
-      server.closeAllConnections();
-    });
+    await server?.close();
   })();
   let timer: NodeJS.Timeout | undefined;
   const finished = await Promise.race([

@@ -11,7 +11,7 @@ import {
   type PinnedImageSet,
   type PinnedImageSetStatus,
 } from '../api/types.ts';
-import type { NodeStatusReading } from './node-status.ts';
+import type { NodeStatusReading } from '../api/node-status.ts';
 
 /** At most this many entries in status.degradedNodes, so the object stays small in a large cluster. */
 export const MAX_DEGRADED_NODES = 10;
@@ -225,20 +225,4 @@ export function rollUpSetStatus(
 
   status.conditions = [readyCond, progressingCond, degradedCond];
   return status;
-}
-
-/** Deep equality of JSON values, ignoring key order (the API server may reorder keys). */
-export function sameJson(a: unknown, b: unknown): boolean {
-  if (a === b) return true;
-  if (typeof a !== typeof b || a === null || b === null || typeof a !== 'object') return false;
-  if (Array.isArray(a) !== Array.isArray(b)) return false;
-  if (Array.isArray(a)) {
-    const bb = b as unknown[];
-    return a.length === bb.length && a.every((x, i) => sameJson(x, bb[i]));
-  }
-  const ao = a as Record<string, unknown>;
-  const bo = b as Record<string, unknown>;
-  const ak = Object.keys(ao).filter((k) => ao[k] !== undefined);
-  const bk = Object.keys(bo).filter((k) => bo[k] !== undefined);
-  return ak.length === bk.length && ak.every((k) => Object.prototype.hasOwnProperty.call(bo, k) && sameJson(ao[k], bo[k]));
 }

@@ -10,16 +10,25 @@ export interface HealthChecks {
   ready(): string | null;
 }
 
+/** "host:port", "[v6]:port" or ":port" (all interfaces). */
 export function parseListenAddress(addr: string): { host: string; port: number } {
-  const m = /^(?:\[([^\]]+)\]|([^:]*)):(\d+)$/.exec(addr);
-  if (!m) throw new Error(`${JSON.stringify(addr)} is not host:port`);
-  return { host: m[1] ?? (m[2] || '0.0.0.0'), port: Number(m[3]) };
+  const i = addr.lastIndexOf(':');
+  if (i < 0) throw new Error(`${JSON.stringify(addr)} is not host:port`);
+  let host = addr.slice(0, i);
+  const portText = addr.slice(i + 1);
+  if (host.startsWith('[') && host.endsWith(']')) host = host.slice(1, -1);
+  if (!/^\d+$/.test(portText) || Number(portText) > 65535) throw new Error(`${JSON.stringify(addr)}: the port must be a number from 0 to 65535`);
+  return { host: host || '0.0.0.0', port: Number(portText) };
 }
 
 export async function startHealthServer(addr: string, registry: Registry, checks: HealthChecks): Promise<{ server: http.Server; url: string; close(): Promise<void> }> {
   const { host, port } = parseListenAddress(addr);
   const server = http.createServer((req, res) => {
     const path = (req.url ?? '/').split('?')[0];
+    if (req.method !== 'GET' && req.method !== 'HEAD') {
+      res.writeHead(405, { allow: 'GET, HEAD' }).end();
+      return;
+    }
     const answer = (problem: string | null) => {
       res.writeHead(problem ? 503 : 200, { 'content-type': 'text/plain; charset=utf-8' });
       res.end(problem ? `${problem}\n` : 'ok\n');
@@ -50,6 +59,10 @@ export async function startHealthServer(addr: string, registry: Registry, checks
   return {
     server,
     url: `http://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`,
-    close: () => new Promise<void>((r) => server.close(() => r())),
+    close: () =>
+      new Promise<void>((r) => {
+        server.close(() => r());
+        server.closeAllConnections();
+      }),
   };
 }

@@ -1,8 +1,9 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus, type PinnedImageSet, type PinnedImageSetStatus } from '../../src/api/types.ts';
-import { parseNodeStatus, readNodeStatus } from '../../src/controller/node-status.ts';
-import { MAX_DEGRADED_NODES, rollUpSetStatus, sameJson, type ObservedNode } from '../../src/controller/rollup.ts';
+import { parseNodeStatus, readNodeStatus } from '../../src/api/node-status.ts';
+import { MAX_DEGRADED_NODES, rollUpSetStatus, type ObservedNode } from '../../src/controller/rollup.ts';
+import { sameJson } from '../../src/util/json.ts';
 
 const T0 = new Date('2025-03-01T10:00:00.000Z');
 const T1 = new Date('2025-03-01T10:05:00.000Z');

@@ -1,3 +1,4 @@
+import { parseNodeStatus as readAnnotation } from '../../src/api/node-status.ts';
 import { afterEach, describe, mock, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { planReconcile, type ObservedSet, type Plan, type PlanInput, type WantedImage } from '../../src/agent/plan.ts';
@@ -8,7 +9,6 @@ import {
   cutBytes,
   historyFromStatus,
   makeNodeStatus,
-  parseNodeStatus,
   StatusReporter,
   type SetHistory,
   type StatusFacts,
@@ -270,10 +270,10 @@ describe('computeSetStatuses: generation history', () => {
   test('history survives a restart through the annotation', () => {
     const first = computeSetStatuses(facts(plan([observed('web', [A], { generation: 4 })]), { present: () => false, failure: () => failure('NotFound', 'x') }));
     const annotation = JSON.stringify(makeNodeStatus('node-1', PIN_FILE, first.sets, '2025-01-01T00:00:00Z'));
-    const restored = historyFromStatus(parseNodeStatus(annotation));
+    const restored = historyFromStatus(readAnnotation(annotation).status ?? null);
     assert.deepEqual(restored.get('api/web'), first.history.get('api/web'));
-    assert.equal(parseNodeStatus('not json'), null);
-    assert.equal(parseNodeStatus(JSON.stringify({ version: 2, sets: [] })), null);
+    assert.equal(readAnnotation('not json').status, undefined);
+    assert.equal(readAnnotation(JSON.stringify({ version: 2, sets: [] })).status, undefined);
   });
 });
 
@@ -339,7 +339,7 @@ describe('boundedNodeStatus: the 64 KiB bound', () => {
       [...Array(5).fill('Degraded'), ...Array(5).fill('Progressing')],
     );
     assert.ok(out.sets.slice(10).every((s) => s.phase === 'Ready'));
-    assert.ok(parseNodeStatus(JSON.stringify(out)));
+    assert.ok(readAnnotation(JSON.stringify(out)).status);
   });
 
   test('a smaller bound is honoured', () => {

@@ -1,4 +1,4 @@
-// Reading the `pinset.dev/status` annotation that each agent writes on its
+// Reading the `pinset.dev/status` annotation (format in ./types.ts) that each agent writes on its
 // Node. The annotation is data from another process (possibly an older or a
 // newer agent, possibly hand-edited), so nothing here trusts it: a bad value
 // yields an error string for that node, a bad entry is dropped on its own, and
