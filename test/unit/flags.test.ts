@@ -31,6 +31,28 @@ describe('parseFlags', () => {
     assert.equal(b.reload, 'systemctl');
   });
 
+  test('short aliases: -o value, -o=value, -ovalue; "-" is a positional argument', () => {
+    const withShort: FlagSpec[] = [
+      { name: 'output', type: 'string', short: 'o', choices: ['table', 'json'], default: 'table', help: 'format' },
+      { name: 'verbose', type: 'bool', short: 'v', default: false, help: 'more' },
+    ];
+    for (const argv of [['-o', 'json'], ['-o=json'], ['-ojson'], ['--output', 'json']]) {
+      assert.equal(parseFlags(withShort, argv, {}).values.output, 'json', argv.join(' '));
+    }
+    assert.equal(parseFlags(withShort, ['-v'], {}).values.verbose, true);
+    assert.deepEqual(parseFlags(withShort, ['-', 'file.yaml'], {}).positional, ['-', 'file.yaml']);
+    assert.throws(() => parseFlags(withShort, ['-x'], {}), /unknown flag -x/);
+    assert.throws(() => parseFlags(withShort, ['-o'], {}), /-o needs a value/);
+    assert.throws(() => parseFlags(withShort, ['-o', 'yaml'], {}), /-o: "yaml" is not one of table, json/);
+    assert.match(helpText('x', 'y', withShort), /-o, --output table\|json/);
+  });
+
+  test('an empty environment value counts only for flags where empty means something', () => {
+    const addr: FlagSpec[] = [{ name: 'metrics-addr', env: 'ADDR', type: 'string', default: '0.0.0.0:9402', allowEmpty: true, help: 'listener' }];
+    assert.equal(parseFlags(addr, [], { ADDR: '' }).values['metrics-addr'], '');
+    assert.equal(parseFlags(addr, [], {}).values['metrics-addr'], '0.0.0.0:9402');
+  });
+
   test('an empty environment variable counts as unset', () => {
     assert.equal(parse(['--node-name', 'n'], { PINSET_RELOAD: '' }).values.reload, 'dbus');
   });
