@@ -8,7 +8,7 @@
 import {
   CoreV1Api,
   CustomObjectsApi,
-  KubeConfig,
+  type KubeConfig,
   ListWatch,
   Watch,
   type KubernetesListObject,
@@ -18,20 +18,6 @@ import {
 import type { Logger } from 'pino';
 import { GROUP, PLURAL, VERSION, type PinnedImageSet } from '../api/types.ts';
 import { Backoff } from './backoff.ts';
-
-/** --kubeconfig, else in-cluster config inside a pod, else null (static sets only). */
-export function loadKubeConfig(kubeconfig: string | undefined, env = process.env): KubeConfig | null {
-  const kc = new KubeConfig();
-  if (kubeconfig) {
-    kc.loadFromFile(kubeconfig);
-    return kc;
-  }
-  if (env.KUBERNETES_SERVICE_HOST && env.KUBERNETES_SERVICE_PORT) {
-    kc.loadFromCluster();
-    return kc;
-  }
-  return null;
-}
 
 /** A ListWatch that knows whether its first list succeeded, and restarts after errors. */
 class ObservedList<T extends KubernetesObject> {

@@ -13,7 +13,8 @@ import { parseListenAddress, startHealthServer } from '../metrics/server.ts';
 import { AuthFile } from '../registry/auth.ts';
 import { createLogger } from '../util/log.ts';
 import { Agent } from './agent.ts';
-import { KubeObserver, loadKubeConfig } from './kube.ts';
+import { loadAgentKubeConfig } from '../api/kubeconfig.ts';
+import { KubeObserver } from './kube.ts';
 import { LogStatusSink, NodeAnnotationSink, NodeEventRecorder } from './node-sinks.ts';
 import { DiskCheck } from './disk.ts';
 import { ImagePuller } from './puller.ts';
@@ -75,7 +76,7 @@ export async function run(argv: string[]): Promise<number> {
 
   let kc;
   try {
-    kc = loadKubeConfig(f.kubeconfig as string | undefined);
+    kc = loadAgentKubeConfig(f.kubeconfig as string | undefined);
   } catch (e) {
     throw new UsageError(`cannot load kubeconfig: ${(e as Error).message}`);
   }

@@ -1,8 +1,9 @@
 // `pinset status`: what each agent reports in its Node's `pinset.dev/status`
 // annotation, as a node-by-set table or as JSON.
-import { CoreV1Api, CustomObjectsApi, KubeConfig, type V1Node } from '@kubernetes/client-node';
+import { CoreV1Api, CustomObjectsApi, type KubeConfig, type V1Node } from '@kubernetes/client-node';
 import { selectorErrors, selectorMatches } from '../api/selector.ts';
 import { GROUP, PLURAL, VERSION, type NodeSetStatus, type PinnedImageSet } from '../api/types.ts';
+import { loadClientKubeConfig } from '../api/kubeconfig.ts';
 import { readNodeStatus, type NodeStatusReading } from '../api/node-status.ts';
 import { helpText, parseFlags, type FlagSpec } from './flags.ts';
 
@@ -195,13 +196,11 @@ export async function run(argv: string[]): Promise<number> {
     process.stdout.write(helpText('pinset status [--set NAME] [-o table|json] [--kubeconfig FILE]', 'Show, per node and set, what the agents report.', STATUS_FLAGS));
     return 0;
   }
-  const kc = new KubeConfig();
-  const kubeconfig = values.kubeconfig as string | undefined;
+  let kc: KubeConfig;
   try {
-    if (kubeconfig) kc.loadFromFile(kubeconfig);
-    else kc.loadFromDefault();
+    kc = loadClientKubeConfig(values.kubeconfig as string | undefined);
   } catch (err) {
-    process.stderr.write(`pinset status: cannot load the kubeconfig${kubeconfig ? ` ${kubeconfig}` : ''}: ${(err as Error).message}\n`);
+    process.stderr.write(`pinset status: ${(err as Error).message}\n`);
     return 1;
   }
   const server = kc.getCurrentCluster()?.server ?? '(no cluster)';
