@@ -23,7 +23,7 @@ import type { DiskCheck } from './disk.ts';
 import type { KubeObserver } from './kube.ts';
 import type { EventRecorder } from './node-sinks.ts';
 import { planReconcile, type ObservedSet, type Plan, type WantedImage } from './plan.ts';
-import type { ImagePuller } from './puller.ts';
+import type { ImagePuller, PullResult } from './puller.ts';
 import { readStaticSets } from './static.ts';
 import { computeSetStatuses, historyFromStatus, makeNodeStatus, type SetHistory, type StatusReporter } from './status.ts';
 
@@ -58,6 +58,9 @@ export interface ReconcileResult {
   pullsAttempted: number;
   runtimeReachable: boolean;
 }
+
+/** While pulls run, status is recomputed this often (the reporter writes at most every 5 s anyway). */
+const PROGRESS_REPORT_MS = 5_000;
 
 class Cancelled extends Error {
   override name = 'Cancelled';
@@ -264,18 +267,37 @@ export class Agent {
     if (diskProblem) {
       log.warn({ missing: missing.length, err: diskProblem }, 'image filesystem above its high watermark; not pulling');
       for (const w of due) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
-    } else if (missing.length > 0) {
-      log.info({ missing: missing.length, due: due.length }, 'pulling missing images');
-      const results = await puller.pull(missing, signal).catch((e) => {
-        if (signal.aborted) throw new Cancelled('superseded');
-        throw e;
+    }
+
+    // 7. Report (also while pulls run, so a long pull shows its progress).
+    const report = (): NodeSetStatus[] => {
+      const { sets, history } = computeSetStatuses({
+        plan,
+        pinsInFile,
+        present: (w) => Boolean(imageOf(w)),
+        pinnedByRuntime: (w) => (reportsPins ? imageOf(w)?.pinned : undefined),
+        failure: (k) => puller.failure(k),
+        runtimeError,
+        writeError,
+        reloadError: this.reloadNeeded ? this.lastReloadError : undefined,
+        overriding: scan.overriding,
+        pinFile: pinFile.name,
+        history: this.history,
       });
-      pullsAttempted = results.length;
-      // 6. Verify each pulled image with ImageStatus.
+      this.history = history;
+      this.opts.reporter.report(makeNodeStatus(this.opts.nodeName, pinFile.name, sets, new Date(this.now()).toISOString()));
+      this.recordEvents(sets, plan);
+      this.updateMetrics(plan, sets, (w) => Boolean(imageOf(w)), runtimeError === undefined);
+      return sets;
+    };
+
+    if (!diskProblem && missing.length > 0) {
+      log.info({ missing: missing.length, due: due.length }, 'pulling missing images');
+      // 6. Verify each pulled image with ImageStatus as it lands.
       const missingByKey = new Map(missing.map((m) => [m.key, m]));
-      for (const r of results) {
+      const verify = async (r: PullResult) => {
         const w = missingByKey.get(r.key);
-        if (!r.ok || !w) continue;
+        if (!r.ok || !w) return;
         try {
           const st = await runtime.imageStatus(w.reference.reference, w.runtimeHandler);
           if (w.runtimeHandler) handlerImages.set(w.key, st);
@@ -284,28 +306,22 @@ export class Agent {
         } catch (e) {
           log.warn({ image: w.reference.reference, err: errMessage(e) }, 'image status after pull failed');
         }
+      };
+      const verifications: Promise<void>[] = [];
+      const progress = setInterval(report, PROGRESS_REPORT_MS);
+      try {
+        const results = await puller.pull(missing, signal, (r) => verifications.push(verify(r))).catch((e) => {
+          if (signal.aborted) throw new Cancelled('superseded');
+          throw e;
+        });
+        pullsAttempted = results.length;
+        await Promise.all(verifications);
+      } finally {
+        clearInterval(progress);
       }
     }
 
-    // 7. Report.
-    const { sets, history } = computeSetStatuses({
-      plan,
-      pinsInFile,
-      present: (w) => Boolean(imageOf(w)),
-      pinnedByRuntime: (w) => (reportsPins ? imageOf(w)?.pinned : undefined),
-      failure: (k) => puller.failure(k),
-      runtimeError,
-      writeError,
-      reloadError: this.reloadNeeded ? this.lastReloadError : undefined,
-      overriding: scan.overriding,
-      pinFile: pinFile.name,
-      history: this.history,
-    });
-    this.history = history;
-    const status = makeNodeStatus(this.opts.nodeName, pinFile.name, sets, new Date(this.now()).toISOString());
-    this.opts.reporter.report(status);
-    this.recordEvents(sets, plan);
-    this.updateMetrics(plan, sets, (w) => Boolean(imageOf(w)), runtimeError === undefined);
+    const sets = report();
     if (!runtimeError) this.firstSyncDone = true;
     return { plan, sets, wrote, reloaded, pullsAttempted, runtimeReachable: runtimeError === undefined };
   }

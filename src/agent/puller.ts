@@ -130,10 +130,18 @@ export class ImagePuller {
 
   /**
    * Give every image that is due one attempt (joining pulls already in
-   * flight) and wait for them. `signal` stops the waiting, not the pulls.
+   * flight) and wait for them; `onEach` hears each result as it comes.
+   * `signal` stops the waiting, not the pulls.
    */
-  async pull(images: readonly WantedImage[], signal: AbortSignal): Promise<PullResult[]> {
-    const waits = images.filter((w) => this.inflight.has(w.key) || this.isDue(w.key)).map((w) => this.start(w));
+  async pull(images: readonly WantedImage[], signal: AbortSignal, onEach?: (r: PullResult) => void): Promise<PullResult[]> {
+    const waits = images
+      .filter((w) => this.inflight.has(w.key) || this.isDue(w.key))
+      .map((w) =>
+        this.start(w).then((r) => {
+          if (!signal.aborted) onEach?.(r);
+          return r;
+        }),
+      );
     const all = Promise.all(waits);
     if (signal.aborted) throw signal.reason;
     return await new Promise<PullResult[]>((resolve, reject) => {

@@ -409,6 +409,16 @@ describe('pinset agent against the API server, CRI-O and systemd stand-ins', () 
     assert.equal(events.filter((e) => e.reason === 'SetReady').length, 1);
   });
 
+  test('a slow run reports progress while it pulls: Progressing with counts, then Ready', async () => {
+    bed.node.crio.delayPulls(2_500);
+    bed.api.create(set('slow', [A1, A2, B1, C1]));
+    bed.start(['--max-parallel-pulls', '1']);
+    const mid = await bed.waitForSet('slow', (x) => x.phase === 'Progressing' && x.images.present > 0 && x.images.present < 4, 'Progressing part-way', 30_000);
+    assert.equal(mid.reason, 'Pulling');
+    assert.match(mid.message ?? '', /of 4 images present/);
+    await bed.waitForSet('slow', ready, 'Ready', 30_000);
+  });
+
   test('--once with static sets and no API: exit 0 when Ready, one JSON line per set', async () => {
     await writeFile(join(bed.staticDir, 'boot.yaml'), [set('boot-a', [A1]), set('boot-b', [B1], { matchLabels: { zone: 'x' } })].map((o) => JSON.stringify(o)).join('\n---\n'));
     const args = bed.args().filter((a, i, all) => a !== '--kubeconfig' && all[i - 1] !== '--kubeconfig');
