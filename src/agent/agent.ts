@@ -153,7 +153,11 @@ export class Agent {
     const { runtime, pinFile, puller, metrics } = this.opts;
     const log = this.log;
 
-    // 1. Observe.
+    // 1. Observe. What the runtime holds is asked for at once and read after
+    // pinning: the answer is not needed before then, and the pin file's
+    // fsyncs and the runtime's answer then overlap.
+    const runtimeView = this.observeRuntime();
+    runtimeView.catch(() => {}); // read below; never an unhandled rejection if this reconcile ends early
     this.seedHistory();
     const labels = this.currentLabels();
     const kubeSets = this.opts.kube ? this.opts.kube.currentSets() : [];
@@ -209,18 +213,13 @@ export class Agent {
     let reloaded = await this.reloadIfNeeded(key);
 
     // 4. What the runtime holds.
-    let runtimeError: string | undefined;
-    let images: RuntimeImage[] = [];
-    try {
-      if (!this.runtimeInfo) {
-        this.runtimeInfo = await runtime.version();
-        log.info({ runtime: this.runtimeInfo }, 'connected to the container runtime');
-      }
-      images = await runtime.listImages();
-    } catch (e) {
-      runtimeError = errMessage(e);
-      log.warn({ err: runtimeError }, 'container runtime unreachable; pins kept, retrying');
+    let { images, error: runtimeError } = await runtimeView;
+    const reportsPins = (this.runtimeInfo?.runtimeName ?? '').toLowerCase() === 'cri-o';
+    // A runtime that reports pins answered before this reconcile's reload: ask again.
+    if (reloaded && !runtimeError && reportsPins) {
+      ({ images, error: runtimeError } = await this.observeRuntime());
     }
+    if (runtimeError) log.warn({ err: runtimeError }, 'container runtime unreachable; pins kept, retrying');
     const byDigest = new Map<string, RuntimeImage>();
     for (const img of images) for (const d of img.repoDigests) byDigest.set(d.toLowerCase(), img);
     const handlerImages = new Map<string, RuntimeImage | null>();
@@ -236,7 +235,6 @@ export class Agent {
     }
     const imageOf = (w: WantedImage): RuntimeImage | null | undefined =>
       w.runtimeHandler ? handlerImages.get(w.key) : (byDigest.get(w.reference.reference.toLowerCase()) ?? null);
-    const reportsPins = (this.runtimeInfo?.runtimeName ?? '').toLowerCase() === 'cri-o';
 
     // A pin file in place that the runtime does not honour (e.g. the agent
     // stopped between writing and reloading): reload once for this content.
@@ -326,9 +324,28 @@ export class Agent {
     return { plan, sets, wrote, reloaded, pullsAttempted, runtimeReachable: runtimeError === undefined };
   }
 
+  /** Version (once) and ListImages; failures are returned, not thrown. */
+  private async observeRuntime(): Promise<{ images: RuntimeImage[]; error: string | undefined }> {
+    try {
+      if (!this.runtimeInfo) {
+        this.runtimeInfo = await this.opts.runtime.version();
+        this.log.info({ runtime: this.runtimeInfo }, 'connected to the container runtime');
+      }
+      return { images: await this.opts.runtime.listImages(), error: undefined };
+    } catch (e) {
+      return { images: [], error: errMessage(e) };
+    }
+  }
+
   private async reloadIfNeeded(key: string): Promise<boolean> {
     if (!this.reloadNeeded || this.now() < this.reloadNextAt) return false;
     const { reloader, metrics } = this.opts;
+    if (reloader.mode === 'none') {
+      // Nothing to reload (e.g. a runtime that is not CRI-O): the file is all there is.
+      this.reloadNeeded = false;
+      this.reloadedKey = key;
+      return false;
+    }
     try {
       await reloader.reload();
       this.reloadNeeded = false;
@@ -336,7 +353,7 @@ export class Agent {
       this.lastReloadError = undefined;
       this.reloadBackoff.reset();
       metrics?.reloads.inc({ result: 'success' });
-      if (reloader.mode !== 'none') this.log.info({ mode: reloader.mode }, 'CRI-O reloaded');
+      this.log.info({ mode: reloader.mode }, 'CRI-O reloaded');
       return true;
     } catch (e) {
       this.lastReloadError = errMessage(e);
@@ -414,12 +431,13 @@ export class Agent {
       }
       this.dirty = false;
       this.current = new AbortController();
+      const started = this.now();
       try {
         const r = (this.lastResult = await this.reconcile(this.current.signal));
         this.reconcileBackoff.reset();
         const phases: Record<string, number> = {};
         for (const s of r.sets) phases[s.phase] = (phases[s.phase] ?? 0) + 1;
-        this.log.info({ wrote: r.wrote, reloaded: r.reloaded, pulls: r.pullsAttempted, wanted: r.plan.wanted.length, phases }, 'reconcile finished');
+        this.log.info({ wrote: r.wrote, reloaded: r.reloaded, pulls: r.pullsAttempted, wanted: r.plan.wanted.length, phases, durationMs: this.now() - started }, 'reconcile finished');
         this.opts.metrics?.reconciles.inc({ result: 'success' });
       } catch (e) {
         if (e instanceof Cancelled || this.current.signal.aborted) {

@@ -4,7 +4,6 @@
 // (imageGCHighThresholdPercent); pulling past it makes the kubelet delete
 // unpinned images to make room, and a full disk fails pulls half-way. So
 // pulls wait while the filesystem is above the watermark; pins stay.
-import si from 'systeminformation';
 import type { ImageRuntime } from '../cri/runtime.ts';
 
 export interface FsUsage {
@@ -15,6 +14,8 @@ export interface FsUsage {
 
 /** Usage of the filesystem holding `path` (the longest mount point that contains it). */
 export async function fsUsageOf(path: string): Promise<FsUsage | null> {
+  // Loaded on first use: only a reconcile with images to pull checks the disk.
+  const si = (await import('systeminformation')).default;
   const all = await si.fsSize();
   let best: FsUsage | null = null;
   for (const f of all) {

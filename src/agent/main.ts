@@ -13,12 +13,20 @@ import { parseListenAddress, startHealthServer } from '../metrics/server.ts';
 import { AuthFile } from '../registry/auth.ts';
 import { createLogger } from '../util/log.ts';
 import { Agent } from './agent.ts';
-import { loadAgentKubeConfig } from '../api/kubeconfig.ts';
-import { KubeObserver } from './kube.ts';
-import { LogStatusSink, NodeAnnotationSink, NodeEventRecorder } from './node-sinks.ts';
+import type { KubeObserver } from './kube.ts';
+import type { EventRecorder } from './node-sinks.ts';
 import { DiskCheck } from './disk.ts';
 import { ImagePuller } from './puller.ts';
-import { StatusReporter } from './status.ts';
+import { LogStatusSink, StatusReporter } from './status.ts';
+
+async function loadKubeModules() {
+  const [{ loadAgentKubeConfig }, { KubeObserver }, { NodeAnnotationSink, NodeEventRecorder }] = await Promise.all([
+    import('../api/kubeconfig.ts'),
+    import('./kube.ts'),
+    import('./node-sinks.ts'),
+  ]);
+  return { loadAgentKubeConfig, KubeObserver, NodeAnnotationSink, NodeEventRecorder };
+}
 
 /**
  * Default pull parallelism. Measured on containerd with a loopback
@@ -74,13 +82,17 @@ export async function run(argv: string[]): Promise<number> {
   const maxParallel = Number(f['max-parallel-pulls']);
   if (maxParallel < 1) throw new UsageError('--max-parallel-pulls must be at least 1');
 
-  let kc;
+  // The Kubernetes client is large (about 80 MB resident): a node that runs on
+  // static sets alone never loads it.
+  const kubeconfig = f.kubeconfig as string | undefined;
+  const inCluster = Boolean(process.env.KUBERNETES_SERVICE_HOST && process.env.KUBERNETES_SERVICE_PORT);
+  const kubeModules = kubeconfig || inCluster ? await loadKubeModules() : null;
+  let kc = null;
   try {
-    kc = loadAgentKubeConfig(f.kubeconfig as string | undefined);
+    kc = kubeModules?.loadAgentKubeConfig(kubeconfig) ?? null;
   } catch (e) {
     throw new UsageError(`cannot load kubeconfig: ${(e as Error).message}`);
   }
-  if (!kc) logger.info({ staticDir: f['static-dir'] }, 'no kubeconfig and not in a pod: running on static sets only');
   const flagLabels = f['node-labels'] ? parseLabelList(String(f['node-labels'])) : null;
 
   const metrics = new AgentMetrics({ defaultMetrics: !once });
@@ -106,9 +118,18 @@ export async function run(argv: string[]): Promise<number> {
   });
 
   let agent: Agent | undefined;
-  const kube = kc ? new KubeObserver(kc, nodeName, logger, (why) => agent?.trigger(why, true)) : null;
-  const reporter = new StatusReporter(kc ? new NodeAnnotationSink(kc, nodeName) : new LogStatusSink(logger), { logger });
-  const events = kc ? new NodeEventRecorder(kc, nodeName, () => kube?.currentNode()?.metadata?.uid, logger) : null;
+  let kube: KubeObserver | null = null;
+  let events: EventRecorder | null = null;
+  let reporter: StatusReporter;
+  if (kc && kubeModules) {
+    const { KubeObserver, NodeAnnotationSink, NodeEventRecorder } = kubeModules;
+    const observer = new KubeObserver(kc, nodeName, logger, (why) => agent?.trigger(why, true));
+    kube = observer;
+    reporter = new StatusReporter(new NodeAnnotationSink(kc, nodeName), { logger });
+    events = new NodeEventRecorder(kc, nodeName, () => observer.currentNode()?.metadata?.uid, logger);
+  } else {
+    reporter = new StatusReporter(new LogStatusSink(logger), { logger });
+  }
   agent = new Agent({
     nodeName,
     runtime,
@@ -131,7 +152,11 @@ export async function run(argv: string[]): Promise<number> {
   const shutdown = async () => {
     await agent.stop();
     await kube?.stop();
-    await Promise.race([reporter.flush(), new Promise((r) => setTimeout(r, 2_000))]);
+    // The last status goes out if the API answers within 2 s; the timer must
+    // not hold the process open once it has.
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([reporter.flush(), new Promise((r) => (timer = setTimeout(r, 2_000)))]);
+    clearTimeout(timer);
     reporter.close();
     runtime.close();
     reloader.close();

@@ -20,17 +20,6 @@ export class NodeAnnotationSink implements StatusSink {
   }
 }
 
-/** Only logs (no API configured, e.g. static sets on a bootstrap host). */
-export class LogStatusSink implements StatusSink {
-  private readonly log: Logger;
-  constructor(log: Logger) {
-    this.log = log;
-  }
-  async write(status: NodeStatus): Promise<void> {
-    this.log.info({ status }, 'node status');
-  }
-}
-
 export type EventReason = 'SetReady' | 'PullFailed' | 'ReloadFailed' | 'PinsOverridden';
 
 export interface EventRecorder {

@@ -236,6 +236,17 @@ export interface StatusSink {
   write(status: NodeStatus): Promise<void>;
 }
 
+/** Only logs (no API configured, e.g. static sets on a bootstrap host). */
+export class LogStatusSink implements StatusSink {
+  private readonly log: Logger;
+  constructor(log: Logger) {
+    this.log = log;
+  }
+  async write(status: NodeStatus): Promise<void> {
+    this.log.info({ status }, 'node status');
+  }
+}
+
 /** Same content, whatever the time stamp and key order. */
 function sameContent(a: NodeStatus | undefined, b: NodeStatus | undefined): boolean {
   if (!a || !b) return a === b;

@@ -11,7 +11,6 @@
 import { execFile } from 'node:child_process';
 import type { Socket } from 'node:net';
 import type { EventEmitter } from 'node:events';
-import dbusNative from '@homebridge/dbus-native';
 import { ReloadError, type ReloadMode, type Reloader } from './reloader.ts';
 import type { Logger } from '../util/log.ts';
 
@@ -126,7 +125,11 @@ interface DbusNative {
   systemBus(): DbusBus;
   messageType: { methodCall: number; methodReturn: number; error: number; signal: number };
 }
-const dbusLib = dbusNative as unknown as DbusNative;
+// Loaded on first use: nodes that reload with systemctl (or not at all) never pay for it.
+let dbusLib: DbusNative;
+async function loadDbus(): Promise<void> {
+  dbusLib ??= (await import('@homebridge/dbus-native')).default as unknown as DbusNative;
+}
 
 /** systemd's answer to a method call, with the unique bus name it came from. */
 interface CallResult {
@@ -324,6 +327,7 @@ export class DbusReloader implements Reloader {
     // A dead session (bus restarted, connection dropped) is replaced here, so
     // a dropped connection costs one failed reload at most, never all later ones.
     if (!this.#session || this.#session.dead) {
+      await loadDbus();
       try {
         this.#session = new BusSession(this.#busAddress);
       } catch (err) {

@@ -93,8 +93,11 @@ export class AuthFile {
       if (typeof v.registrytoken === 'string' && v.registrytoken) auth.registryToken = v.registrytoken;
       for (const s of [auth.password, auth.identityToken, auth.registryToken]) if (s) secrets.add(s);
       if (!auth.username && !auth.identityToken && !auth.registryToken) continue;
+      // serverAddress stays empty, as the kubelet leaves it for credentials
+      // from a config.json: the agent already chose this registry's entry,
+      // and containerd drops credentials whose serverAddress (read as a URL)
+      // names no host it is connecting to, which a bare "host:port" does not.
       const { host, pathPrefix } = parseKey(key);
-      auth.serverAddress = host;
       entries.push({ host, pathPrefix, auth });
     }
     // Most specific first: exact host before wildcard, longer path prefix first.

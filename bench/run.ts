@@ -1,0 +1,466 @@
+// `npm run bench`: the agent's cost on a real containerd and a loopback
+// registry (issue 3, section 5). Not part of `npm test`.
+//
+//   1. overhead: K images of ~5 MB into a fresh containerd, from the start of
+//      the agent's reconcile to all present, against a bare grpc-js loop that
+//      makes the same PullImage calls at the same parallelism;
+//   2. parallelism: the same at 1, 2, 4 and 8 parallel pulls;
+//   3. a no-op resync with N images present (containerd with N real images,
+//      and the CRI-O stand-in whose reload goes through D-Bus), with the pin
+//      file writes and reloads it caused;
+//   4. agent memory: RSS idle, and peak while reconciling an N-image set.
+//
+// Every measurement is the median of BENCH_RUNS (default 5) runs, agent and
+// baseline alternating in order. Results: printed as Markdown and written to
+// bench/results.json.
+import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { dumpYaml } from '@kubernetes/client-node';
+import type { PinnedImageSet } from '../src/api/types.ts';
+import { AgentProcess, readPinFile, runAgentOnce } from '../test/e2e/agent-process.ts';
+import { installCommand, missingComponents, type ComponentName } from '../test/support/components.ts';
+import { Containerd, CriClient } from '../test/support/containerd.ts';
+import { startCrioNode } from '../test/support/crio-node.ts';
+import { pushRandom, pushSingleLayer, type PushedImage } from '../test/support/images.ts';
+import { Registry } from '../test/support/registry.ts';
+
+const RUNS = Number(process.env.BENCH_RUNS ?? 5);
+const K = Number(process.env.BENCH_K ?? 16);
+const IMAGE_BYTES = Number(process.env.BENCH_IMAGE_BYTES ?? 5 * 1000 * 1000);
+const PARALLELISM = (process.env.BENCH_PARALLELISM ?? '1,2,4,8').split(',').map(Number);
+const N = Number(process.env.BENCH_N ?? 1000);
+const RESYNC_MS = 2000;
+const execFileAsync = promisify(execFile);
+const RESYNC_SAMPLES = 7;
+const NEEDS: ComponentName[] = ['containerd', 'runc', 'docker-registry', 'dbus-daemon'];
+// BENCH_ONLY=pulls or BENCH_ONLY=resync runs one half. BENCH_AGENT_NODE_OPTIONS
+// is passed to the agent processes as NODE_OPTIONS (e.g. V8 heap limits).
+const AGENT_ENV: NodeJS.ProcessEnv = process.env.BENCH_AGENT_NODE_OPTIONS ? { NODE_OPTIONS: process.env.BENCH_AGENT_NODE_OPTIONS } : {};
+const ONLY = process.env.BENCH_ONLY ?? '';
+const RESULTS = fileURLToPath(new URL('./results.json', import.meta.url));
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+}
+
+function say(line = ''): void {
+  process.stdout.write(`${line}\n`);
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+function procStatus(pid: number): { rssKb: number; hwmKb: number } {
+  try {
+    const text = readFileSync(`/proc/${pid}/status`, 'utf8');
+    const kb = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, 'm').exec(text)?.[1] ?? NaN);
+    return { rssKb: kb('VmRSS'), hwmKb: kb('VmHWM') };
+  } catch {
+    return { rssKb: NaN, hwmKb: NaN };
+  }
+}
+
+function logTime(line: Record<string, unknown>): number {
+  return Date.parse(String(line.time));
+}
+
+function parseLines(text: string): Record<string, unknown>[] {
+  const out: Record<string, unknown>[] = [];
+  for (const l of text.split('\n')) {
+    if (!l.startsWith('{')) continue;
+    try {
+      out.push(JSON.parse(l) as Record<string, unknown>);
+    } catch {
+      // partial line
+    }
+  }
+  return out;
+}
+
+function setDoc(name: string, refs: string[]): PinnedImageSet {
+  return { apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name }, spec: { pinnedImages: refs.map((name) => ({ name })) } };
+}
+
+/** Push `count` images with `workers` uploads at a time. */
+async function pushMany(count: number, workers: number, push: (i: number) => Promise<PushedImage>): Promise<PushedImage[]> {
+  const out: PushedImage[] = new Array(count);
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: workers }, async () => {
+      while (next < count) {
+        const i = next++;
+        out[i] = await push(i);
+      }
+    }),
+  );
+  return out;
+}
+
+interface Scratch {
+  dir: string;
+  staticDir: string;
+  dropinDir: string;
+}
+
+async function scratch(): Promise<Scratch> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-bench-'));
+  const s = { dir, staticDir: path.join(dir, 'sets.d'), dropinDir: path.join(dir, 'crio.conf.d') };
+  await mkdir(s.staticDir);
+  await mkdir(s.dropinDir);
+  return s;
+}
+
+function agentFlags(s: Scratch, endpoint: string, extra: string[] = []): string[] {
+  return [
+    '--node-name', 'bench-node',
+    '--static-dir', s.staticDir,
+    '--cri-endpoint', endpoint,
+    '--crio-dropin-dir', s.dropinDir,
+    '--reload', 'none',
+    '--auth-file', path.join(s.dir, 'no-auth.json'),
+    '--metrics-addr', '',
+    '--log-level', 'info',
+    ...extra,
+  ];
+}
+
+// ---------------------------------------------------------------------------
+// 1 + 2: agent vs bare loop
+
+interface PullRun {
+  /** Start of the reconcile ("pinset agent starting") to the last image present (its "pulled image" line). */
+  agentMs?: number;
+  /** Start of the reconcile to its end (the status after the last pull). */
+  agentReconcileMs?: number;
+  /** The whole `pinset agent --once` process, start-up included. */
+  agentProcessMs?: number;
+  bareMs?: number;
+}
+
+/**
+ * Flush the page cache's dirty pages of the previous run (its containerd
+ * root was just written and removed) so its write-back does not land in
+ * the next run's measurement.
+ */
+async function settle(): Promise<void> {
+  await execFileAsync('sync', []);
+  await sleep(200);
+}
+
+async function agentPullRun(mirrors: Record<string, string>, refs: string[], parallel: number): Promise<PullRun> {
+  const c = await Containerd.start({ mirrors });
+  await settle();
+  const s = await scratch();
+  try {
+    await writeFile(path.join(s.staticDir, 'bench.yaml'), dumpYaml(setDoc('bench', refs)));
+    const t0 = performance.now();
+    const r = await runAgentOnce(agentFlags(s, c.endpoint, ['--max-parallel-pulls', String(parallel)]), { env: AGENT_ENV });
+    const processMs = performance.now() - t0;
+    if (r.code !== 0) throw new Error(`agent --once exited ${r.code}:\n${r.stderr.slice(-3000)}`);
+    const lines = parseLines(r.stderr);
+    const start = lines.find((l) => l.msg === 'pinset agent starting');
+    const end = lines.filter((l) => l.msg === 'node status').at(-1);
+    const pulled = lines.filter((l) => l.msg === 'pulled image');
+    if (!start || !end || pulled.length !== refs.length) throw new Error(`agent logs lack start, status or pull lines:\n${r.stderr.slice(-3000)}`);
+    const present = new Set((await listRepoDigests(c.endpoint)));
+    for (const ref of refs) if (!present.has(ref)) throw new Error(`${ref} not present after the agent`);
+    const lastPulled = Math.max(...pulled.map(logTime));
+    return { agentMs: lastPulled - logTime(start), agentReconcileMs: logTime(end) - logTime(start), agentProcessMs: processMs };
+  } finally {
+    await c.stop();
+    await rm(s.dir, { recursive: true, force: true });
+  }
+}
+
+async function listRepoDigests(endpoint: string): Promise<string[]> {
+  const cri = new CriClient(endpoint);
+  try {
+    return (await cri.listImages()).flatMap((i) => i.repoDigests);
+  } finally {
+    cri.close();
+  }
+}
+
+async function barePullRun(mirrors: Record<string, string>, refs: string[], parallel: number): Promise<PullRun> {
+  const c = await Containerd.start({ mirrors });
+  await settle();
+  try {
+    const t0 = performance.now();
+    const cri = new CriClient(c.endpoint);
+    let next = 0;
+    await Promise.all(
+      Array.from({ length: parallel }, async () => {
+        while (next < refs.length) await cri.pullImage(refs[next++]);
+      }),
+    );
+    const ms = performance.now() - t0;
+    cri.close();
+    return { bareMs: ms };
+  } finally {
+    await c.stop();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 3 + 4: N images present, memory
+
+interface ResyncRun {
+  runtime: 'containerd' | 'cri-o stand-in';
+  /** Initial reconcile of the N-image set: first start to all Ready. */
+  convergeMs: number;
+  /** Median duration of the no-op resyncs of this run. */
+  noopMs: number;
+  noopSamples: number[];
+  /** Before the no-op resyncs (the first reconcile): the counters work. */
+  fileWritesBefore: number;
+  reloadsBefore: number;
+  /** Over the no-op resyncs. */
+  fileWrites: number;
+  reloads: number;
+  pinFileUnchanged: boolean;
+  peakRssMb: number;
+  idleRssMb: number;
+}
+
+async function metricsOf(url: string): Promise<Record<string, number>> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const out: Record<string, number> = {};
+  for (const line of text.split('\n')) {
+    const m = /^(pinset_(?:pin_file_writes_total|reloads_total)(?:\{[^}]*\})?) (\S+)$/.exec(line);
+    if (m) out[m[1]] = Number(m[2]);
+  }
+  return out;
+}
+
+function sumOf(m: Record<string, number>, prefix: string): number {
+  return Object.entries(m)
+    .filter(([k]) => k.startsWith(prefix))
+    .reduce((a, [, v]) => a + v, 0);
+}
+
+async function resyncRun(runtime: ResyncRun['runtime'], endpoint: string, s: Scratch, refs: string[], extraFlags: string[], env?: NodeJS.ProcessEnv): Promise<ResyncRun> {
+  await writeFile(path.join(s.staticDir, 'bench.yaml'), dumpYaml(setDoc('bench-n', refs)));
+  const flags = agentFlags(s, endpoint, ['--resync-interval', `${RESYNC_MS / 1000}s`, '--metrics-addr', '127.0.0.1:0', ...extraFlags]);
+  const t0 = Date.now();
+  const agent = AgentProcess.start(flags, { env: { ...env, ...AGENT_ENV } });
+  let peakKb = 0;
+  const sampler = setInterval(() => {
+    const st = procStatus(agent.child.pid!);
+    if (st.hwmKb > peakKb) peakKb = st.hwmKb;
+  }, 50);
+  try {
+    const finished = () => agent.logs().filter((l) => l.msg === 'reconcile finished');
+    const readyIndex = async () => {
+      for (;;) {
+        const f = finished();
+        const i = f.findIndex((l) => (l.phases as Record<string, number> | undefined)?.Ready === 1 && Object.keys(l.phases as object).length === 1);
+        if (i >= 0) return i;
+        if (!agent.running) throw new Error(`agent exited:\n${agent.output().slice(-3000)}`);
+        if (Date.now() - t0 > 15 * 60_000) throw new Error(`not Ready after 15 min:\n${agent.output().slice(-3000)}`);
+        await sleep(100);
+      }
+    };
+    const ri = await readyIndex();
+    const convergeMs = logTime(finished()[ri]) - t0;
+    const url = String(agent.logs().find((l) => l.msg === 'health and metrics listening')?.url);
+    // Wait one resync so the window starts after any follow-up of the first reconcile.
+    while (finished().length < ri + 2) await sleep(50);
+    const before = await metricsOf(url);
+    const pin = await readPinFile(s.dropinDir);
+    const pinStat = pin ? await stat(pin.file) : null;
+    const base = finished().length;
+    while (finished().length < base + RESYNC_SAMPLES) {
+      if (!agent.running) throw new Error(`agent exited:\n${agent.output().slice(-3000)}`);
+      await sleep(50);
+    }
+    const window = finished().slice(base - 1, base + RESYNC_SAMPLES);
+    const samples: number[] = [];
+    for (let i = 1; i < window.length; i++) samples.push(logTime(window[i]) - logTime(window[i - 1]) - RESYNC_MS);
+    const after = await metricsOf(url);
+    const pinAfter = pin ? await stat(pin.file) : null;
+    const writesInLogs = window.slice(1).filter((l) => l.wrote).length;
+    const reloadsInLogs = window.slice(1).filter((l) => l.reloaded).length;
+    const st = procStatus(agent.child.pid!);
+    const idleKb = st.rssKb;
+    peakKb = Math.max(peakKb, st.hwmKb);
+    return {
+      runtime,
+      convergeMs,
+      noopMs: median(samples),
+      noopSamples: samples,
+      fileWritesBefore: sumOf(before, 'pinset_pin_file_writes_total'),
+      reloadsBefore: sumOf(before, 'pinset_reloads_total{result="success"}'),
+      fileWrites: Math.max(writesInLogs, sumOf(after, 'pinset_pin_file_writes_total') - sumOf(before, 'pinset_pin_file_writes_total')),
+      reloads: Math.max(reloadsInLogs, sumOf(after, 'pinset_reloads_total') - sumOf(before, 'pinset_reloads_total')),
+      pinFileUnchanged: !!pinStat && !!pinAfter && pinStat.mtimeMs === pinAfter.mtimeMs && pinStat.ino === pinAfter.ino,
+      peakRssMb: peakKb / 1024,
+      idleRssMb: idleKb / 1024,
+    };
+  } finally {
+    clearInterval(sampler);
+    const code = await agent.stop();
+    if (code !== 0) say(`  (agent exited ${code})`);
+  }
+}
+
+async function containerdResyncRun(mirrors: Record<string, string>, refs: string[]): Promise<ResyncRun> {
+  const c = await Containerd.start({ mirrors });
+  const s = await scratch();
+  try {
+    return await resyncRun('containerd', c.endpoint, s, refs, []);
+  } finally {
+    await c.stop();
+    await rm(s.dir, { recursive: true, force: true });
+  }
+}
+
+async function crioResyncRun(refs: string[]): Promise<ResyncRun> {
+  const node = await startCrioNode({ catalogue: Object.fromEntries(refs.map((r) => [r, { size: 1000 }])) });
+  const s = await scratch();
+  try {
+    const dropin = { ...s, dropinDir: node.dropInDir };
+    return await resyncRun('cri-o stand-in', node.endpoint, dropin, refs, ['--reload', 'dbus'], node.env);
+  } finally {
+    await node.stop();
+    await rm(s.dir, { recursive: true, force: true });
+  }
+}
+
+/** RSS of an agent with no sets, after it settled. */
+async function idleEmptyRun(mirrors: Record<string, string>): Promise<number> {
+  const c = await Containerd.start({ mirrors });
+  const s = await scratch();
+  const agent = AgentProcess.start(agentFlags(s, c.endpoint, ['--metrics-addr', '127.0.0.1:0']), { env: AGENT_ENV });
+  try {
+    while (!agent.logs().some((l) => l.msg === 'reconcile finished')) {
+      if (!agent.running) throw new Error(`agent exited:\n${agent.output()}`);
+      await sleep(50);
+    }
+    await sleep(5000);
+    return procStatus(agent.child.pid!).rssKb / 1024;
+  } finally {
+    await agent.stop();
+    await c.stop();
+    await rm(s.dir, { recursive: true, force: true });
+  }
+}
+
+// ---------------------------------------------------------------------------
+
+async function benchPulls(registry: Registry, mirrors: Record<string, string>): Promise<Record<string, unknown>> {
+  say(`pushing ${K} images of ${IMAGE_BYTES} random bytes...`);
+  const big = await pushMany(K, 4, (i) => pushRandom(registry, `bench/k${i}`, IMAGE_BYTES));
+  const refs = big.map((b) => b.ref);
+
+  const byParallel: Record<number, { agent: number[]; agentReconcile: number[]; agentProcess: number[]; bare: number[] }> = {};
+  for (const p of PARALLELISM) {
+    const b = (byParallel[p] = { agent: [] as number[], agentReconcile: [] as number[], agentProcess: [] as number[], bare: [] as number[] });
+    for (let i = 0; i < RUNS; i++) {
+      const order = i % 2 === 0 ? (['agent', 'bare'] as const) : (['bare', 'agent'] as const);
+      for (const who of order) {
+        if (who === 'agent') {
+          const r = await agentPullRun(mirrors, refs, p);
+          b.agent.push(r.agentMs!);
+          b.agentReconcile.push(r.agentReconcileMs!);
+          b.agentProcess.push(r.agentProcessMs!);
+        } else {
+          b.bare.push((await barePullRun(mirrors, refs, p)).bareMs!);
+        }
+      }
+    }
+    say(`  parallel ${p}: agent ${b.agent.map(Math.round).join(', ')} ms; bare ${b.bare.map(Math.round).join(', ')} ms; ratio of medians ${(median(b.agent) / median(b.bare)).toFixed(3)}`);
+  }
+
+  say('\n## Pulls: agent vs bare grpc-js loop\n');
+  say(`${K} images x ${(IMAGE_BYTES / 1e6).toFixed(1)} MB into a fresh containerd\n`);
+  say('| parallel pulls | bare loop (ms) | agent: reconcile start to all present (ms) | ratio | agent: whole reconcile incl. status (ms) | agent: whole --once process (ms) |');
+  say('|---:|---:|---:|---:|---:|---:|');
+  for (const [p, b] of Object.entries(byParallel)) {
+    say(`| ${p} | ${median(b.bare).toFixed(0)} | ${median(b.agent).toFixed(0)} | ${(median(b.agent) / median(b.bare)).toFixed(3)} | ${median(b.agentReconcile).toFixed(0)} | ${median(b.agentProcess).toFixed(0)} |`);
+  }
+  return Object.fromEntries(
+    Object.entries(byParallel).map(([p, b]) => [
+      p,
+      { ...b, agentMedianMs: median(b.agent), agentReconcileMedianMs: median(b.agentReconcile), agentProcessMedianMs: median(b.agentProcess), bareMedianMs: median(b.bare), ratio: median(b.agent) / median(b.bare) },
+    ]),
+  );
+}
+
+async function benchResync(registry: Registry, mirrors: Record<string, string>): Promise<Record<string, unknown>> {
+  say(`\npushing ${N} small images...`);
+  const small = await pushMany(N, 16, (i) => pushSingleLayer(registry, `bench/n${i}`));
+  const refs = small.map((s) => s.ref);
+  const resync: ResyncRun[] = [];
+  for (let i = 0; i < RUNS; i++) {
+    const order = i % 2 === 0 ? (['containerd', 'crio'] as const) : (['crio', 'containerd'] as const);
+    for (const who of order) {
+      const r = who === 'containerd' ? await containerdResyncRun(mirrors, refs) : await crioResyncRun(refs);
+      resync.push(r);
+      say(`  ${r.runtime}: first reconcile ${r.convergeMs} ms, no-op ${r.noopMs.toFixed(0)} ms (${r.noopSamples.join(', ')}), writes ${r.fileWrites}, reloads ${r.reloads}, peak ${r.peakRssMb.toFixed(1)} MB, idle ${r.idleRssMb.toFixed(1)} MB`);
+    }
+  }
+  const idleEmpty: number[] = [];
+  for (let i = 0; i < RUNS; i++) idleEmpty.push(await idleEmptyRun(mirrors));
+
+  say(`\n## No-op resync with ${N} images present\n`);
+  say('| runtime | no-op resync (ms, median) | slowest no-op (ms) | pin file writes | reloads | pin file untouched | writes, reloads in the first reconcile | agent start to set Ready (ms, median) |');
+  say('|---|---:|---:|---:|---:|---|---|---:|');
+  for (const rt of ['containerd', 'cri-o stand-in'] as const) {
+    const rs = resync.filter((r) => r.runtime === rt);
+    const all = rs.flatMap((r) => r.noopSamples);
+    say(
+      `| ${rt} | ${median(rs.map((r) => r.noopMs)).toFixed(0)} | ${Math.max(...all)} | ${rs.reduce((a, r) => a + r.fileWrites, 0)} | ${rs.reduce((a, r) => a + r.reloads, 0)} | ${rs.every((r) => r.pinFileUnchanged) ? 'yes' : 'NO'} | ${rs.map((r) => `${r.fileWritesBefore}/${r.reloadsBefore}`).join(' ')} | ${median(rs.map((r) => r.convergeMs)).toFixed(0)} |`,
+    );
+  }
+  const cd = resync.filter((r) => r.runtime === 'containerd');
+  const cr = resync.filter((r) => r.runtime === 'cri-o stand-in');
+  say('\n## Agent memory (RSS)\n');
+  say('| state | MB (median) |');
+  say('|---|---:|');
+  say(`| idle, no sets | ${median(idleEmpty).toFixed(1)} |`);
+  say(`| idle, ${N} images pinned and present (containerd) | ${median(cd.map((r) => r.idleRssMb)).toFixed(1)} |`);
+  say(`| peak while reconciling ${N} images (containerd, real pulls) | ${median(cd.map((r) => r.peakRssMb)).toFixed(1)} |`);
+  say(`| peak while reconciling ${N} images (CRI-O stand-in) | ${median(cr.map((r) => r.peakRssMb)).toFixed(1)} |`);
+  return { resync, idleEmptyRssMb: idleEmpty };
+}
+
+async function main(): Promise<number> {
+  const missing = missingComponents(NEEDS);
+  if (missing.length) {
+    process.stderr.write(`bench: missing components; install with: ${installCommand(missing)}\n`);
+    return 1;
+  }
+  const machine = `${os.cpus().length} CPUs (${os.cpus()[0]?.model ?? '?'}), ${(os.totalmem() / 2 ** 30).toFixed(1)} GiB RAM, ${os.type()} ${os.release()}, Node ${process.version}`;
+  say(`# pinset benchmarks\n\nmachine: ${machine}\nruns per measurement: ${RUNS} (median), alternating${AGENT_ENV.NODE_OPTIONS ? `\nagent NODE_OPTIONS: ${AGENT_ENV.NODE_OPTIONS}` : ''}\n`);
+
+  // Results of a partial run (BENCH_ONLY) are merged into the last full ones.
+  const previous = JSON.parse(await readFile(RESULTS, 'utf8').catch(() => '{}')) as Record<string, unknown>;
+  const results: Record<string, unknown> = { ...previous, machine, runs: RUNS, k: K, imageBytes: IMAGE_BYTES, n: N, date: new Date().toISOString() };
+  const registry = await Registry.start();
+  const mirrors = { 'registry.test': registry.url };
+  try {
+    if (ONLY !== 'resync') results.pulls = await benchPulls(registry, mirrors);
+    if (ONLY !== 'pulls') Object.assign(results, await benchResync(registry, mirrors));
+    await writeFile(RESULTS, JSON.stringify(results, null, 2) + '\n');
+    say(`\nraw results: ${path.relative(process.cwd(), RESULTS)}`);
+    return 0;
+  } finally {
+    await registry.stop();
+  }
+}
+
+main().then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (err: unknown) => {
+    process.stderr.write(`bench: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    process.exitCode = 1;
+  },
+);

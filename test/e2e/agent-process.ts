@@ -1,0 +1,144 @@
+// Runs `pinset agent` the way a user does: its own process, flags on the
+// command line, and nothing from this machine's environment that could point
+// it elsewhere (KUBECONFIG, PINSET_*).
+import { spawn, type ChildProcess } from 'node:child_process';
+import { readdir, readFile } from 'node:fs/promises';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parse as parseToml } from 'smol-toml';
+import type { NodeSetStatus } from '../../src/api/types.ts';
+import { trackChild } from '../support/components.ts';
+
+export const CLI = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+
+function cleanEnv(extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {};
+  for (const [k, v] of Object.entries(process.env)) {
+    if (k === 'KUBECONFIG' || k.startsWith('PINSET_') || k === 'KUBERNETES_SERVICE_HOST' || k === 'NODE_OPTIONS' || k.startsWith('NODE_TEST')) continue;
+    env[k] = v;
+  }
+  return { ...env, ...extra };
+}
+
+export interface OnceResult {
+  code: number | null;
+  /** One NodeSetStatus per line of stdout. */
+  sets: NodeSetStatus[];
+  stdout: string;
+  stderr: string;
+}
+
+/** `pinset agent --once ...args`; resolves when it exits (killed after `timeoutMs`). */
+export function runAgentOnce(args: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv } = {}): Promise<OnceResult> {
+  const child = spawn(process.execPath, [CLI, 'agent', '--once', ...args], { env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] });
+  trackChild(child);
+  let stdout = '';
+  let stderr = '';
+  child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+  child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+  const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs ?? 120_000);
+  return new Promise((resolve, reject) => {
+    child.once('error', reject);
+    child.once('close', (code) => {
+      clearTimeout(timer);
+      const sets: NodeSetStatus[] = [];
+      for (const line of stdout.split('\n')) {
+        if (!line.trim()) continue;
+        try {
+          sets.push(JSON.parse(line) as NodeSetStatus);
+        } catch {
+          reject(new Error(`--once wrote a line to stdout that is not JSON: ${line}\nstderr:\n${stderr}`));
+          return;
+        }
+      }
+      resolve({ code, sets, stdout, stderr });
+    });
+  });
+}
+
+/** A long-running agent; its stdout (JSON log lines) and stderr are kept. */
+export class AgentProcess {
+  readonly child: ChildProcess;
+  stdout = '';
+  stderr = '';
+  readonly exited: Promise<number | null>;
+  #running = true;
+
+  private constructor(child: ChildProcess) {
+    this.child = child;
+    trackChild(child);
+    child.stdout!.setEncoding('utf8').on('data', (d: string) => (this.stdout += d));
+    child.stderr!.setEncoding('utf8').on('data', (d: string) => (this.stderr += d));
+    this.exited = new Promise((resolve) =>
+      child.once('close', (code) => {
+        this.#running = false;
+        resolve(code);
+      }),
+    );
+  }
+
+  static start(args: string[], opts: { env?: NodeJS.ProcessEnv } = {}): AgentProcess {
+    return new AgentProcess(spawn(process.execPath, [CLI, 'agent', ...args], { env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] }));
+  }
+
+  get running(): boolean {
+    return this.#running;
+  }
+
+  /** Log lines parsed as JSON (lines that are not JSON are skipped). */
+  logs(): Record<string, unknown>[] {
+    const out: Record<string, unknown>[] = [];
+    for (const line of this.stdout.split('\n')) {
+      if (!line.startsWith('{')) continue;
+      try {
+        out.push(JSON.parse(line) as Record<string, unknown>);
+      } catch {
+        // a line cut by the pipe buffer; the next read completes it
+      }
+    }
+    return out;
+  }
+
+  /** Everything the agent wrote. */
+  output(): string {
+    return this.stdout + this.stderr;
+  }
+
+  /** SIGTERM; resolves with the exit code (SIGKILL after `graceMs`, then code null). */
+  async stop(graceMs = 10_000): Promise<number | null> {
+    if (!this.#running) return this.exited;
+    this.child.kill('SIGTERM');
+    const timer = setTimeout(() => this.child.kill('SIGKILL'), graceMs);
+    try {
+      return await this.exited;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+}
+
+/** Polls until `check` returns a value other than undefined/false; throws with `describe()` after the timeout. */
+export async function eventually<T>(check: () => Promise<T | undefined | false> | T | undefined | false, timeoutMs: number, describe: () => string): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await check();
+    if (v !== undefined && v !== false) return v;
+    if (Date.now() > deadline) throw new Error(`not reached after ${timeoutMs} ms: ${describe()}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+export interface PinFileContent {
+  file: string;
+  pins: string[];
+}
+
+/** The agent's pin file in a drop-in folder (99-pinset-<uuid>.conf), or null. */
+export async function readPinFile(dropinDir: string): Promise<PinFileContent | null> {
+  const names = (await readdir(dropinDir).catch(() => [] as string[])).filter((n) => /^99-pinset-.*\.conf$/.test(n));
+  if (names.length === 0) return null;
+  if (names.length > 1) throw new Error(`more than one pin file in ${dropinDir}: ${names.join(', ')}`);
+  const file = path.join(dropinDir, names[0]);
+  const doc = parseToml(await readFile(file, 'utf8')) as { crio?: { image?: { pinned_images?: string[] } } };
+  return { file, pins: doc.crio?.image?.pinned_images ?? [] };
+}

@@ -1,0 +1,250 @@
+// containerd (Debian's package, CRI v1 ImageService) as a plain child process:
+// its root, state, opt folder and sockets in a temporary folder, the native
+// snapshotter, and a certs.d that maps made-up registry names to loopback
+// registries. Stopped by PID; restart() keeps its root, so images survive.
+// Configuration: ../../../shared/facts/test-bed.md (containerd 1.6).
+import { mkdir, mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { stringify } from 'smol-toml';
+import * as grpc from '@grpc/grpc-js';
+import * as protoLoader from '@grpc/proto-loader';
+import { fileURLToPath } from 'node:url';
+import { findBinary, ServerProcess, waitUntilServing } from './components.ts';
+
+export interface ContainerdOptions {
+  /** Made-up registry host -> loopback URL it stands for, e.g. {'registry.test': 'http://127.0.0.1:5000'}. */
+  mirrors?: Record<string, string>;
+  /** The CRI sandbox image; only used for pods, never pulled by these tests. */
+  sandboxImage?: string;
+}
+
+export class Containerd {
+  readonly dir: string;
+  readonly socket: string;
+  readonly #configFile: string;
+  #process: ServerProcess | undefined;
+
+  private constructor(dir: string) {
+    this.dir = dir;
+    this.socket = path.join(dir, 'containerd.sock');
+    this.#configFile = path.join(dir, 'config.toml');
+  }
+
+  static async start(opts: ContainerdOptions = {}): Promise<Containerd> {
+    if (!findBinary('containerd')) throw new Error('containerd is not installed (apt-get install containerd runc)');
+    if (process.getuid?.() !== 0) throw new Error('containerd needs root here (mounts for the snapshotter, /run for its shims)');
+    // Unix socket paths are limited to 107 bytes: keep the folder short.
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-ctrd-'));
+    const c = new Containerd(dir);
+    try {
+      await c.writeConfig(opts);
+      await c.start();
+      return c;
+    } catch (err) {
+      await c.stop();
+      throw err;
+    }
+  }
+
+  /** unix:///... for a CRI client. */
+  get endpoint(): string {
+    return `unix://${this.socket}`;
+  }
+
+  get pid(): number | undefined {
+    return this.#process?.running ? this.#process.pid : undefined;
+  }
+
+  get running(): boolean {
+    return this.#process?.running ?? false;
+  }
+
+  get certsDir(): string {
+    return path.join(this.dir, 'certs.d');
+  }
+
+  /** Maps a made-up host to a registry URL; containerd re-reads certs.d on every pull. */
+  async mapHost(host: string, url: string): Promise<void> {
+    const hostDir = path.join(this.certsDir, host);
+    await mkdir(hostDir, { recursive: true });
+    await writeFile(
+      path.join(hostDir, 'hosts.toml'),
+      stringify({ server: url, host: { [url]: { capabilities: ['pull', 'resolve'] } } }),
+    );
+  }
+
+  private async writeConfig(opts: ContainerdOptions): Promise<void> {
+    for (const sub of ['root', 'state', 'opt', 'certs.d']) await mkdir(path.join(this.dir, sub), { recursive: true });
+    for (const [host, url] of Object.entries(opts.mirrors ?? {})) await this.mapHost(host, url);
+    const config = {
+      version: 2,
+      root: path.join(this.dir, 'root'),
+      state: path.join(this.dir, 'state'),
+      grpc: { address: this.socket },
+      ttrpc: { address: `${this.socket}.ttrpc` },
+      // Snapshotters that cannot work in a temp folder only add noise to the log.
+      disabled_plugins: [
+        'io.containerd.snapshotter.v1.aufs',
+        'io.containerd.snapshotter.v1.btrfs',
+        'io.containerd.snapshotter.v1.devmapper',
+        'io.containerd.snapshotter.v1.zfs',
+      ],
+      plugins: {
+        // Without this containerd creates /opt/containerd.
+        'io.containerd.internal.v1.opt': { path: path.join(this.dir, 'opt') },
+        'io.containerd.grpc.v1.cri': {
+          sandbox_image: opts.sandboxImage ?? 'registry.test/pinset-test/pause@sha256:0000000000000000000000000000000000000000000000000000000000000000',
+          containerd: { snapshotter: 'native' },
+          registry: { config_path: this.certsDir },
+        },
+      },
+    };
+    await writeFile(this.#configFile, stringify(config));
+  }
+
+  /** Starts containerd (again) on the same root, state and socket; resolves once the CRI socket answers. */
+  async start(): Promise<void> {
+    if (this.#process?.running) return;
+    const binary = findBinary('containerd');
+    if (!binary) throw new Error('containerd is not installed (apt-get install containerd runc)');
+    // containerd finds runc on PATH; Debian installs it in /usr/sbin.
+    const env = { ...process.env, PATH: `${process.env.PATH ?? ''}:/usr/local/sbin:/usr/sbin:/sbin` };
+    const proc = new ServerProcess(`containerd in ${this.dir}`, binary, ['--config', this.#configFile], path.join(this.dir, 'containerd.log'), env);
+    this.#process = proc;
+    await waitUntilServing(proc, async () => {
+      const s = await stat(this.socket).catch(() => null);
+      return s !== null && s.isSocket() && (await this.answersCri());
+    });
+  }
+
+  /** The CRI plugin loads after the socket appears; wait until it answers a Version call. */
+  private async answersCri(): Promise<boolean> {
+    const cri = new CriClient(this.endpoint);
+    try {
+      const v = await cri.version({ deadlineMs: 1000 });
+      return v.runtimeName === 'containerd';
+    } finally {
+      cri.close();
+    }
+  }
+
+  /** SIGTERM (SIGKILL after 5 s). Root and state are kept for start(). */
+  async shutdown(): Promise<void> {
+    await this.#process?.stop();
+  }
+
+  /** SIGKILL, as a crash would. Root and state are kept for start(). */
+  async kill(): Promise<void> {
+    await this.#process?.kill();
+  }
+
+  /** Stop then start, keeping the root: images survive. */
+  async restart(): Promise<void> {
+    await this.shutdown();
+    await this.start();
+  }
+
+  /** Stops by PID and removes everything it had. Safe to call twice. */
+  async stop(): Promise<void> {
+    await this.shutdown();
+    this.#process = undefined;
+    await rm(this.dir, { recursive: true, force: true, maxRetries: 3 });
+  }
+
+  logTail(lines = 30): string {
+    return this.#process?.logTail(lines) ?? '';
+  }
+}
+
+// ---------------------------------------------------------------------------
+// A bare CRI v1 client (grpc-js + proto/cri-image.proto), independent of the
+// agent's own client: the tests look at containerd through it, and the
+// benchmark's baseline is a loop over it.
+
+export const CRI_PROTO = fileURLToPath(new URL('../../proto/cri-image.proto', import.meta.url));
+
+const LOADER_OPTIONS: protoLoader.Options = { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true };
+
+export interface CriImage {
+  id: string;
+  repoTags: string[];
+  repoDigests: string[];
+  size: number;
+  pinned: boolean;
+  spec: { image: string; runtimeHandler: string } | null;
+}
+
+export interface CriAuth {
+  username?: string;
+  password?: string;
+  auth?: string;
+  serverAddress?: string;
+}
+
+interface CallOptions {
+  deadlineMs?: number;
+}
+
+type Unary = (req: object, meta: grpc.Metadata, opts: grpc.CallOptions, cb: (err: grpc.ServiceError | null, res: any) => void) => grpc.ClientUnaryCall;
+
+let packageDefinition: protoLoader.PackageDefinition | undefined;
+
+export function criPackage(): any {
+  packageDefinition ??= protoLoader.loadSync(CRI_PROTO, LOADER_OPTIONS);
+  return (grpc.loadPackageDefinition(packageDefinition) as any).runtime.v1;
+}
+
+export class CriClient {
+  readonly endpoint: string;
+  readonly #image: grpc.Client;
+  readonly #runtime: grpc.Client;
+
+  constructor(endpoint: string) {
+    this.endpoint = endpoint;
+    const pkg = criPackage();
+    // unix:///path is grpc-js's own spelling of a unix socket target.
+    this.#image = new pkg.ImageService(endpoint, grpc.credentials.createInsecure());
+    this.#runtime = new pkg.RuntimeService(endpoint, grpc.credentials.createInsecure());
+  }
+
+  #call<T>(client: grpc.Client, method: string, req: object, opts: CallOptions = {}): Promise<T> {
+    const fn = (client as unknown as Record<string, Unary>)[method].bind(client);
+    const callOpts: grpc.CallOptions = opts.deadlineMs ? { deadline: Date.now() + opts.deadlineMs } : {};
+    return new Promise((resolve, reject) => {
+      fn(req, new grpc.Metadata(), callOpts, (err, res) => (err ? reject(err) : resolve(res as T)));
+    });
+  }
+
+  version(opts?: CallOptions): Promise<{ version: string; runtimeName: string; runtimeVersion: string; runtimeApiVersion: string }> {
+    return this.#call(this.#runtime, 'version', { version: 'v1' }, opts);
+  }
+
+  async listImages(opts?: CallOptions): Promise<CriImage[]> {
+    const res = await this.#call<{ images: CriImage[] }>(this.#image, 'listImages', {}, opts);
+    return res.images;
+  }
+
+  /** null when the image is absent. */
+  async imageStatus(ref: string, opts?: CallOptions & { runtimeHandler?: string }): Promise<CriImage | null> {
+    const res = await this.#call<{ image: CriImage | null }>(this.#image, 'imageStatus', { image: { image: ref, runtimeHandler: opts?.runtimeHandler ?? '' } }, opts);
+    return res.image && res.image.id ? res.image : null;
+  }
+
+  /** Resolves to the image ref containerd returns (the config digest). */
+  async pullImage(ref: string, opts: CallOptions & { auth?: CriAuth; runtimeHandler?: string } = {}): Promise<string> {
+    const req: Record<string, unknown> = { image: { image: ref, runtimeHandler: opts.runtimeHandler ?? '' } };
+    if (opts.auth) req.auth = opts.auth;
+    const res = await this.#call<{ imageRef: string }>(this.#image, 'pullImage', req, opts);
+    return res.imageRef;
+  }
+
+  async removeImage(ref: string, opts?: CallOptions): Promise<void> {
+    await this.#call(this.#image, 'removeImage', { image: { image: ref } }, opts);
+  }
+
+  close(): void {
+    this.#image.close();
+    this.#runtime.close();
+  }
+}
