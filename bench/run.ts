@@ -22,7 +22,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { dumpYaml } from '@kubernetes/client-node';
 import type { PinnedImageSet } from '../src/api/types.ts';
-import { AgentProcess, readPinFile, runAgentOnce } from '../test/e2e/agent-process.ts';
+import { AgentProcess, readPinFile, runAgentOnce } from '../test/support/agent-process.ts';
 import { installCommand, missingComponents, type ComponentName } from '../test/support/components.ts';
 import { Containerd, CriClient } from '../test/support/containerd.ts';
 import { startCrioNode } from '../test/support/crio-node.ts';

@@ -12,7 +12,7 @@ import { parse as parseToml } from 'smol-toml';
 import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus } from '../../src/api/types.ts';
 import { ApiServer } from '../support/apiserver.ts';
 import { startCrioNode, type CrioNode } from '../support/crio-node.ts';
-import { startAgent, runAgentOnce, type AgentProcess } from '../support/agent-process.ts';
+import { AgentProcess, readPinFile, runAgentOnce } from '../support/agent-process.ts';
 
 const NODE = 'node-1';
 const hex = (c: string) => c.repeat(64);
@@ -78,7 +78,7 @@ async function makeBed(labels: Record<string, string> = { 'node-role.kubernetes.
       ...extra,
     ],
     start(extra = []) {
-      b.agent = startAgent(b.args(extra), node.env);
+      b.agent = AgentProcess.start(b.args(extra), { env: node.env });
       return b.agent;
     },
     status() {
@@ -96,10 +96,9 @@ async function makeBed(labels: Record<string, string> = { 'node-role.kubernetes.
       }, timeoutMs, `${name}: ${what} (now ${JSON.stringify(b.setStatus(name))})`) as NodeSetStatus;
     },
     async pinFileList() {
-      const files = (await readdir(node.dropInDir)).filter((f) => f.startsWith('99-pinset-'));
-      assert.equal(files.length, 1, `exactly one pin file, found ${files.join(', ')}`);
-      const doc = parseToml(await readFile(join(node.dropInDir, files[0]!), 'utf8')) as { crio: { image: { pinned_images: string[] } } };
-      return doc.crio.image.pinned_images;
+      const f = await readPinFile(node.dropInDir);
+      assert.ok(f, 'the pin file exists');
+      return f.pins;
     },
   };
   return b;
@@ -422,10 +421,10 @@ describe('pinset agent against the API server, CRI-O and systemd stand-ins', () 
   test('--once with static sets and no API: exit 0 when Ready, one JSON line per set', async () => {
     await writeFile(join(bed.staticDir, 'boot.yaml'), [set('boot-a', [A1]), set('boot-b', [B1], { matchLabels: { zone: 'x' } })].map((o) => JSON.stringify(o)).join('\n---\n'));
     const args = bed.args().filter((a, i, all) => a !== '--kubeconfig' && all[i - 1] !== '--kubeconfig');
-    const r = await runAgentOnce([...args, '--node-labels', 'zone=x'], bed.node.env);
+    const r = await runAgentOnce([...args, '--node-labels', 'zone=x'], { env: bed.node.env });
     assert.equal(r.code, 0, r.stderr);
     assert.deepEqual(r.sets.map((s) => [s.name, s.source, s.phase]), [['boot-a', 'static', 'Ready'], ['boot-b', 'static', 'Ready']]);
-    const bad = await runAgentOnce([...args, '--node-labels', 'zone=x', '--reload', 'sometimes'], bed.node.env);
+    const bad = await runAgentOnce([...args, '--node-labels', 'zone=x', '--reload', 'sometimes'], { env: bed.node.env });
     assert.equal(bad.code, 2);
     assert.match(bad.stderr, /--reload/);
   });

@@ -1,120 +1,211 @@
-// Runs `pinset agent` as its own process, the way a user (or the
-// DaemonSet) starts it, and gives tests its log lines. Always stopped by
-// its own PID.
+// Runs `pinset agent` the way a user (or the DaemonSet) does: its own
+// process, flags on the command line, and nothing from this machine's
+// environment that could point it elsewhere (KUBECONFIG, PINSET_*). Always
+// stopped by its own PID; a test process that dies without its after-hooks
+// still kills it (trackChild).
 import { spawn, type ChildProcess } from 'node:child_process';
+import { readdir, readFile } from 'node:fs/promises';
+import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { parse as parseToml } from 'smol-toml';
 import type { NodeSetStatus } from '../../src/api/types.ts';
+import { trackChild } from './components.ts';
 
-export const MAIN = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+export const CLI = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+
+function cleanEnv(extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {};
+  for (const [k, v] of Object.entries(process.env)) {
+    if (k === 'KUBECONFIG' || k.startsWith('PINSET_') || k.startsWith('KUBERNETES_SERVICE_') || k === 'NODE_OPTIONS' || k.startsWith('NODE_TEST')) continue;
+    env[k] = v;
+  }
+  return { ...env, ...extra };
+}
+
+export interface OnceResult {
+  code: number | null;
+  /** One NodeSetStatus per line of stdout. */
+  sets: NodeSetStatus[];
+  stdout: string;
+  stderr: string;
+}
+
+/** `pinset agent --once ...args`; resolves when it exits (killed after `timeoutMs`). */
+export function runAgentOnce(args: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv } = {}): Promise<OnceResult> {
+  const child = spawn(process.execPath, [CLI, 'agent', '--once', ...args], { env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] });
+  trackChild(child);
+  let stdout = '';
+  let stderr = '';
+  child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+  child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+  const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs ?? 120_000);
+  return new Promise((resolve, reject) => {
+    child.once('error', reject);
+    child.once('close', (code) => {
+      clearTimeout(timer);
+      const sets: NodeSetStatus[] = [];
+      for (const line of stdout.split('\n')) {
+        if (!line.trim()) continue;
+        try {
+          sets.push(JSON.parse(line) as NodeSetStatus);
+        } catch {
+          reject(new Error(`--once wrote a line to stdout that is not JSON: ${line}\nstderr:\n${stderr}`));
+          return;
+        }
+      }
+      resolve({ code, sets, stdout, stderr });
+    });
+  });
+}
 
 export type LogLine = Record<string, unknown> & { msg?: string; level?: string };
 
-export interface AgentProcess {
-  proc: ChildProcess;
-  /** Parsed JSON log lines so far. */
-  logs: LogLine[];
-  /** Raw output (stdout + stderr), for secret scans. */
-  output(): string;
-  waitForLog(pred: (l: LogLine) => boolean, timeoutMs?: number, what?: string): Promise<LogLine>;
-  /** Number of log lines so far: pass to waitForLog's `after` style helpers. */
-  mark(): number;
-  /** Wait for a "reconcile finished" line after `mark`. */
-  waitForReconcile(after: number, timeoutMs?: number): Promise<LogLine>;
-  /** SIGTERM, then SIGKILL after `graceMs`; resolves to the exit code (null if killed). */
-  stop(graceMs?: number): Promise<number | null>;
-  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+interface Waiter {
+  from: number;
+  pred: (l: LogLine) => boolean;
+  resolve: (l: LogLine) => void;
 }
 
-export function startAgent(args: string[], env: Record<string, string> = {}): AgentProcess {
-  const proc = spawn(process.execPath, [MAIN, 'agent', ...args], {
-    env: { ...process.env, KUBECONFIG: '', KUBERNETES_SERVICE_HOST: '', ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  const logs: LogLine[] = [];
-  let raw = '';
-  const waiters: { pred: (l: LogLine) => boolean; resolve: (l: LogLine) => void; from: number }[] = [];
-  let buf = '';
-  const onData = (chunk: Buffer) => {
-    const text = chunk.toString('utf8');
-    raw += text;
-    buf += text;
+/** A long-running agent; its JSON log lines are parsed as they arrive. */
+export class AgentProcess {
+  readonly child: ChildProcess;
+  stdout = '';
+  stderr = '';
+  readonly exited: Promise<number | null>;
+  #running = true;
+  readonly #lines: LogLine[] = [];
+  readonly #waiters = new Set<Waiter>();
+  #partial = '';
+
+  private constructor(child: ChildProcess) {
+    this.child = child;
+    trackChild(child);
+    child.stdout!.setEncoding('utf8').on('data', (d: string) => {
+      this.stdout += d;
+      this.#take(d);
+    });
+    child.stderr!.setEncoding('utf8').on('data', (d: string) => (this.stderr += d));
+    this.exited = new Promise((resolve) =>
+      child.once('close', (code) => {
+        this.#running = false;
+        resolve(code);
+      }),
+    );
+  }
+
+  static start(args: string[], opts: { env?: NodeJS.ProcessEnv } = {}): AgentProcess {
+    return new AgentProcess(spawn(process.execPath, [CLI, 'agent', ...args], { env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] }));
+  }
+
+  #take(chunk: string): void {
+    this.#partial += chunk;
     let nl: number;
-    while ((nl = buf.indexOf('\n')) >= 0) {
-      const line = buf.slice(0, nl);
-      buf = buf.slice(nl + 1);
+    while ((nl = this.#partial.indexOf('\n')) >= 0) {
+      const line = this.#partial.slice(0, nl);
+      this.#partial = this.#partial.slice(nl + 1);
+      if (!line.startsWith('{')) continue;
       let parsed: LogLine;
       try {
         parsed = JSON.parse(line) as LogLine;
       } catch {
-        parsed = { msg: line, level: 'raw' };
+        continue;
       }
-      logs.push(parsed);
-      for (const w of [...waiters]) {
-        if (logs.length - 1 >= w.from && w.pred(parsed)) {
-          waiters.splice(waiters.indexOf(w), 1);
+      this.#lines.push(parsed);
+      for (const w of this.#waiters) {
+        if (this.#lines.length - 1 >= w.from && w.pred(parsed)) {
+          this.#waiters.delete(w);
           w.resolve(parsed);
         }
       }
     }
-  };
-  proc.stdout!.on('data', onData);
-  proc.stderr!.on('data', onData);
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => proc.once('exit', (code, signal) => resolve({ code, signal })));
+  }
 
-  const waitFrom = (from: number, pred: (l: LogLine) => boolean, timeoutMs = 20_000, what = 'log line') =>
-    new Promise<LogLine>((resolve, reject) => {
-      const found = logs.slice(from).find(pred);
-      if (found) return resolve(found);
-      const w = { pred, from, resolve: (l: LogLine) => (clearTimeout(t), resolve(l)) };
-      const t = setTimeout(() => {
-        waiters.splice(waiters.indexOf(w), 1);
-        reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}; last lines:\n${logs.slice(-15).map((l) => JSON.stringify(l)).join('\n')}`));
+  get running(): boolean {
+    return this.#running;
+  }
+
+  /** Log lines so far, parsed. */
+  logs(): LogLine[] {
+    return [...this.#lines];
+  }
+
+  /** Everything the agent wrote. */
+  output(): string {
+    return this.stdout + this.stderr;
+  }
+
+  /** Count of log lines so far: a starting point for waitForLog/waitForReconcile. */
+  mark(): number {
+    return this.#lines.length;
+  }
+
+  /** The first log line from `from` on that satisfies `pred`. */
+  waitForLog(pred: (l: LogLine) => boolean, timeoutMs = 20_000, what = 'a log line', from = 0): Promise<LogLine> {
+    const found = this.#lines.slice(from).find(pred);
+    if (found) return Promise.resolve(found);
+    const tail = () => this.#lines.slice(-15).map((l) => JSON.stringify(l)).join('\n');
+    return new Promise<LogLine>((resolve, reject) => {
+      const w: Waiter = {
+        from,
+        pred,
+        resolve: (l) => {
+          clearTimeout(timer);
+          resolve(l);
+        },
+      };
+      const timer = setTimeout(() => {
+        this.#waiters.delete(w);
+        reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}; last lines:\n${tail()}`));
       }, timeoutMs);
-      waiters.push(w);
-      void exited.then(({ code }) => {
-        if (waiters.includes(w)) {
-          clearTimeout(t);
-          waiters.splice(waiters.indexOf(w), 1);
-          reject(new Error(`agent exited (code ${code}) while waiting for ${what}; last lines:\n${logs.slice(-15).map((l) => JSON.stringify(l)).join('\n')}`));
-        }
+      this.#waiters.add(w);
+      void this.exited.then((code) => {
+        if (!this.#waiters.delete(w)) return;
+        clearTimeout(timer);
+        reject(new Error(`agent exited (code ${code}) while waiting for ${what}; last lines:\n${tail()}\n${this.stderr}`));
       });
     });
+  }
 
-  return {
-    proc,
-    logs,
-    output: () => raw,
-    mark: () => logs.length,
-    waitForLog: (pred, timeoutMs, what) => waitFrom(0, pred, timeoutMs, what),
-    waitForReconcile: (after, timeoutMs) => waitFrom(after, (l) => l.msg === 'reconcile finished', timeoutMs, 'a finished reconcile'),
-    async stop(graceMs = 10_000) {
-      if (proc.exitCode !== null || proc.signalCode !== null) return proc.exitCode;
-      proc.kill('SIGTERM');
-      const t = setTimeout(() => proc.kill('SIGKILL'), graceMs);
-      const { code } = await exited;
-      clearTimeout(t);
-      return code;
-    },
-    exited,
-  };
+  /** The next "reconcile finished" line after `from`. */
+  waitForReconcile(from: number, timeoutMs = 20_000): Promise<LogLine> {
+    return this.waitForLog((l) => l.msg === 'reconcile finished', timeoutMs, 'a finished reconcile', from);
+  }
+
+  /** SIGTERM; resolves with the exit code (SIGKILL after `graceMs`, then code null). */
+  async stop(graceMs = 10_000): Promise<number | null> {
+    if (!this.#running) return this.exited;
+    this.child.kill('SIGTERM');
+    const timer = setTimeout(() => this.child.kill('SIGKILL'), graceMs);
+    try {
+      return await this.exited;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
 }
 
-/** `pinset agent --once`: exit code, the per-set JSON lines, and the logs (stderr). */
-export async function runAgentOnce(args: string[], env: Record<string, string> = {}): Promise<{ code: number | null; sets: NodeSetStatus[]; stdout: string; stderr: string }> {
-  const proc = spawn(process.execPath, [MAIN, 'agent', '--once', ...args], {
-    env: { ...process.env, KUBECONFIG: '', KUBERNETES_SERVICE_HOST: '', ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let stdout = '';
-  let stderr = '';
-  proc.stdout.on('data', (c: Buffer) => (stdout += c.toString('utf8')));
-  proc.stderr.on('data', (c: Buffer) => (stderr += c.toString('utf8')));
-  const killer = setTimeout(() => proc.kill('SIGKILL'), 120_000);
-  const code = await new Promise<number | null>((resolve) => proc.once('exit', (c) => resolve(c)));
-  clearTimeout(killer);
-  const sets = stdout
-    .split('\n')
-    .filter((l) => l.trim())
-    .map((l) => JSON.parse(l) as NodeSetStatus);
-  return { code, sets, stdout, stderr };
+/** Polls until `check` returns a value other than undefined/false; throws with `describe()` after the timeout. */
+export async function eventually<T>(check: () => Promise<T | undefined | false> | T | undefined | false, timeoutMs: number, describe: () => string): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await check();
+    if (v !== undefined && v !== false) return v;
+    if (Date.now() > deadline) throw new Error(`not reached after ${timeoutMs} ms: ${describe()}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+export interface PinFileContent {
+  file: string;
+  pins: string[];
+}
+
+/** The agent's pin file in a drop-in folder (99-pinset-<uuid>.conf), or null. */
+export async function readPinFile(dropinDir: string): Promise<PinFileContent | null> {
+  const names = (await readdir(dropinDir).catch(() => [] as string[])).filter((n) => /^99-pinset-.*\.conf$/.test(n));
+  if (names.length === 0) return null;
+  if (names.length > 1) throw new Error(`more than one pin file in ${dropinDir}: ${names.join(', ')}`);
+  const file = path.join(dropinDir, names[0]!);
+  const doc = parseToml(await readFile(file, 'utf8')) as { crio?: { image?: { pinned_images?: string[] } } };
+  return { file, pins: doc.crio?.image?.pinned_images ?? [] };
 }
