@@ -62,6 +62,22 @@ export interface ReconcileResult {
 /** While pulls run, status is recomputed this often (the reporter writes at most every 5 s anyway). */
 const PROGRESS_REPORT_MS = 5_000;
 
+/** Warnings logged once while they persist: a problem seen in the previous reconcile is not logged again. */
+class ProblemLog {
+  readonly seen = new Set<string>();
+  private readonly log: Logger;
+  private readonly before: ReadonlySet<string>;
+  constructor(log: Logger, before: ReadonlySet<string>) {
+    this.log = log;
+    this.before = before;
+  }
+  warn(fields: Record<string, unknown>, msg: string): void {
+    const key = `${msg}\n${JSON.stringify(fields)}`;
+    this.seen.add(key);
+    if (!this.before.has(key)) this.log.warn(fields, msg);
+  }
+}
+
 class Cancelled extends Error {
   override name = 'Cancelled';
 }
@@ -98,6 +114,9 @@ export class Agent {
   private lastReloadError: string | undefined;
   private readonly reconcileBackoff = new Backoff({ baseMs: 1_000, capMs: 60_000 });
   private historySeeded = false;
+  private loggedProblems = new Set<string>();
+  /** Wanted images the last reconcile saw present. */
+  private knownPresent = new Set<string>();
 
   // Loop state.
   private dirty = true;
@@ -162,12 +181,14 @@ export class Agent {
     const labels = this.currentLabels();
     const kubeSets = this.opts.kube ? this.opts.kube.currentSets() : [];
     const apiSets: ObservedSet[] | null = kubeSets === null ? null : kubeSets.map((o: PinnedImageSet) => ({ source: 'api', object: o, origin: 'api' }));
+    // Problems that persist are logged when they appear, not on every resync.
+    const problems = new ProblemLog(log, this.loggedProblems);
     const stat = await readStaticSets(this.opts.staticDir);
-    for (const p of stat.problems) log.warn({ file: p.origin, err: p.error }, 'static set file skipped; keeping current pins until it can be read');
+    for (const p of stat.problems) problems.warn({ file: p.origin, err: p.error }, 'static set file skipped; keeping current pins until it can be read');
     const scan = await pinFile.scan();
-    for (const p of scan.problems) log.warn({ file: p.file, err: p.error }, 'CRI-O configuration file could not be read');
-    await this.opts.authFile?.refresh().catch((e) => log.warn({ err: errMessage(e) }, 'auth file unreadable; pulling anonymously'));
-    if (this.opts.authFile?.problem) log.warn({ file: this.opts.authFile.path }, this.opts.authFile.problem);
+    for (const p of scan.problems) problems.warn({ file: p.file, err: p.error }, 'CRI-O configuration file could not be read');
+    await this.opts.authFile?.refresh().catch((e) => problems.warn({ err: errMessage(e) }, 'auth file unreadable; pulling anonymously'));
+    if (this.opts.authFile?.problem) problems.warn({ file: this.opts.authFile.path }, this.opts.authFile.problem);
     checkpoint(signal);
 
     // 2. Plan.
@@ -179,12 +200,19 @@ export class Agent {
       currentPins: scan.ownPins,
       carriedPins: scan.before.flatMap((b) => b.pins),
     });
-    if (plan.retained.length > 0) log.warn({ retained: plan.retained.length, why: plan.retainReasons }, 'observation incomplete: keeping current pins');
+    if (plan.retained.length > 0) problems.warn({ retained: plan.retained.length, why: plan.retainReasons }, 'observation incomplete: keeping current pins');
     for (const s of plan.sets) {
-      for (const p of s.invalidImages) log.warn({ set: s.name, source: s.source, field: p.field, err: p.error }, 'invalid image reference: not pinned, not pulled');
-      if (s.specErrors.length) log.warn({ set: s.name, source: s.source, errs: s.specErrors }, 'invalid set: not applied');
+      for (const p of s.invalidImages) problems.warn({ set: s.name, source: s.source, field: p.field, err: p.error }, 'invalid image reference: not pinned, not pulled');
+      if (s.specErrors.length) problems.warn({ set: s.name, source: s.source, errs: s.specErrors }, 'invalid set: not applied');
     }
-    for (const o of scan.overriding) log.error({ file: o.file, pinFile: pinFile.name }, 'a drop-in sorting after the pin file sets pinned_images and overrides every pin');
+    for (const o of scan.overriding) problems.warn({ file: o.file, pinFile: pinFile.name }, 'a drop-in sorting after the pin file sets pinned_images and overrides every pin');
+    this.loggedProblems = problems.seen;
+
+    // The disk check matters only if something must be pulled: when the plan
+    // wants an image the last reconcile did not see present, it runs while
+    // pinning instead of after the runtime answered.
+    const earlyDiskCheck = plan.wanted.some((w) => !this.knownPresent.has(w.key)) ? this.opts.diskCheck?.problem() : undefined;
+    earlyDiskCheck?.catch(() => {});
 
     // 3. Pin: write the file if its content changed, then reload.
     const content = renderPinFile(plan.pins);
@@ -261,7 +289,7 @@ export class Agent {
     for (const w of plan.wanted) if (imageOf(w)) puller.markPresent(w.key);
     let pullsAttempted = 0;
     const due = missing.filter((w) => puller.isDue(w.key));
-    const diskProblem = due.length > 0 ? await this.opts.diskCheck?.problem() : null;
+    const diskProblem = due.length > 0 ? await (earlyDiskCheck ?? this.opts.diskCheck?.problem()) : null;
     if (diskProblem) {
       log.warn({ missing: missing.length, err: diskProblem }, 'image filesystem above its high watermark; not pulling');
       for (const w of due) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
@@ -320,6 +348,7 @@ export class Agent {
     }
 
     const sets = report();
+    if (!runtimeError) this.knownPresent = new Set(plan.wanted.filter((w) => imageOf(w)).map((w) => w.key));
     if (!runtimeError) this.firstSyncDone = true;
     return { plan, sets, wrote, reloaded, pullsAttempted, runtimeReachable: runtimeError === undefined };
   }

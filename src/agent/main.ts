@@ -8,8 +8,8 @@ import { CriImageRuntime } from '../cri/client.ts';
 import { PinFile } from '../crio/pinfile.ts';
 import { createReloader } from '../crio/reload.ts';
 import type { ReloadMode } from '../crio/reloader.ts';
-import { AgentMetrics } from '../metrics/agent-metrics.ts';
-import { parseListenAddress, startHealthServer } from '../metrics/server.ts';
+import type { AgentMetrics } from '../metrics/agent-metrics.ts';
+import { parseListenAddress } from '../metrics/server.ts';
 import { AuthFile } from '../registry/auth.ts';
 import { createLogger } from '../util/log.ts';
 import { Agent } from './agent.ts';
@@ -95,7 +95,9 @@ export async function run(argv: string[]): Promise<number> {
   }
   const flagLabels = f['node-labels'] ? parseLabelList(String(f['node-labels'])) : null;
 
-  const metrics = new AgentMetrics({ defaultMetrics: !once });
+  // Metrics exist only where something serves them (prom-client is ~20 MB resident).
+  const serveMetrics = !once && Boolean(f['metrics-addr']);
+  const metrics: AgentMetrics | null = serveMetrics ? new (await import('../metrics/agent-metrics.ts')).AgentMetrics({ defaultMetrics: true }) : null;
   const runtime = new CriImageRuntime(String(f['cri-endpoint']));
   const pinFile = await PinFile.open(String(f['crio-dropin-dir']));
   let reloader;
@@ -112,8 +114,8 @@ export async function run(argv: string[]): Promise<number> {
     authFor: (host, path) => authFile.authFor(host, path),
     scrub: (t) => authFile.scrub(t),
     onResult: (r) => {
-      metrics.pulls.inc({ result: r.ok ? 'success' : (r.failure?.kind ?? 'Other') });
-      if (r.ok) metrics.pullDuration.observe(r.durationMs / 1000);
+      metrics?.pulls.inc({ result: r.ok ? 'success' : (r.failure?.kind ?? 'Other') });
+      if (r.ok) metrics?.pullDuration.observe(r.durationMs / 1000);
     },
   });
 
@@ -182,8 +184,8 @@ export async function run(argv: string[]): Promise<number> {
     return code;
   }
 
-  const health = f['metrics-addr']
-    ? await startHealthServer(String(f['metrics-addr']), metrics.registry, {
+  const health = metrics
+    ? await (await import('../metrics/server.ts')).startHealthServer(String(f['metrics-addr']), metrics.registry, {
         live: () => (agent.lastLoopAt === 0 || Date.now() - agent.lastLoopAt < Number(f['resync-interval']) * 3 + 60_000 ? null : 'reconcile loop stalled'),
         ready: () => (agent.firstSyncDone ? null : 'waiting for the first reconcile that reaches the runtime'),
       })
