@@ -20,7 +20,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import { dumpYaml } from '@kubernetes/client-node';
+import { stringify as dumpYaml } from 'yaml';
 import type { PinnedImageSet } from '../src/api/types.ts';
 import { AgentProcess, readPinFile, runAgentOnce } from '../test/support/agent-process.ts';
 import { installCommand, missingComponents, type ComponentName } from '../test/support/components.ts';

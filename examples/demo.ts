@@ -9,7 +9,8 @@ import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promis
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { dumpYaml, loadAllYaml } from '@kubernetes/client-node';
+import { stringify as dumpYaml } from 'yaml';
+import { parseYamlDocuments } from '../src/api/yaml.ts';
 import type { NodeSetStatus, PinnedImageSet } from '../src/api/types.ts';
 import { COMPONENTS, findBinary, installCommand, type ComponentName } from '../test/support/components.ts';
 import { Containerd, CriClient } from '../test/support/containerd.ts';
@@ -119,7 +120,7 @@ async function main(): Promise<number> {
     const dropinDir = path.join(work, 'crio.conf.d');
     await mkdir(staticDir);
     await mkdir(dropinDir);
-    const docs = loadAllYaml(await readFile(SET_FILE, 'utf8')) as PinnedImageSet[];
+    const docs = parseYamlDocuments(await readFile(SET_FILE, 'utf8')).map((d) => ('value' in d ? d.value : null)).filter(Boolean) as PinnedImageSet[];
     const sets = withPushedDigests(docs, pushed);
     await writeFile(path.join(staticDir, 'demo-set.yaml'), sets.map((s) => dumpYaml(s)).join('---\n'));
     say(`\nsets        ${sets.map((s) => s.metadata.name).join(', ')} (from examples/demo-set.yaml) in ${staticDir}`);

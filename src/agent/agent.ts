@@ -319,32 +319,46 @@ export class Agent {
 
     if (!diskProblem && missing.length > 0) {
       log.info({ missing: missing.length, due: due.length }, 'pulling missing images');
-      // 6. Verify each pulled image with ImageStatus as it lands.
       const missingByKey = new Map(missing.map((m) => [m.key, m]));
-      const verify = async (r: PullResult) => {
+      // Until verified, a pulled image counts as present with the runtime's
+      // answer to PullImage (progress reports while the others still pull).
+      const landed = (r: PullResult) => {
         const w = missingByKey.get(r.key);
         if (!r.ok || !w) return;
-        try {
-          const st = await runtime.imageStatus(w.reference.reference, w.runtimeHandler);
-          if (w.runtimeHandler) handlerImages.set(w.key, st);
-          else if (st) byDigest.set(w.reference.reference.toLowerCase(), { ...st, repoDigests: st.repoDigests.length ? st.repoDigests : [w.reference.reference] });
-          if (!st) log.warn({ image: w.reference.reference }, 'pulled, but the runtime does not report the image');
-        } catch (e) {
-          log.warn({ image: w.reference.reference, err: errMessage(e) }, 'image status after pull failed');
-        }
+        const img: RuntimeImage = { id: r.imageRef ?? '', repoTags: [], repoDigests: [w.reference.reference], size: 0, pinned: !reportsPins, runtimeHandler: w.runtimeHandler };
+        if (w.runtimeHandler) handlerImages.set(w.key, img);
+        else byDigest.set(w.reference.reference.toLowerCase(), img);
       };
-      const verifications: Promise<void>[] = [];
       const progress = setInterval(report, PROGRESS_REPORT_MS);
+      let results: PullResult[];
       try {
-        const results = await puller.pull(missing, signal, (r) => verifications.push(verify(r))).catch((e) => {
+        results = await puller.pull(missing, signal, landed).catch((e) => {
           if (signal.aborted) throw new Cancelled('superseded');
           throw e;
         });
-        pullsAttempted = results.length;
-        await Promise.all(verifications);
       } finally {
         clearInterval(progress);
       }
+      pullsAttempted = results.length;
+      // 6. Verify the pulled images with ImageStatus, once the pulls are done
+      // (so verification never competes with them).
+      await Promise.all(
+        results.map(async (r) => {
+          const w = missingByKey.get(r.key);
+          if (!r.ok || !w) return;
+          try {
+            const st = await runtime.imageStatus(w.reference.reference, w.runtimeHandler);
+            if (w.runtimeHandler) handlerImages.set(w.key, st);
+            else if (st) byDigest.set(w.reference.reference.toLowerCase(), { ...st, repoDigests: st.repoDigests.length ? st.repoDigests : [w.reference.reference] });
+            else {
+              byDigest.delete(w.reference.reference.toLowerCase());
+              log.warn({ image: w.reference.reference }, 'pulled, but the runtime does not report the image');
+            }
+          } catch (e) {
+            log.warn({ image: w.reference.reference, err: errMessage(e) }, 'image status after pull failed');
+          }
+        }),
+      );
     }
 
     const sets = report();

@@ -26,19 +26,41 @@ export async function fsUsageOf(path: string): Promise<FsUsage | null> {
   return best;
 }
 
+/**
+ * An answer is reused for this long: the kubelet samples image filesystem
+ * usage on its 10 s housekeeping interval, and containerd refreshes
+ * ImageFsInfo about as often, so a fresher answer would not be more true.
+ */
+export const DISK_CHECK_TTL_MS = 10_000;
+
 export class DiskCheck {
   private readonly runtime: ImageRuntime;
   readonly highWatermarkPercent: number;
   private readonly usageOf: (path: string) => Promise<FsUsage | null>;
+  private readonly ttlMs: number;
+  private readonly now: () => number;
+  private last: { at: number; answer: Promise<string | null> } | undefined;
 
-  constructor(runtime: ImageRuntime, opts: { highWatermarkPercent: number; usageOf?: (path: string) => Promise<FsUsage | null> }) {
+  constructor(
+    runtime: ImageRuntime,
+    opts: { highWatermarkPercent: number; usageOf?: (path: string) => Promise<FsUsage | null>; ttlMs?: number; now?: () => number },
+  ) {
     this.runtime = runtime;
     this.highWatermarkPercent = opts.highWatermarkPercent;
     this.usageOf = opts.usageOf ?? fsUsageOf;
+    this.ttlMs = opts.ttlMs ?? DISK_CHECK_TTL_MS;
+    this.now = opts.now ?? Date.now;
   }
 
   /** null when pulls may go ahead, else why not. Unknown usage never blocks. */
-  async problem(): Promise<string | null> {
+  problem(): Promise<string | null> {
+    if (this.last && this.now() - this.last.at < this.ttlMs) return this.last.answer;
+    const answer = this.check();
+    this.last = { at: this.now(), answer };
+    return answer;
+  }
+
+  private async check(): Promise<string | null> {
     if (this.highWatermarkPercent <= 0 || this.highWatermarkPercent >= 100) return null;
     const filesystems = await this.runtime.imageFsInfo().catch(() => []);
     for (const f of filesystems) {

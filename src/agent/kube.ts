@@ -28,7 +28,21 @@ class ObservedList<T extends KubernetesObject> {
   private retryTimer: NodeJS.Timeout | undefined;
   private stopped = false;
 
-  constructor(what: string, kc: KubeConfig, path: string, list: () => Promise<KubernetesListObject<T>>, fieldSelector: string | undefined, log: Logger, onChange: (why: string) => void) {
+  /**
+   * `relevant` reduces an object to what the agent acts on; an update that
+   * leaves it unchanged (for the Node: anything but its labels, such as the
+   * agent's own status annotation or the kubelet's heartbeat) triggers nothing.
+   */
+  constructor(
+    what: string,
+    kc: KubeConfig,
+    path: string,
+    list: () => Promise<KubernetesListObject<T>>,
+    fieldSelector: string | undefined,
+    log: Logger,
+    onChange: (why: string) => void,
+    relevant: (obj: T) => unknown = (obj) => obj,
+  ) {
     this.what = what;
     const listAndMark = async () => {
       const r = await list();
@@ -42,9 +56,20 @@ class ObservedList<T extends KubernetesObject> {
     // reconnect rarely needs a relist. ListWatch passes only its own
     // parameters, so this one rides on the path.
     this.lw = new ListWatch<T>(`${path}?allowWatchBookmarks=true`, new Watch(kc), listAndMark, false, undefined, fieldSelector);
-    this.lw.on('add', () => onChange(`${what} added`));
-    this.lw.on('update', () => onChange(`${what} updated`));
-    this.lw.on('delete', () => onChange(`${what} deleted`));
+    const seen = new Map<string, string>();
+    const changed = (obj: T) => {
+      const key = obj.metadata?.name ?? '';
+      const now = JSON.stringify(relevant(obj));
+      if (seen.get(key) === now) return false;
+      seen.set(key, now);
+      return true;
+    };
+    this.lw.on('add', (obj: T) => changed(obj) && onChange(`${what} added`));
+    this.lw.on('update', (obj: T) => changed(obj) && onChange(`${what} updated`));
+    this.lw.on('delete', (obj: T) => {
+      seen.delete(obj.metadata?.name ?? '');
+      onChange(`${what} deleted`);
+    });
     this.lw.on('connect', () => this.backoff.reset());
     this.lw.on('error', (err: unknown) => {
       if (this.stopped) return;
@@ -92,9 +117,11 @@ export class KubeObserver {
       undefined,
       log,
       onChange,
+      // The controller's status writes change nothing for the agent.
+      (s) => [s.metadata?.uid, s.metadata?.generation, s.spec],
     );
     const fieldSelector = `metadata.name=${nodeName}`;
-    this.node = new ObservedList('node', kc, '/api/v1/nodes', () => core.listNode({ fieldSelector }), fieldSelector, log, onChange);
+    this.node = new ObservedList('node', kc, '/api/v1/nodes', () => core.listNode({ fieldSelector }), fieldSelector, log, onChange, (n: V1Node) => n.metadata?.labels ?? {});
   }
 
   async start(): Promise<void> {

@@ -187,7 +187,11 @@ export async function run(argv: string[]): Promise<number> {
   const health = metrics
     ? await (await import('../metrics/server.ts')).startHealthServer(String(f['metrics-addr']), metrics.registry, {
         live: () => (agent.lastLoopAt === 0 || Date.now() - agent.lastLoopAt < Number(f['resync-interval']) * 3 + 60_000 ? null : 'reconcile loop stalled'),
-        ready: () => (agent.firstSyncDone ? null : 'waiting for the first reconcile that reaches the runtime'),
+        ready: () => {
+          if (!agent.firstSyncDone) return 'waiting for the first reconcile that reaches the runtime';
+          if (agent.lastResult && !agent.lastResult.runtimeReachable) return 'the container runtime is not reachable';
+          return null;
+        },
       })
     : null;
   if (health) logger.info({ url: health.url }, 'health and metrics listening');

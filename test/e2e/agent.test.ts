@@ -8,7 +8,7 @@ import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
-import { dumpYaml } from '@kubernetes/client-node';
+import { stringify as dumpYaml } from 'yaml';
 import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus, type PinnedImageSet, type PinnedImageSetSpec } from '../../src/api/types.ts';
 import { ApiServer, type KubeObject } from '../support/apiserver.ts';
 import { missingComponents, requireComponents, type ComponentName } from '../support/components.ts';

@@ -9,6 +9,7 @@ import { mkdtemp, readdir, readFile, rm, stat, writeFile, mkdir } from 'node:fs/
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
+import { CustomObjectsApi, PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
 import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus } from '../../src/api/types.ts';
 import { ApiServer } from '../support/apiserver.ts';
 import { startCrioNode, type CrioNode } from '../support/crio-node.ts';
@@ -250,18 +251,25 @@ describe('pinset agent against the API server, CRI-O and systemd stand-ins', () 
     assert.deepEqual(await bed.pinFileList(), [A1]);
   });
 
-  test('CRI down then up: pins go in first, pulls converge when the runtime is back', async () => {
-    bed.start();
-    await bed.agent!.waitForReconcile(0);
+  test('CRI down then up: pins go in first, pulls converge when the runtime is back; /readyz follows', async () => {
+    const agent = bed.start(['--metrics-addr', '127.0.0.1:0']);
+    await agent.waitForReconcile(0);
+    const url = String((await agent.waitForLog((l) => l.msg === 'health and metrics listening')).url);
+    assert.equal((await fetch(`${url}/readyz`)).status, 200);
     bed.node.crio.stopServing();
     bed.api.create(set('a', [A1, A2]));
     const s = await bed.waitForSet('a', (x) => x.reason === 'RuntimeUnavailable', 'RuntimeUnavailable');
     assert.equal(s.phase, 'Degraded');
     assert.deepEqual(await bed.pinFileList(), [A1, A2].sort(), 'pinned before anything is pulled');
+    const notReady = await fetch(`${url}/readyz`);
+    assert.equal(notReady.status, 503);
+    assert.match(await notReady.text(), /runtime is not reachable/);
+    assert.equal((await fetch(`${url}/healthz`)).status, 200, 'alive all the same: no restart for a runtime outage');
     await bed.node.crio.resume();
     const r = await bed.waitForSet('a', ready, 'Ready after the runtime is back', 30_000);
     assert.equal(r.images.present, 2);
     assert.equal(r.currentGeneration, 1);
+    await bed.api.waitFor(async () => (await fetch(`${url}/readyz`)).status === 200, 10_000, 'ready again');
   });
 
   test('reload failing then succeeding: ReloadFailed, the pin file stays, then converges', async () => {
@@ -416,6 +424,30 @@ describe('pinset agent against the API server, CRI-O and systemd stand-ins', () 
     assert.equal(mid.reason, 'Pulling');
     assert.match(mid.message ?? '', /of 4 images present/);
     await bed.waitForSet('slow', ready, 'Ready', 30_000);
+  });
+
+  test("its own status writes, the kubelet's heartbeats and the controller's set status trigger no reconcile", async () => {
+    bed.api.create(set('a', [A1]));
+    const agent = bed.start(['--resync-interval', '10m', '--log-level', 'debug']);
+    await bed.waitForSet('a', ready, 'Ready');
+    // Let the reconcile that wrote Ready (and anything it triggered) finish.
+    await new Promise((r) => setTimeout(r, 1500));
+    const mark = agent.mark();
+    bed.api.patch('nodes', NODE, { metadata: { annotations: { 'node.alpha.kubernetes.io/ttl': '0' } }, status: { conditions: [{ type: 'Ready', status: 'True' }] } });
+    // The controller writes set status through the status subresource, as here.
+    await bed.api
+      .kubeConfig()
+      .makeApiClient(CustomObjectsApi)
+      .patchClusterCustomObjectStatus(
+        { group: 'pinset.dev', version: 'v1alpha1', plural: 'pinnedimagesets', name: 'a', body: { status: { observedGeneration: 1, nodes: { matched: 1, ready: 1, progressing: 0, degraded: 0 } } } },
+        setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+      );
+    assert.equal(bed.api.get('pinnedimagesets', 'a')?.metadata.generation, 1);
+    await new Promise((r) => setTimeout(r, 1500));
+    assert.deepEqual(agent.logs().slice(mark).filter((l) => l.msg === 'reconcile finished' || l.msg === 'reconcile requested'), [], 'no reconcile for changes that change nothing');
+    // A label change does.
+    bed.api.patch('nodes', NODE, { metadata: { labels: { zone: 'b' } } });
+    await agent.waitForReconcile(mark, 10_000);
   });
 
   test('--once with static sets and no API: exit 0 when Ready, one JSON line per set', async () => {

@@ -11,14 +11,19 @@ function runtimeWithFs(mountpoints: string[]): ImageRuntime {
 
 test('pulls wait when the image filesystem is at or above the watermark', async () => {
   const usage = new Map([['/var/lib/containers', { mount: '/var/lib/containers', size: 100, used: 90 }]]);
+  let now = 0;
   const check = new DiskCheck(runtimeWithFs(['/var/lib/containers/storage']), {
     highWatermarkPercent: 85,
+    now: () => now,
     usageOf: async (p) => (p.startsWith('/var/lib/containers') ? usage.get('/var/lib/containers')! : null),
   });
   const problem = await check.problem();
   assert.match(problem ?? '', /\/var\/lib\/containers\/storage .* is 90\.0% full, at or above the 85% high watermark/);
   usage.set('/var/lib/containers', { mount: '/var/lib/containers', size: 100, used: 84 });
-  assert.equal(await check.problem(), null);
+  now += 5_000;
+  assert.match((await check.problem()) ?? '', /90\.0% full/, 'within 10 s the last answer stands');
+  now += 5_000;
+  assert.equal(await check.problem(), null, 'after 10 s the disk is asked again');
 });
 
 test('unknown usage, no filesystem reported, or a disabled watermark never block', async () => {
