@@ -134,7 +134,7 @@ describe('kubectl kustomize deploy', { skip }, () => {
     });
 
     test('resources from the measured footprint', async () => {
-      assert.deepEqual(container().resources, { requests: { cpu: '20m', memory: '64Mi' }, limits: { memory: '160Mi' } });
+      assert.deepEqual(container().resources, { requests: { cpu: '20m', memory: '160Mi' }, limits: { memory: '384Mi' } });
       assert.match(await readFile(path.join(ROOT, 'deploy/agent/daemonset.yaml'), 'utf8'), /BENCHMARKS\.md/);
     });
 
@@ -199,7 +199,7 @@ describe('kubectl kustomize deploy', { skip }, () => {
       assert.deepEqual(env.POD_NAMESPACE.valueFrom, { fieldRef: { fieldPath: 'metadata.namespace' } });
     });
 
-    test('non-root 65532, read-only root, no capabilities, probes on :9403/healthz', () => {
+    test('non-root 65532, read-only root, no capabilities, probes on :9403 (/healthz, /readyz)', () => {
       const sc = { ...pod().securityContext, ...container().securityContext };
       assert.equal(sc.runAsNonRoot, true);
       assert.equal(sc.runAsUser, 65532);
@@ -208,6 +208,7 @@ describe('kubectl kustomize deploy', { skip }, () => {
       assert.deepEqual(sc.capabilities, { drop: ['ALL'] });
       assert.deepEqual(sc.seccompProfile, { type: 'RuntimeDefault' });
       assert.deepEqual(container().livenessProbe.httpGet, { path: '/healthz', port: 9403 });
+      assert.deepEqual(container().readinessProbe.httpGet, { path: '/readyz', port: 9403 });
       assert.equal(pod().volumes, undefined, 'no volumes, no host access');
     });
   });
