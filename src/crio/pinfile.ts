@@ -35,7 +35,7 @@ const uuidNameRe = /^99-pinset-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[
 const tempNameRe = /^\.99-pinset-.*\.tmp$/;
 
 export interface DropinPins {
-  /** Base name in the drop-in folder (or the path of crio.conf). */
+  /** Path relative to the drop-in folder (or the path of crio.conf). */
   file: string;
   pins: string[];
 }
@@ -71,6 +71,36 @@ function pinnedImagesOf(doc: Record<string, unknown>): string[] | undefined {
   if (list === undefined) return undefined;
   if (!Array.isArray(list) || list.some((x) => typeof x !== 'string')) throw new Error('crio.image.pinned_images is not a list of strings');
   return list as string[];
+}
+
+/** Files under `dir` (relative paths, "/"-separated); a missing folder has none. */
+async function walkFiles(dir: string, prefix = ''): Promise<string[]> {
+  let entries: import('node:fs').Dirent[];
+  try {
+    entries = await fsp.readdir(path.join(dir, prefix), { withFileTypes: true });
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT' || code === 'ENOTDIR') return [];
+    throw e;
+  }
+  const out: string[] = [];
+  for (const e of entries) {
+    const rel = prefix ? `${prefix}/${e.name}` : e.name;
+    if (e.isDirectory()) out.push(...(await walkFiles(dir, rel)));
+    else if (e.isFile() || e.isSymbolicLink()) out.push(rel);
+  }
+  return out;
+}
+
+/** filepath.Walk order: path components compared one by one, as bytes. */
+export function compareWalkOrder(a: string, b: string): number {
+  const pa = a.split('/');
+  const pb = b.split('/');
+  for (let i = 0; i < Math.min(pa.length, pb.length); i++) {
+    const c = Buffer.compare(Buffer.from(pa[i]!), Buffer.from(pb[i]!));
+    if (c !== 0) return c;
+  }
+  return pa.length - pb.length;
 }
 
 function isOwnedContent(content: string): boolean {
@@ -146,14 +176,12 @@ export class PinFile {
     const main = await readPins(this.mainConfig, this.mainConfig);
     if (main?.pins) result.before.push({ file: this.mainConfig, pins: main.pins });
 
-    let entries: import('node:fs').Dirent[] = [];
-    try {
-      entries = await fsp.readdir(this.dir, { withFileTypes: true });
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
-    }
-    // Lexical (byte) order, as Go's filepath.Walk reads a folder.
-    const files = entries.filter((e) => e.isFile() && !tempNameRe.test(e.name)).map((e) => e.name).sort((a, b) => Buffer.compare(Buffer.from(a), Buffer.from(b)));
+    // CRI-O walks the folder as Go's filepath.Walk does: recursively, each
+    // folder in lexical (byte) order, a subfolder's files read where the
+    // subfolder sorts. Comparing relative paths component by component gives
+    // that order. Symbolic links are read as the files they point to.
+    const files = (await walkFiles(this.dir)).filter((f) => !tempNameRe.test(path.basename(f)));
+    files.sort(compareWalkOrder);
     for (const file of files) {
       const r = await readPins(file, path.join(this.dir, file));
       if (file === this.name) {
@@ -167,7 +195,7 @@ export class PinFile {
         continue;
       }
       if (!r?.pins) continue;
-      if (Buffer.compare(Buffer.from(file), Buffer.from(this.name)) < 0) result.before.push({ file, pins: r.pins });
+      if (compareWalkOrder(file, this.name) < 0) result.before.push({ file, pins: r.pins });
       else result.overriding.push({ file, pins: r.pins });
     }
     return result;

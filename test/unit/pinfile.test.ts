@@ -143,6 +143,25 @@ describe('PinFile.scan', () => {
     assert.deepEqual(scan.problems, []);
   });
 
+  test('walks subfolders as CRI-O does: a subfolder is read where its name sorts; links are read', async () => {
+    const dir = await confDir();
+    await fsp.mkdir(path.join(dir, '10-team'));
+    await fsp.writeFile(path.join(dir, '10-team', 'pins.conf'), toml([ADMIN]));
+    await fsp.mkdir(path.join(dir, 'zz-late'));
+    await fsp.writeFile(path.join(dir, 'zz-late', 'override.conf'), toml([C]));
+    const target = path.join(path.dirname(dir), 'shared.toml');
+    await fsp.writeFile(target, toml([B]));
+    await fsp.symlink(target, path.join(dir, '20-linked.conf'));
+    const pf = await PinFile.open(dir);
+    await pf.write(renderPinFile([A]));
+    const scan = await pf.scan();
+    assert.deepEqual(scan.before, [
+      { file: '10-team/pins.conf', pins: [ADMIN] },
+      { file: '20-linked.conf', pins: [B] },
+    ]);
+    assert.deepEqual(scan.overriding, [{ file: 'zz-late/override.conf', pins: [C] }]);
+  });
+
   test('carries crio.conf pins from an explicit main config path', async () => {
     const dir = await confDir();
     const main = path.join(root, 'elsewhere-crio.conf');
