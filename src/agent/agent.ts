@@ -142,8 +142,12 @@ export class Agent {
       this.log.info({ reason }, 'desired state changed; cancelling the running reconcile at its next safe point');
       this.current.abort(new Cancelled(reason));
     }
-    clearTimeout(this.debounce);
+    // Events within debounceMs of the first one are batched into one
+    // reconcile; the window does not slide, so a steady stream of events
+    // delays a reconcile by at most debounceMs, never starves it.
+    if (this.debounce) return;
     this.debounce = setTimeout(() => {
+      this.debounce = undefined;
       this.dirty = true;
       this.wake?.();
     }, this.opts.debounceMs ?? 200);
@@ -485,7 +489,9 @@ export class Agent {
       } catch (e) {
         if (e instanceof Cancelled || this.current.signal.aborted) {
           this.opts.metrics?.reconciles.inc({ result: 'cancelled' });
-          this.dirty = true;
+          // The change that cancelled it has its reconcile scheduled (after the
+          // debounce, so a burst of changes costs one more reconcile, not one each).
+          this.dirty = this.debounce === undefined;
         } else {
           const delay = this.reconcileBackoff.fail();
           this.opts.metrics?.reconciles.inc({ result: 'error' });
