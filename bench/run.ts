@@ -1,5 +1,5 @@
 // `npm run bench`: the agent's cost on a real containerd and a loopback
-// registry (issue 3, section 5). Not part of `npm test`.
+// registry; results and commands in BENCHMARKS.md. Not part of `npm test`.
 //
 //   1. overhead: K images of ~5 MB into a fresh containerd, from the start of
 //      the agent's reconcile to all present, against a bare grpc-js loop that
