@@ -59,6 +59,13 @@ export interface ReconcileResult {
   runtimeReachable: boolean;
 }
 
+/** Images by each repo digest they carry, lowercased (CRI-O matches names case-insensitively). */
+function indexByDigest(images: readonly RuntimeImage[]): Map<string, RuntimeImage> {
+  const m = new Map<string, RuntimeImage>();
+  for (const img of images) for (const d of img.repoDigests) m.set(d.toLowerCase(), img);
+  return m;
+}
+
 /** While pulls run, status is recomputed this often (the reporter writes at most every 5 s anyway). */
 const PROGRESS_REPORT_MS = 5_000;
 
@@ -252,8 +259,7 @@ export class Agent {
       ({ images, error: runtimeError } = await this.observeRuntime());
     }
     if (runtimeError) log.warn({ err: runtimeError }, 'container runtime unreachable; pins kept, retrying');
-    const byDigest = new Map<string, RuntimeImage>();
-    for (const img of images) for (const d of img.repoDigests) byDigest.set(d.toLowerCase(), img);
+    let byDigest = indexByDigest(images);
     const handlerImages = new Map<string, RuntimeImage | null>();
     if (!runtimeError) {
       for (const w of plan.wanted) {
@@ -279,8 +285,7 @@ export class Agent {
         reloaded = (await this.reloadIfNeeded(key)) || reloaded;
         if (reloaded) {
           images = await runtime.listImages().catch(() => images);
-          byDigest.clear();
-          for (const img of images) for (const d of img.repoDigests) byDigest.set(d.toLowerCase(), img);
+          byDigest = indexByDigest(images);
         }
       }
     }

@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
 import { stringify as toToml } from 'smol-toml';
+import { LOADER_OPTIONS } from '../../src/cri/client.ts';
 import { startFakeCrio, PROTO_PATH, type FakeCrio, type CriImage } from '../support/fake-crio.ts';
 
 const hex = (c: string) => c.repeat(64);
@@ -28,7 +29,7 @@ class CriTestClient {
   readonly runtime: grpc.Client & Record<string, Unary>;
   constructor(endpoint: string) {
     // The options the production CRI client uses.
-    const def = protoLoader.loadSync(PROTO_PATH, { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true });
+    const def = protoLoader.loadSync(PROTO_PATH, LOADER_OPTIONS);
     const v1 = (grpc.loadPackageDefinition(def).runtime as grpc.GrpcObject).v1 as grpc.GrpcObject;
     const creds = grpc.credentials.createInsecure();
     this.images = new (v1.ImageService as grpc.ServiceClientConstructor)(endpoint, creds) as grpc.Client & Record<string, Unary>;

@@ -8,8 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { stringify } from 'smol-toml';
 import * as grpc from '@grpc/grpc-js';
-import * as protoLoader from '@grpc/proto-loader';
-import { fileURLToPath } from 'node:url';
+import { loadCriPackage } from '../../src/cri/client.ts';
 import { findBinary, ServerProcess, waitUntilServing } from './components.ts';
 
 export interface ContainerdOptions {
@@ -162,9 +161,8 @@ export class Containerd {
 // agent's own client: the tests look at containerd through it, and the
 // benchmark's baseline is a loop over it.
 
-export const CRI_PROTO = fileURLToPath(new URL('../../proto/cri-image.proto', import.meta.url));
-
-const LOADER_OPTIONS: protoLoader.Options = { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true };
+// The wire schema is the project's one proto file, loaded as the agent loads it.
+export { PROTO_PATH as CRI_PROTO } from '../../src/cri/client.ts';
 
 export interface CriImage {
   id: string;
@@ -188,11 +186,8 @@ interface CallOptions {
 
 type Unary = (req: object, meta: grpc.Metadata, opts: grpc.CallOptions, cb: (err: grpc.ServiceError | null, res: any) => void) => grpc.ClientUnaryCall;
 
-let packageDefinition: protoLoader.PackageDefinition | undefined;
-
 export function criPackage(): any {
-  packageDefinition ??= protoLoader.loadSync(CRI_PROTO, LOADER_OPTIONS);
-  return (grpc.loadPackageDefinition(packageDefinition) as any).runtime.v1;
+  return (loadCriPackage() as any).runtime.v1;
 }
 
 export class CriClient {

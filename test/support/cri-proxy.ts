@@ -10,9 +10,8 @@ import os from 'node:os';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
-import { CRI_PROTO } from './containerd.ts';
+import { LOADER_OPTIONS, PROTO_PATH } from '../../src/cri/client.ts';
 
-const LOADER_OPTIONS: protoLoader.Options = { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true };
 
 export interface RecordedCall {
   /** Method name as on the wire, e.g. PullImage. */
@@ -92,7 +91,7 @@ export class CriProxy {
   }
 
   #registerAll(): void {
-    const definition = protoLoader.loadSync(CRI_PROTO, LOADER_OPTIONS);
+    const definition = protoLoader.loadSync(PROTO_PATH, LOADER_OPTIONS);
     for (const entry of Object.values(definition)) {
       // Services are the entries whose values are method maps (have requestStream).
       if (!entry || typeof entry !== 'object' || 'format' in entry) continue;

@@ -23,16 +23,16 @@
 // Protos are loaded with the options the production client uses, so the
 // handlers here see and return camelCase field names (repoTags, runtimeHandler).
 import * as grpc from '@grpc/grpc-js';
-import * as protoLoader from '@grpc/proto-loader';
+import { loadCriPackage } from '../../src/cri/client.ts';
 import { createHash } from 'node:crypto';
 import { lstat, mkdtemp, readFile, readdir, rm, unlink } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { dirname, join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 
-export const PROTO_PATH = resolve(dirname(fileURLToPath(import.meta.url)), '../../proto/cri-image.proto');
-export const PROTO_LOADER_OPTIONS: protoLoader.Options = { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true };
+// The wire schema and loader options are the agent's (src/cri/client.ts); the
+// pin semantics below are written independently of it.
+export { PROTO_PATH } from '../../src/cri/client.ts';
 
 /** CRI-O 1.31's default pause image; CRI-O always pins its pause image. */
 export const DEFAULT_PAUSE_IMAGE = 'registry.k8s.io/pause:3.10';
@@ -264,7 +264,7 @@ export class FakeCrio {
     this.pauseImage = opts.pauseImage ?? DEFAULT_PAUSE_IMAGE;
     this.imageFsMountpoint = opts.imageFsMountpoint ?? dir;
     this.runtimeHandlers = opts.runtimeHandlers;
-    this.#pkg = grpc.loadPackageDefinition(protoLoader.loadSync(PROTO_PATH, PROTO_LOADER_OPTIONS));
+    this.#pkg = loadCriPackage();
   }
 
   /** `unix:///abs/path.sock`, the form of --cri-endpoint. */
