@@ -22,6 +22,7 @@ export const COMPONENTS = {
   skopeo: { binary: 'skopeo', aptPackage: 'skopeo' },
   htpasswd: { binary: 'htpasswd', aptPackage: 'apache2-utils' },
   'dbus-daemon': { binary: 'dbus-daemon', aptPackage: 'dbus' },
+  openssl: { binary: 'openssl', aptPackage: 'openssl' },
 } as const satisfies Record<string, Component>;
 
 export type ComponentName = keyof typeof COMPONENTS;

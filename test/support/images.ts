@@ -155,6 +155,8 @@ export interface PushedIndex extends PushedImage {
 export interface PushOptions {
   /** Host name the reference is written with (containerd maps it to the registry). Default registry.test. */
   host?: string;
+  /** Also tag the image (the index, for a multi-arch image) with this tag. */
+  tag?: string;
 }
 
 const DEFAULT_HOST = 'registry.test';
@@ -202,13 +204,13 @@ export async function pushManifest(registry: Registry, repo: string, manifest: B
   }
 }
 
-async function pushBuilt(registry: Registry, repo: string, image: BuiltImage): Promise<number> {
+async function pushBuilt(registry: Registry, repo: string, image: BuiltImage, tag?: string): Promise<number> {
   let size = 0;
   for (const blob of [...image.layers, image.config]) {
     await pushBlob(registry, repo, blob);
     size += blob.data.length;
   }
-  await pushManifest(registry, repo, image.manifest);
+  await pushManifest(registry, repo, image.manifest, tag);
   return size + image.manifest.data.length;
 }
 
@@ -223,7 +225,7 @@ function nonce(): string {
 
 export async function pushLayers(registry: Registry, repo: string, layers: Layer[], opts: PushOptions = {}): Promise<PushedImage> {
   const image = buildImage(layers, nodePlatform(), `${repo} ${nonce()}`);
-  const size = await pushBuilt(registry, repo, image);
+  const size = await pushBuilt(registry, repo, image, opts.tag);
   return { ref: imageRef(opts.host ?? DEFAULT_HOST, repo, image.manifest.digest), repo, digest: image.manifest.digest, id: image.config.digest, size };
 }
 
@@ -280,7 +282,7 @@ export async function pushMultiArch(
       platform: b.platform,
     })),
   });
-  await pushManifest(registry, repo, index);
+  await pushManifest(registry, repo, index, opts.tag);
   size += index.data.length;
   const byPlatform: PushedIndex['platforms'] = {};
   for (const b of built) byPlatform[`${b.platform.os}/${b.platform.architecture}`] = { manifestDigest: b.manifest.digest, id: b.config.digest };
@@ -294,6 +296,31 @@ export async function pushMultiArch(
     size,
     platforms: byPlatform,
   };
+}
+
+/**
+ * Copy a repository's manifest (and, for an index, its platform manifests)
+ * with every blob from one registry to another, digests unchanged: a
+ * mirror's copy. `tag`, when given, is tagged at the destination too.
+ */
+export async function copyImage(from: Registry, to: Registry, repo: string, digest: string, tag?: string, toRepo = repo): Promise<void> {
+  const get = async (kind: 'manifests' | 'blobs', ref: string, accept?: string): Promise<{ data: Buffer; type: string }> => {
+    const res = await fetch(`${from.url}/v2/${repo}/${kind}/${ref}`, { headers: headers(from, accept ? { accept } : {}) });
+    await ensureOk(res, `get ${kind} ${ref} from ${repo}`);
+    return { data: Buffer.from(await res.arrayBuffer()), type: (res.headers.get('content-type') ?? '').split(';')[0]! };
+  };
+  const accept = [MEDIA_TYPES.index, MEDIA_TYPES.manifest, 'application/vnd.docker.distribution.manifest.v2+json', 'application/vnd.docker.distribution.manifest.list.v2+json'].join(', ');
+  const m = await get('manifests', digest, accept);
+  const doc = JSON.parse(m.data.toString('utf8')) as { manifests?: { digest: string }[]; config?: { digest: string }; layers?: { digest: string; mediaType: string }[] };
+  if (doc.manifests) {
+    for (const child of doc.manifests) await copyImage(from, to, repo, child.digest, undefined, toRepo);
+  } else {
+    for (const d of [doc.config!, ...doc.layers!]) {
+      const b = await get('blobs', d.digest);
+      await pushBlob(to, toRepo, { digest: d.digest, mediaType: 'application/octet-stream', data: b.data });
+    }
+  }
+  await pushManifest(to, toRepo, { digest, mediaType: m.type, data: m.data }, tag);
 }
 
 /** A well-formed digest reference that names nothing in the registry. */

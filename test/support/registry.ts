@@ -8,6 +8,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import { Agent, fetch as undiciFetch } from 'undici';
 import { findBinary, ServerProcess, waitUntilServing } from './components.ts';
 
 const run = promisify(execFile);
@@ -17,9 +18,22 @@ export interface RegistryCredentials {
   password: string;
 }
 
+export interface TokenAuthConfig {
+  /** URL of the token service clients are sent to. */
+  realm: string;
+  service: string;
+  issuer: string;
+  /** PEM file of the certificates whose keys may sign tokens. */
+  rootCertBundle: string;
+}
+
 export interface RegistryOptions {
   /** Require these credentials (htpasswd, bcrypt). */
   auth?: RegistryCredentials;
+  /** Require bearer tokens from a token service (distribution's `auth: token`). */
+  tokenAuth?: TokenAuthConfig;
+  /** Serve HTTPS with this certificate and key (PEM files). */
+  tls?: { certificate: string; key: string };
 }
 
 /** A free loopback TCP port (the kernel picks it; the listener is closed before use). */
@@ -38,14 +52,18 @@ export class Registry {
   readonly dir: string;
   readonly port: number;
   readonly auth: RegistryCredentials | undefined;
+  readonly tls: boolean;
+  readonly tokenAuth: boolean;
   readonly #configFile: string;
   #process: ServerProcess | undefined;
 
-  private constructor(dir: string, port: number, configFile: string, auth: RegistryCredentials | undefined) {
+  private constructor(dir: string, port: number, configFile: string, auth: RegistryCredentials | undefined, tls = false, tokenAuth = false) {
     this.dir = dir;
     this.port = port;
     this.#configFile = configFile;
     this.auth = auth;
+    this.tls = tls;
+    this.tokenAuth = tokenAuth;
   }
 
   static async start(opts: RegistryOptions = {}): Promise<Registry> {
@@ -71,11 +89,18 @@ export class Registry {
           version: 0.1,
           log: { level: 'warn', accesslog: { disabled: true } },
           storage: { filesystem: { rootdirectory: path.join(dir, 'storage') }, delete: { enabled: true } },
-          http: { addr: `127.0.0.1:${port}`, secret: 'pinset-test-registry' },
+          http: { addr: `127.0.0.1:${port}`, secret: 'pinset-test-registry', ...(opts.tls ? { tls: opts.tls } : {}) },
           ...(htpasswdFile ? { auth: { htpasswd: { realm: 'pinset-test', path: htpasswdFile } } } : {}),
+          ...(opts.tokenAuth
+            ? {
+                auth: {
+                  token: { realm: opts.tokenAuth.realm, service: opts.tokenAuth.service, issuer: opts.tokenAuth.issuer, rootcertbundle: opts.tokenAuth.rootCertBundle },
+                },
+              }
+            : {}),
         };
         await writeFile(configFile, JSON.stringify(config, null, 2));
-        const registry = new Registry(dir, port, configFile, auth);
+        const registry = new Registry(dir, port, configFile, auth, Boolean(opts.tls), Boolean(opts.tokenAuth));
         try {
           await registry.resume();
           return registry;
@@ -91,9 +116,9 @@ export class Registry {
     }
   }
 
-  /** http://127.0.0.1:<port> */
+  /** http://127.0.0.1:<port> (https:// when serving TLS) */
   get url(): string {
-    return `http://127.0.0.1:${this.port}`;
+    return `${this.tls ? 'https' : 'http'}://127.0.0.1:${this.port}`;
   }
 
   /** 127.0.0.1:<port>, the name a client would use without a mapping. */
@@ -109,8 +134,12 @@ export class Registry {
     return this.#process?.running ?? false;
   }
 
-  /** Basic auth header value for the registry's credentials, if it has any. */
+  /** A bearer token the test helpers push with (token-auth registries). */
+  bearer: string | undefined;
+
+  /** Authorization header value for the test helpers: the bearer token, else basic auth for the registry's credentials. */
   authorization(): string | undefined {
+    if (this.bearer) return `Bearer ${this.bearer}`;
     if (!this.auth) return undefined;
     return `Basic ${Buffer.from(`${this.auth.username}:${this.auth.password}`).toString('base64')}`;
   }
@@ -128,12 +157,18 @@ export class Registry {
     if (!binary) throw new Error('docker-registry is not installed (apt-get install docker-registry)');
     const proc = new ServerProcess(`docker-registry on ${this.host}`, binary, ['serve', this.#configFile], path.join(this.dir, 'registry.log'));
     this.#process = proc;
-    const expected = this.auth ? 401 : 200;
-    await waitUntilServing(proc, async () => {
-      const res = await fetch(`${this.url}/v2/`, { signal: AbortSignal.timeout(1000) });
-      await res.body?.cancel();
-      return res.status === expected;
-    });
+    const expected = this.auth || this.tokenAuth ? 401 : 200;
+    // A TLS registry's certificate is the test's own: the probe does not check it.
+    const dispatcher = this.tls ? new Agent({ connect: { rejectUnauthorized: false } }) : undefined;
+    try {
+      await waitUntilServing(proc, async () => {
+        const res = await undiciFetch(`${this.url}/v2/`, { signal: AbortSignal.timeout(1000), ...(dispatcher ? { dispatcher } : {}) });
+        await res.body?.cancel();
+        return res.status === expected;
+      });
+    } finally {
+      await dispatcher?.close();
+    }
   }
 
   /** Stops the process by PID and removes the storage. Safe to call twice. */

@@ -1,0 +1,505 @@
+// A client for the part of the OCI distribution API pinset needs
+// (https://github.com/opencontainers/distribution-spec/blob/main/spec.md):
+// HEAD and GET of manifests by tag or digest, and GET of blobs, with
+//   - Basic and Bearer token authentication: the WWW-Authenticate
+//     challenge, a token request for scope repository:<path>:pull with the
+//     registry's credentials (or an OAuth2 refresh token, or a registry
+//     token used as is), tokens cached per scope until they expire
+//     (https://distribution.github.io/distribution/spec/auth/token/);
+//   - the node's mirrors from registries.conf, tried in order before the
+//     registry itself; a result always names the image by its source name;
+//   - digest verification of every manifest fetched by digest;
+//   - per-request timeouts, and paced retries (capped exponential backoff
+//     with jitter) of what is transient: connection failures, 429, 5xx;
+//   - proxies and trust from the environment (./transport.ts).
+// No credential or token appears in an error or a log line.
+//
+// Why not a library: @snyk/docker-registry-v2-client (maintained, 2026) asks
+// for a new token on every call (three round trips per manifest), has no
+// HEAD of manifests, no mirrors, no refresh or registry tokens, and is
+// built on needle, a second HTTP stack beside undici; docker-registry-client
+// and oci-registry-client are unmaintained (last releases 2019 and 2024, on
+// node-fetch 2). The protocol pinset needs fits in this file.
+import { createHash } from 'node:crypto';
+import { Readable } from 'node:stream';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { fetch, type Dispatcher, type Response } from 'undici';
+import { backoffDelay, type BackoffPolicy } from '../agent/backoff.ts';
+import type { PullAuth } from '../cri/runtime.ts';
+import { ANONYMOUS, type CredentialSource } from './credentials.ts';
+import { MANIFEST_ACCEPT, MAX_MANIFEST_BYTES, ManifestError, parseManifest, type Manifest } from './manifest.ts';
+import { formatImageName, manifestReference, type ImageName } from './names.ts';
+import { RegistriesConf, RegistriesConfError, type PullSource } from './registries-conf.ts';
+import { Transport } from './transport.ts';
+
+export type RegistryErrorKind = 'NotFound' | 'Unauthorized' | 'Unavailable' | 'Blocked' | 'Invalid' | 'Other';
+
+export interface SourceFailure {
+  /** host[:port] asked. */
+  registry: string;
+  mirror: boolean;
+  kind: RegistryErrorKind;
+  message: string;
+}
+
+export class RegistryError extends Error {
+  override name = 'RegistryError';
+  readonly kind: RegistryErrorKind;
+  /** The image as the caller named it. */
+  readonly image: string;
+  readonly failures: SourceFailure[];
+  constructor(kind: RegistryErrorKind, image: string, message: string, failures: SourceFailure[] = []) {
+    super(message);
+    this.kind = kind;
+    this.image = image;
+    this.failures = failures;
+  }
+}
+
+/** One failure at one registry, before the mirrors are summed up. */
+class AttemptError extends Error {
+  readonly kind: RegistryErrorKind;
+  constructor(kind: RegistryErrorKind, message: string) {
+    super(message);
+    this.kind = kind;
+  }
+}
+
+export interface ManifestHead {
+  /** The manifest's digest (for a tag, what the registry resolved it to). */
+  digest: string;
+  mediaType: string;
+  size: number;
+  /** The registry that answered (a mirror's host, or the image's own). */
+  registry: string;
+}
+
+export interface FetchedManifest extends ManifestHead {
+  bytes: Buffer;
+  manifest: Manifest;
+}
+
+export interface BlobStream {
+  body: Readable;
+  size: number | undefined;
+  registry: string;
+}
+
+export interface RegistryClientOptions {
+  credentials?: CredentialSource;
+  registries?: RegistriesConf;
+  transport?: Transport;
+  /** Deadline for one request's answer (headers, and the body of a manifest). Default 30 s. */
+  timeoutMs?: number;
+  /** Attempts per request for transient failures. Default 4. */
+  attempts?: number;
+  retryPolicy?: BackoffPolicy;
+  userAgent?: string;
+  /** Debug lines (one object each); never carries a secret. */
+  debug?: (fields: Record<string, unknown>, msg: string) => void;
+  /** Manifests cached by digest (immutable). Default 4096. */
+  cacheEntries?: number;
+}
+
+interface Challenge {
+  scheme: 'basic' | 'bearer';
+  realm?: string;
+  service?: string;
+}
+
+interface EndpointState {
+  scheme?: 'https' | 'http';
+  challenge?: Challenge;
+}
+
+interface CachedToken {
+  value: string;
+  expiresAt: number;
+}
+
+/**
+ * WWW-Authenticate: `Bearer realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull"`.
+ * RFC 7235 auth-params; quoted strings may hold commas and escaped quotes.
+ */
+export function parseChallenge(header: string | null): Challenge | undefined {
+  if (!header) return undefined;
+  const m = /^\s*(\w+)\s*(.*)$/s.exec(header);
+  if (!m) return undefined;
+  const scheme = m[1]!.toLowerCase();
+  if (scheme !== 'basic' && scheme !== 'bearer') return undefined;
+  const params: Record<string, string> = {};
+  const re = /([\w-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]*))\s*,?\s*/g;
+  let p: RegExpExecArray | null;
+  while ((p = re.exec(m[2]!)) !== null) {
+    if (p[0] === '') break;
+    params[p[1]!.toLowerCase()] = p[2] !== undefined ? p[2].replace(/\\(.)/g, '$1') : (p[3] ?? '');
+  }
+  return { scheme, realm: params.realm, service: params.service };
+}
+
+/** A distribution error body ({"errors":[{"code","message"}]}) in one line, else the start of the text. */
+function describeBody(text: string): string {
+  try {
+    const doc = JSON.parse(text) as { errors?: { code?: string; message?: string }[] };
+    if (Array.isArray(doc.errors) && doc.errors.length > 0) {
+      return doc.errors.map((e) => [e.code, e.message].filter(Boolean).join(': ')).join('; ');
+    }
+  } catch {
+    // not JSON
+  }
+  return text.replace(/\s+/g, ' ').trim().slice(0, 200);
+}
+
+function kindOfStatus(status: number): RegistryErrorKind {
+  if (status === 404) return 'NotFound';
+  if (status === 401 || status === 403) return 'Unauthorized';
+  if (status === 429 || status >= 500) return 'Unavailable';
+  return 'Other';
+}
+
+const TRANSIENT_STATUS = new Set([408, 429, 500, 502, 503, 504]);
+
+function networkMessage(e: unknown): string {
+  const err = e as { name?: string; message?: string; cause?: { code?: string; message?: string } };
+  if (err?.name === 'TimeoutError') return 'no answer in time';
+  const code = err?.cause?.code;
+  const msg = err?.cause?.message ?? err?.message ?? String(e);
+  return code ? `${code}: ${msg}` : msg;
+}
+
+function isTlsOrProtocolError(e: unknown): boolean {
+  const code = (e as { cause?: { code?: string } })?.cause?.code ?? '';
+  const msg = (e as { cause?: { message?: string } })?.cause?.message ?? '';
+  return code.startsWith('ERR_SSL') || code === 'EPROTO' || code === 'ECONNRESET' || /SSL|TLS|wrong version/i.test(msg);
+}
+
+function isCertificateError(e: unknown): boolean {
+  const code = (e as { cause?: { code?: string } })?.cause?.code ?? '';
+  return /CERT|SELF_SIGNED|UNABLE_TO_VERIFY|UNABLE_TO_GET_ISSUER|ERR_TLS_CERT_ALTNAME/.test(code);
+}
+
+function sha256(data: Buffer): string {
+  return `sha256:${createHash('sha256').update(data).digest('hex')}`;
+}
+
+async function readLimited(res: Response, limit: number): Promise<Buffer> {
+  const declared = Number(res.headers.get('content-length'));
+  if (Number.isFinite(declared) && declared > limit) {
+    await res.body?.cancel();
+    throw new AttemptError('Invalid', `the manifest is ${declared} bytes, over the ${limit}-byte limit registries keep to`);
+  }
+  const chunks: Buffer[] = [];
+  let total = 0;
+  if (res.body) {
+    for await (const chunk of res.body) {
+      total += (chunk as Uint8Array).length;
+      if (total > limit) {
+        await res.body.cancel().catch(() => {});
+        throw new AttemptError('Invalid', `the manifest is over the ${limit}-byte limit registries keep to`);
+      }
+      chunks.push(Buffer.from(chunk as Uint8Array));
+    }
+  }
+  return Buffer.concat(chunks);
+}
+
+export class RegistryClient {
+  readonly registries: RegistriesConf;
+  private readonly credentials: CredentialSource;
+  private readonly transport: Transport;
+  private readonly ownsTransport: boolean;
+  private readonly timeoutMs: number;
+  private readonly attempts: number;
+  private readonly retryPolicy: BackoffPolicy;
+  private readonly userAgent: string;
+  private readonly debug: (fields: Record<string, unknown>, msg: string) => void;
+  private readonly cacheEntries: number;
+  private readonly endpoints = new Map<string, EndpointState>();
+  private readonly tokens = new Map<string, CachedToken>();
+  private readonly tokenRequests = new Map<string, Promise<string>>();
+  private readonly cache = new Map<string, FetchedManifest>();
+  /** Requests sent, by method (for tests and benchmarks). */
+  readonly requests = { manifest: 0, blob: 0, token: 0 };
+
+  constructor(opts: RegistryClientOptions = {}) {
+    this.registries = opts.registries ?? RegistriesConf.empty();
+    this.credentials = opts.credentials ?? ANONYMOUS;
+    this.ownsTransport = !opts.transport;
+    this.transport = opts.transport ?? new Transport();
+    this.timeoutMs = opts.timeoutMs ?? 30_000;
+    this.attempts = Math.max(1, opts.attempts ?? 4);
+    this.retryPolicy = opts.retryPolicy ?? { baseMs: 250, capMs: 5_000 };
+    this.userAgent = opts.userAgent ?? 'pinset';
+    this.debug = opts.debug ?? (() => {});
+    this.cacheEntries = opts.cacheEntries ?? 4096;
+  }
+
+  async close(): Promise<void> {
+    if (this.ownsTransport) await this.transport.close();
+  }
+
+  /** The manifest's digest and type without its body (one HEAD; a GET when the registry sends no digest). */
+  async head(name: ImageName, signal?: AbortSignal): Promise<ManifestHead> {
+    if (name.digest) {
+      const hit = this.cache.get(name.digest);
+      if (hit) return { digest: hit.digest, mediaType: hit.mediaType, size: hit.size, registry: hit.registry };
+    }
+    return this.fromSources(name, async (src) => {
+      const res = await this.send(src, 'HEAD', `manifests/${manifestReference(name)}`, { accept: MANIFEST_ACCEPT }, signal);
+      const digest = name.digest ?? res.headers.get('docker-content-digest') ?? undefined;
+      if (!digest || !/^sha256:[a-f0-9]{64}$/.test(digest)) return this.getFrom(src, name, signal);
+      return {
+        digest,
+        mediaType: (res.headers.get('content-type') ?? '').split(';')[0]!.trim(),
+        size: Number(res.headers.get('content-length') ?? 0),
+        registry: src.host,
+      };
+    });
+  }
+
+  /** The manifest, parsed; by digest it is verified, and served from the cache once fetched. */
+  async manifest(name: ImageName, signal?: AbortSignal): Promise<FetchedManifest> {
+    if (name.digest) {
+      const hit = this.cache.get(name.digest);
+      if (hit) {
+        // Refresh its place in the LRU order.
+        this.cache.delete(name.digest);
+        this.cache.set(name.digest, hit);
+        return hit;
+      }
+    }
+    return this.fromSources(name, (src) => this.getFrom(src, name, signal));
+  }
+
+  /** A blob's content as a stream (the caller reads or destroys it). Not verified here: callers that need it hash it. */
+  async blob(name: ImageName, digest: string, signal?: AbortSignal): Promise<BlobStream> {
+    const withDigest: ImageName = { host: name.host, path: name.path, digest };
+    return this.fromSources(withDigest, async (src) => {
+      const res = await this.send(src, 'GET', `blobs/${digest}`, {}, signal, { bodyFollows: true });
+      this.requests.blob++;
+      const len = Number(res.headers.get('content-length'));
+      return { body: Readable.fromWeb(res.body as never), size: Number.isFinite(len) ? len : undefined, registry: src.host };
+    });
+  }
+
+  private async getFrom(src: PullSource, name: ImageName, signal?: AbortSignal): Promise<FetchedManifest> {
+    const res = await this.send(src, 'GET', `manifests/${manifestReference(name)}`, { accept: MANIFEST_ACCEPT }, signal, { bodyFollows: true });
+    this.requests.manifest++;
+    const bytes = await readLimited(res, MAX_MANIFEST_BYTES);
+    const digest = sha256(bytes);
+    if (name.digest && digest !== name.digest) {
+      throw new AttemptError('Invalid', `sent a manifest whose digest is ${digest}, not the ${name.digest} asked for`);
+    }
+    const announced = res.headers.get('docker-content-digest');
+    if (!name.digest && announced && announced.startsWith('sha256:') && announced !== digest) {
+      throw new AttemptError('Invalid', `sent a manifest whose digest is ${digest}, but announced ${announced}`);
+    }
+    const contentType = res.headers.get('content-type');
+    let manifest: Manifest;
+    try {
+      manifest = parseManifest(bytes, contentType);
+    } catch (e) {
+      throw new AttemptError('Invalid', (e as ManifestError).message);
+    }
+    const fetched: FetchedManifest = { digest, mediaType: manifest.mediaType, size: bytes.length, registry: src.host, bytes, manifest };
+    this.cache.set(digest, fetched);
+    while (this.cache.size > this.cacheEntries) this.cache.delete(this.cache.keys().next().value!);
+    return fetched;
+  }
+
+  /** Try each source in order; the first answer wins; otherwise one error naming what each said. */
+  private async fromSources<T>(name: ImageName, op: (src: PullSource) => Promise<T>): Promise<T> {
+    const image = formatImageName(name);
+    let sources: PullSource[];
+    try {
+      sources = this.registries.sources(name);
+    } catch (e) {
+      if (e instanceof RegistriesConfError) throw new RegistryError('Blocked', image, `${image}: ${e.message}`);
+      throw e;
+    }
+    const failures: SourceFailure[] = [];
+    for (const src of sources) {
+      try {
+        return await op(src);
+      } catch (e) {
+        if (!(e instanceof AttemptError)) throw e;
+        failures.push({ registry: src.host, mirror: src.mirror, kind: e.kind, message: this.credentials.scrub(e.message) });
+        if (src !== sources[sources.length - 1]) this.debug({ image, registry: src.host, err: failures.at(-1)!.message }, 'mirror failed; trying the next source');
+      }
+    }
+    const kinds = new Set(failures.map((f) => f.kind));
+    const kind: RegistryErrorKind = kinds.size === 1 ? failures[0]!.kind : [...kinds].every((k) => k === 'NotFound' || k === 'Unavailable') ? 'Unavailable' : failures.at(-1)!.kind;
+    const parts = failures.map((f) => `${f.registry}${f.mirror ? ' (mirror)' : ''} ${f.message}`);
+    throw new RegistryError(kind, image, `${image}: ${parts.join('; ')}`, failures);
+  }
+
+  private state(host: string): EndpointState {
+    let s = this.endpoints.get(host);
+    if (!s) this.endpoints.set(host, (s = {}));
+    return s;
+  }
+
+  /**
+   * One request to /v2/<path>/<suffix> at a source, with authentication and
+   * retries. Resolves to a 2xx response (its body unread unless bodyFollows
+   * is false, in which case it is discarded); throws AttemptError otherwise.
+   */
+  private async send(
+    src: PullSource,
+    method: 'GET' | 'HEAD',
+    suffix: string,
+    headers: Record<string, string>,
+    signal: AbortSignal | undefined,
+    opts: { bodyFollows?: boolean } = {},
+  ): Promise<Response> {
+    const state = this.state(src.host);
+    const auth = this.credentials.authFor(src.host, src.path);
+    const scope = `repository:${src.path}:pull`;
+    let authorization: string | undefined;
+    let triedChallenge = false;
+    for (let attempt = 1; ; attempt++) {
+      if (!authorization && state.challenge) {
+        authorization = await this.authorization(src, state.challenge, auth, scope, signal);
+        triedChallenge = true;
+      }
+      let res: Response;
+      try {
+        res = await this.exchange(src, state, method, `/v2/${src.path}/${suffix}`, { 'user-agent': this.userAgent, ...headers, ...(authorization ? { authorization } : {}) }, signal);
+      } catch (e) {
+        if (signal?.aborted) throw signal.reason ?? e;
+        if (e instanceof AttemptError) throw e;
+        if (isCertificateError(e) || (isTlsOrProtocolError(e) && !src.endpoint.insecure && (e as { cause?: { code?: string } })?.cause?.code !== 'ECONNRESET')) {
+          // Not transient: retrying cannot change a certificate or a protocol.
+          throw new AttemptError('Unavailable', `cannot be reached over TLS: ${networkMessage(e)} (a registry signed by a private CA needs that CA in the system store or NODE_EXTRA_CA_CERTS; one that serves plain HTTP needs insecure = true in registries.conf)`);
+        }
+        if (attempt >= this.attempts) throw new AttemptError('Unavailable', `cannot be reached: ${networkMessage(e)}`);
+        await this.pause(attempt, undefined, signal);
+        continue;
+      }
+      if (res.status === 401) {
+        const challenge = parseChallenge(res.headers.get('www-authenticate'));
+        const body = method === 'HEAD' ? '' : await res.text().catch(() => '');
+        if (challenge && !triedChallenge) {
+          state.challenge = challenge;
+          authorization = await this.authorization(src, challenge, auth, scope, signal);
+          triedChallenge = true;
+          if (authorization) {
+            attempt--; // the unauthenticated probe does not count as an attempt
+            continue;
+          }
+        }
+        const who = auth?.username ? `the credentials of ${auth.username}` : auth ? 'the configured token' : 'anonymous access (no credentials for it in the auth files)';
+        throw new AttemptError('Unauthorized', `refused ${who}: HTTP 401${body ? ` ${describeBody(body)}` : ''}`);
+      }
+      if (res.status >= 200 && res.status < 300) {
+        if (!opts.bodyFollows) await res.body?.cancel().catch(() => {});
+        return res;
+      }
+      const body = method === 'HEAD' ? '' : await res.text().catch(() => '');
+      if (TRANSIENT_STATUS.has(res.status) && attempt < this.attempts) {
+        await this.pause(attempt, res.headers.get('retry-after'), signal);
+        continue;
+      }
+      const what = res.status === 404 && method === 'HEAD' ? 'not found' : describeBody(body);
+      throw new AttemptError(kindOfStatus(res.status), `answered HTTP ${res.status}${what ? ` ${what}` : ''}`);
+    }
+  }
+
+  private async pause(attempt: number, retryAfter: string | null | undefined, signal?: AbortSignal): Promise<void> {
+    let ms = backoffDelay(this.retryPolicy, attempt);
+    const ra = Number(retryAfter);
+    if (Number.isFinite(ra) && ra > 0) ms = Math.min(this.retryPolicy.capMs, Math.max(ms, ra * 1000));
+    await sleep(ms, undefined, { signal });
+  }
+
+  /** One HTTP exchange at the source, choosing https or (for an insecure registry) http. */
+  private async exchange(src: PullSource, state: EndpointState, method: string, pathname: string, headers: Record<string, string>, signal?: AbortSignal): Promise<Response> {
+    const insecure = src.endpoint.insecure;
+    const dispatcher: Dispatcher = insecure ? this.transport.unverified : this.transport.verified;
+    const schemes: ('https' | 'http')[] = state.scheme ? [state.scheme] : insecure ? ['https', 'http'] : ['https'];
+    let lastError: unknown;
+    for (const scheme of schemes) {
+      const url = `${scheme}://${src.host}${pathname}`;
+      const timeout = AbortSignal.timeout(this.timeoutMs);
+      try {
+        const res = await fetch(url, { method, headers, dispatcher, redirect: 'follow', signal: signal ? AbortSignal.any([signal, timeout]) : timeout });
+        state.scheme = scheme;
+        return res;
+      } catch (e) {
+        lastError = e;
+        // An insecure registry may speak plain HTTP: containers/image tries HTTPS, then HTTP.
+        if (scheme === 'https' && schemes.length > 1 && (isTlsOrProtocolError(e) || (e as { cause?: { code?: string } })?.cause?.code === 'ECONNREFUSED')) continue;
+        throw e;
+      }
+    }
+    throw lastError;
+  }
+
+  /** The Authorization header for a challenge, or undefined when there is nothing to offer. */
+  private async authorization(src: PullSource, challenge: Challenge, auth: PullAuth | undefined, scope: string, signal?: AbortSignal): Promise<string | undefined> {
+    if (challenge.scheme === 'basic') {
+      if (auth?.username && auth.password !== undefined) return `Basic ${Buffer.from(`${auth.username}:${auth.password}`).toString('base64')}`;
+      return undefined;
+    }
+    if (auth?.registryToken) return `Bearer ${auth.registryToken}`;
+    if (!challenge.realm) throw new AttemptError('Unauthorized', 'asked for a bearer token without naming a realm to get it from');
+    const key = `${challenge.realm}\n${challenge.service ?? ''}\n${scope}\n${auth?.username ?? ''}\n${auth?.identityToken ? 'idt' : ''}`;
+    const cached = this.tokens.get(key);
+    if (cached && cached.expiresAt > Date.now()) return `Bearer ${cached.value}`;
+    let pending = this.tokenRequests.get(key);
+    if (!pending) {
+      pending = this.fetchToken(src, challenge, auth, scope, key, signal).finally(() => this.tokenRequests.delete(key));
+      this.tokenRequests.set(key, pending);
+    }
+    return `Bearer ${await pending}`;
+  }
+
+  private async fetchToken(src: PullSource, challenge: Challenge, auth: PullAuth | undefined, scope: string, key: string, signal?: AbortSignal): Promise<string> {
+    let realm: URL;
+    try {
+      realm = new URL(challenge.realm!);
+      if (realm.protocol !== 'https:' && realm.protocol !== 'http:') throw new Error('not http(s)');
+    } catch {
+      throw new AttemptError('Unauthorized', `named a token realm that is not an http(s) URL: ${JSON.stringify(challenge.realm).slice(0, 200)}`);
+    }
+    const dispatcher = src.endpoint.insecure ? this.transport.unverified : this.transport.verified;
+    const timeout = AbortSignal.timeout(this.timeoutMs);
+    const sig = signal ? AbortSignal.any([signal, timeout]) : timeout;
+    let res: Response;
+    this.requests.token++;
+    try {
+      if (auth?.identityToken) {
+        // OAuth2 refresh-token grant (docker login's identity token).
+        const form = new URLSearchParams({ grant_type: 'refresh_token', refresh_token: auth.identityToken, client_id: this.userAgent, scope });
+        if (challenge.service) form.set('service', challenge.service);
+        res = await fetch(realm, { method: 'POST', body: form, headers: { 'content-type': 'application/x-www-form-urlencoded', 'user-agent': this.userAgent }, dispatcher, signal: sig });
+      } else {
+        if (challenge.service) realm.searchParams.set('service', challenge.service);
+        realm.searchParams.set('scope', scope);
+        const headers: Record<string, string> = { 'user-agent': this.userAgent };
+        if (auth?.username && auth.password !== undefined) headers.authorization = `Basic ${Buffer.from(`${auth.username}:${auth.password}`).toString('base64')}`;
+        res = await fetch(realm, { headers, dispatcher, signal: sig });
+      }
+    } catch (e) {
+      if (signal?.aborted) throw signal.reason ?? e;
+      throw new AttemptError('Unavailable', `sent clients to its token service at ${realm.host}, which cannot be reached: ${networkMessage(e)}`);
+    }
+    const text = await res.text().catch(() => '');
+    if (!res.ok) {
+      const who = auth?.username ? `the credentials of ${auth.username}` : auth?.identityToken ? 'the identity token' : 'an anonymous token request';
+      throw new AttemptError(res.status === 401 || res.status === 403 ? 'Unauthorized' : kindOfStatus(res.status), `token service at ${realm.host} refused ${who}: HTTP ${res.status} ${describeBody(this.credentials.scrub(text))}`);
+    }
+    let doc: { token?: unknown; access_token?: unknown; expires_in?: unknown };
+    try {
+      doc = JSON.parse(text);
+    } catch {
+      throw new AttemptError('Unauthorized', `token service at ${realm.host} answered something that is not JSON`);
+    }
+    const token = typeof doc.token === 'string' && doc.token ? doc.token : typeof doc.access_token === 'string' ? doc.access_token : '';
+    if (!token) throw new AttemptError('Unauthorized', `token service at ${realm.host} answered without a token`);
+    // The spec's default lifetime is 60 s; renew a little early.
+    const ttl = typeof doc.expires_in === 'number' && doc.expires_in > 0 ? doc.expires_in : 60;
+    this.tokens.set(key, { value: token, expiresAt: Date.now() + ttl * 900 });
+    return token;
+  }
+}
