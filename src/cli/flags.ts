@@ -2,7 +2,7 @@
 // default and one line of help, declared in one table per command.
 // Precedence: command line, then environment, then default.
 
-export type FlagType = 'string' | 'int' | 'bool' | 'duration';
+export type FlagType = 'string' | 'int' | 'number' | 'bool' | 'duration';
 
 export interface FlagSpec {
   name: string;
@@ -44,6 +44,10 @@ function convert(spec: FlagSpec, raw: string, from: string): string | number | b
       return raw;
     case 'int': {
       if (!/^\d+$/.test(raw)) throw new UsageError(`${from}: ${JSON.stringify(raw)} is not a whole number`);
+      return Number(raw);
+    }
+    case 'number': {
+      if (!/^\d+(?:\.\d+)?$/.test(raw)) throw new UsageError(`${from}: ${JSON.stringify(raw)} is not a number`);
       return Number(raw);
     }
     case 'bool':

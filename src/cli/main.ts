@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// pinset: one binary, four commands. Each command module exports
+// pinset: one binary, several commands. Each command module exports
 // run(argv): Promise<number>, the process exit code.
 //   0 success; 1 the work did not succeed (e.g. a set not Ready, a bad file);
 //   2 a usage or configuration error.
@@ -10,6 +10,9 @@ const commands: Record<string, { summary: string; load: () => Promise<{ run(argv
   controller: { summary: 'roll per-node results up into each set\'s status', load: () => import('../controller/main.ts') },
   status: { summary: 'show, per node and set, what the agents report', load: () => import('./status.ts') },
   validate: { summary: 'check PinnedImageSet YAML files offline', load: () => import('./validate.ts') },
+  resolve: { summary: 'turn sets or image lists with tags (or a release image) into sets with digests', load: () => import('./resolve.ts') },
+  size: { summary: 'download size and estimated disk of the images of sets or image lists', load: () => import('./size.ts') },
+  snapshot: { summary: 'a set of the images that pods run now', load: () => import('./snapshot.ts') },
 };
 
 function usage(): string {

@@ -400,7 +400,8 @@ export class RegistryClient {
         await this.pause(attempt, res.headers.get('retry-after'), signal);
         continue;
       }
-      const what = res.status === 404 && method === 'HEAD' ? 'not found' : describeBody(body);
+      if (method === 'HEAD') throw new AttemptError(kindOfStatus(res.status), `answered HTTP ${res.status}${res.status === 404 ? ': the manifest is unknown' : ''}`);
+      const what = describeBody(body);
       throw new AttemptError(kindOfStatus(res.status), `answered HTTP ${res.status}${what ? ` ${what}` : ''}`);
     }
   }

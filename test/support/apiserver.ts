@@ -6,6 +6,7 @@
 //
 // Served resources:
 //   core v1 nodes (cluster-scoped; /status), core v1 events (namespaced),
+//   core v1 pods (namespaced; /status; list across namespaces at /api/v1/pods),
 //   coordination.k8s.io/v1 leases (namespaced),
 //   pinset.dev/v1alpha1 pinnedimagesets (cluster-scoped CRD with the status subresource).
 // Verbs: list (labelSelector, fieldSelector), watch (?watch=true), get, create
@@ -35,7 +36,11 @@
 // - A stale metadata.resourceVersion on PUT, or in a patch body, is 409 Conflict.
 // - Field selectors: metadata.name (and metadata.namespace on namespaced types),
 //   nodes' spec.unschedulable, events' involvedObject.*, reason, type, source,
-//   reportingComponent; any other field label is 400, as on the real server.
+//   reportingComponent, pods' spec.nodeName, spec.restartPolicy, spec.schedulerName,
+//   spec.serviceAccountName, spec.hostNetwork, status.phase, status.podIP,
+//   status.nominatedNodeName; any other field label is 400, as on the real server.
+// - Pods created over HTTP start with status {phase: Pending} (the kubelet
+//   writes the rest through /status), as pkg/registry/core/pod/strategy.go does.
 // - Lease spec.acquireTime/renewTime and Event eventTime (metav1.MicroTime) are
 //   stored in the server's microsecond format, 2006-01-02T15:04:05.000000Z.
 // Seen from client-node 2.0.1: ListWatch/makeInformer never ask for bookmarks,
@@ -86,7 +91,7 @@ import { dumpYaml, KubeConfig } from '@kubernetes/client-node';
 import { GROUP, KIND, PLURAL, VERSION } from '../../src/api/types.ts';
 import { MAX_OBJECT_NAME_LENGTH, NAME_PATTERN } from '../../src/api/validate.ts';
 
-export type ResourceName = 'nodes' | 'events' | 'leases' | 'pinnedimagesets';
+export type ResourceName = 'nodes' | 'events' | 'leases' | 'pods' | 'pinnedimagesets';
 
 export interface ObjectMeta {
   name?: string;
@@ -188,6 +193,8 @@ interface ResourceType {
   fields: Record<string, FieldGetter>;
   /** Fields of type metav1.MicroTime, which the server writes back as RFC 3339 with microseconds. */
   microTimes?: string[];
+  /** The status a create over HTTP starts with (when statusOnCreate is false). */
+  initialStatus?: () => Record<string, unknown>;
 }
 
 const at =
@@ -207,6 +214,12 @@ const EVENT_FIELDS: Record<string, FieldGetter> = Object.fromEntries([
   ['type', at('type')],
 ]);
 
+// pkg/registry/core/pod/strategy.go PodToSelectableFields.
+const POD_FIELDS: Record<string, FieldGetter> = Object.fromEntries(
+  ['spec.nodeName', 'spec.restartPolicy', 'spec.schedulerName', 'spec.serviceAccountName', 'status.phase', 'status.podIP', 'status.nominatedNodeName'].map((f) => [f, at(f)]),
+);
+POD_FIELDS['spec.hostNetwork'] = (o) => String(at('spec.hostNetwork')(o) === 'true');
+
 const TYPES: readonly ResourceType[] = [
   {
     group: '', version: 'v1', plural: 'nodes', singular: 'node', kind: 'Node', namespaced: false, builtin: true,
@@ -217,6 +230,11 @@ const TYPES: readonly ResourceType[] = [
     group: '', version: 'v1', plural: 'events', singular: 'event', kind: 'Event', namespaced: true, builtin: true,
     statusSubresource: false, statusOnCreate: true, generation: false, requireResourceVersion: false, fields: EVENT_FIELDS,
     microTimes: ['eventTime'],
+  },
+  {
+    group: '', version: 'v1', plural: 'pods', singular: 'pod', kind: 'Pod', namespaced: true, builtin: true,
+    statusSubresource: true, statusOnCreate: false, generation: false, requireResourceVersion: false, fields: POD_FIELDS,
+    initialStatus: () => ({ phase: 'Pending' }),
   },
   {
     group: 'coordination.k8s.io', version: 'v1', plural: 'leases', singular: 'lease', kind: 'Lease', namespaced: true, builtin: true,
@@ -856,7 +874,10 @@ export class ApiServer {
       meta.namespace = namespace ?? meta.namespace;
     } else delete meta.namespace;
     if (!meta.name && typeof meta.generateName === 'string' && meta.generateName) meta.name = meta.generateName + nameSuffix();
-    if (rt.statusSubresource && !rt.statusOnCreate && !opts.privileged) delete obj.status;
+    if (rt.statusSubresource && !rt.statusOnCreate && !opts.privileged) {
+      delete obj.status;
+      if (rt.initialStatus) obj.status = rt.initialStatus();
+    }
     this.#validate(rt, obj);
     if (this.#bucket(rt).has(objectKey(meta.namespace, meta.name!))) throw alreadyExists(rt, meta.name!);
     if (!opts.privileged || !meta.uid) meta.uid = randomUUID();

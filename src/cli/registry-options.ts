@@ -1,0 +1,49 @@
+// Flags shared by the commands that ask registries (resolve, size): where
+// credentials and mirrors come from, deadlines, parallelism, and the client
+// built from them.
+import { RegistryClient } from '../registry/client.ts';
+import { authFilePaths, loadAuthFiles } from '../registry/credentials.ts';
+import { DEFAULT_REGISTRIES_CONF_DIR, loadRegistriesConf, RegistriesConfError } from '../registry/registries-conf.ts';
+import { UsageError, type FlagSpec, type FlagValues } from './flags.ts';
+
+export const REGISTRY_FLAGS: readonly FlagSpec[] = [
+  {
+    name: 'auth-file',
+    env: 'REGISTRY_AUTH_FILE',
+    type: 'string',
+    help: 'registry credentials (containers auth.json or docker config.json); default: $XDG_RUNTIME_DIR/containers/auth.json, ~/.config/containers/auth.json, then $DOCKER_CONFIG/config.json or ~/.docker/config.json',
+  },
+  { name: 'registries-conf', env: 'CONTAINERS_REGISTRIES_CONF', type: 'string', help: 'registries.conf with mirrors and insecure registries (default /etc/containers/registries.conf)' },
+  { name: 'registries-conf-dir', env: 'PINSET_REGISTRIES_CONF_DIR', type: 'string', default: DEFAULT_REGISTRIES_CONF_DIR, help: 'drop-in folder of registries.conf' },
+  { name: 'timeout', env: 'PINSET_REGISTRY_TIMEOUT', type: 'duration', default: '30s', help: 'deadline for each registry request' },
+  { name: 'parallel', env: 'PINSET_REGISTRY_PARALLEL', type: 'int', default: 8, help: 'registry requests in flight at once' },
+];
+
+/** A client configured from the flags; credential files that cannot be read are reported on stderr, not fatal. */
+export async function registryClientFrom(values: FlagValues, command: string, stderr: NodeJS.WritableStream): Promise<RegistryClient> {
+  let registries;
+  try {
+    registries = await loadRegistriesConf({ file: values['registries-conf'] as string | undefined, dir: values['registries-conf-dir'] as string });
+  } catch (e) {
+    if (e instanceof RegistriesConfError) throw new UsageError(e.message);
+    throw e;
+  }
+  const { credentials, problems } = await loadAuthFiles(authFilePaths(values['auth-file'] as string | undefined));
+  for (const p of problems) stderr.write(`pinset ${command}: ${p}\n`);
+  if ((values.parallel as number) < 1) throw new UsageError('--parallel must be at least 1');
+  return new RegistryClient({ registries, credentials, timeoutMs: values.timeout as number, userAgent: 'pinset' });
+}
+
+/** Run `fn` over `items` with at most `limit` at once; results in input order. */
+export async function mapLimit<T, R>(items: readonly T[], limit: number, fn: (item: T, index: number) => Promise<R>): Promise<R[]> {
+  const out = new Array<R>(items.length);
+  let next = 0;
+  const worker = async () => {
+    while (next < items.length) {
+      const i = next++;
+      out[i] = await fn(items[i]!, i);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
+  return out;
+}
