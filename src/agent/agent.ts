@@ -20,6 +20,7 @@ import type { AuthFile } from '../registry/auth.ts';
 import { RuntimeError } from '../cri/runtime.ts';
 import { Backoff } from './backoff.ts';
 import type { DiskCheck } from './disk.ts';
+import { estimateBatch, noSpaceMessage, roomBelowWatermark, type SetEstimate, type SizeEstimator } from './estimate.ts';
 import type { KubeObserver } from './kube.ts';
 import type { EventRecorder } from './node-sinks.ts';
 import { planReconcile, type ObservedSet, type Plan, type WantedImage } from './plan.ts';
@@ -44,6 +45,10 @@ export interface AgentOptions {
   metrics?: AgentMetrics | null;
   /** Pulls wait while the image filesystem is above its high watermark. */
   diskCheck?: DiskCheck | null;
+  /** Sizes of images to download, so a batch that would not fit below the watermark is not started. */
+  sizeEstimator?: SizeEstimator | null;
+  /** Estimated disk = compressed download x this (default 2). */
+  diskEstimateFactor?: number;
   resyncIntervalMs?: number;
   /** Settle time before a triggered reconcile starts, to batch bursts of events. */
   debounceMs?: number;
@@ -124,6 +129,8 @@ export class Agent {
   private loggedProblems = new Set<string>();
   /** Wanted images the last reconcile saw present. */
   private knownPresent = new Set<string>();
+  /** Per set key: the estimated disk of its images still to download, kept until they are all present. */
+  private setEstimates = new Map<string, SetEstimate>();
 
   // Loop state.
   private dirty = true;
@@ -298,10 +305,16 @@ export class Agent {
     for (const w of plan.wanted) if (imageOf(w)) puller.markPresent(w.key);
     let pullsAttempted = 0;
     const due = missing.filter((w) => puller.isDue(w.key));
-    const diskProblem = due.length > 0 ? await (earlyDiskCheck ?? this.opts.diskCheck?.problem()) : null;
+    let diskProblem = due.length > 0 ? await (earlyDiskCheck ?? this.opts.diskCheck?.problem()) : null;
     if (diskProblem) {
       log.warn({ missing: missing.length, err: diskProblem }, 'image filesystem above its high watermark; not pulling');
       for (const w of due) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
+    } else if (due.length > 0 && this.opts.sizeEstimator) {
+      diskProblem = await this.estimateFits(due, images, problems, signal);
+      if (diskProblem) {
+        log.warn({ missing: missing.length, err: diskProblem }, 'the images to pull would not fit below the high watermark; not pulling this batch');
+        for (const w of due) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
+      }
     }
 
     // 7. Report (also while pulls run, so a long pull shows its progress).
@@ -318,6 +331,7 @@ export class Agent {
         overriding: scan.overriding,
         pinFile: pinFile.name,
         history: this.history,
+        estimates: this.setEstimates,
       });
       this.history = history;
       this.opts.reporter.report(makeNodeStatus(this.opts.nodeName, pinFile.name, sets, new Date(this.now()).toISOString()));
@@ -370,10 +384,53 @@ export class Agent {
       );
     }
 
+    // An estimate is shown while its set still has images to download.
+    if (!runtimeError) {
+      const pending = new Set(plan.wanted.filter((w) => !imageOf(w)).flatMap((w) => w.sets));
+      for (const k of [...this.setEstimates.keys()]) if (!pending.has(k)) this.setEstimates.delete(k);
+    }
     const sets = report();
     if (!runtimeError) this.knownPresent = new Set(plan.wanted.filter((w) => imageOf(w)).map((w) => w.key));
     if (!runtimeError) this.firstSyncDone = true;
     return { plan, sets, wrote, reloaded, pullsAttempted, runtimeReachable: runtimeError === undefined };
+  }
+
+  /**
+   * Whether the images about to be downloaded fit below the watermark,
+   * estimated from the registries; null when they do or when it cannot be
+   * told (sizes unknown, filesystem not measurable), else why not. An image
+   * whose content the runtime holds under another name is a name-only pull
+   * and costs nothing.
+   */
+  private async estimateFits(due: readonly WantedImage[], images: readonly RuntimeImage[], problems: ProblemLog, signal: AbortSignal): Promise<string | null> {
+    const held = new Set(images.flatMap((i) => i.repoDigests.map((d) => d.slice(d.lastIndexOf('@') + 1))));
+    const download = due.filter((w) => !held.has(w.reference.digest));
+    if (download.length === 0) return null;
+    const refs = [...new Set(download.map((w) => w.reference.reference))];
+    const sizes = await this.opts.sizeEstimator!.sizes(refs, signal);
+    checkpoint(signal);
+    const factor = this.opts.diskEstimateFactor ?? 2;
+    const batch = estimateBatch(download.map((w) => ({ reference: w.reference.reference, sets: w.sets })), sizes, factor);
+    const unknownBySet = new Map<string, string>();
+    for (const u of batch.unknown) for (const w of download) if (w.reference.reference === u.reference) for (const k of w.sets) if (!unknownBySet.has(k)) unknownBySet.set(k, u.why);
+    for (const k of new Set(download.flatMap((w) => w.sets))) {
+      const bytes = batch.perSet.get(k);
+      const unknown = unknownBySet.get(k);
+      this.setEstimates.set(k, { ...(bytes !== undefined ? { bytes } : {}), ...(unknown ? { unknown } : {}) });
+    }
+    if (batch.unknown.length > 0) {
+      problems.warn({ unknown: batch.unknown.length, of: refs.length, first: batch.unknown[0]!.why }, 'size of images to pull unknown; pulling with the watermark check alone');
+    }
+    const check = this.opts.diskCheck;
+    const wm = check?.highWatermarkPercent ?? 0;
+    if (!check || wm <= 0 || wm >= 100) return null;
+    const space = await check.space();
+    if (!space) return null;
+    const room = roomBelowWatermark(space.size, space.used, wm);
+    this.log.info({ neededBytes: batch.neededBytes, roomBytes: room, images: download.length, unknown: batch.unknown.length, mountpoint: space.mountpoint }, 'disk estimate for the images to pull');
+    // With some sizes unknown the estimate is a lower bound: if even that does not fit, nothing will.
+    if (batch.neededBytes <= room) return null;
+    return noSpaceMessage(batch.neededBytes, room, wm, space.mountpoint, download.length - batch.unknown.length, batch.unknown.length);
   }
 
   /** Version (once) and ListImages; failures are returned, not thrown. */

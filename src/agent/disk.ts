@@ -33,6 +33,14 @@ export async function fsUsageOf(path: string): Promise<FsUsage | null> {
  */
 export const DISK_CHECK_TTL_MS = 10_000;
 
+/** An image filesystem as the disk check sees it. */
+export interface ImageFsSpace {
+  /** Where the runtime keeps images (CRI ImageFsInfo). */
+  mountpoint: string;
+  size: number;
+  used: number;
+}
+
 export class DiskCheck {
   private readonly runtime: ImageRuntime;
   readonly highWatermarkPercent: number;
@@ -58,6 +66,24 @@ export class DiskCheck {
     const answer = this.check();
     this.last = { at: this.now(), answer };
     return answer;
+  }
+
+  /**
+   * The image filesystem with the least room below the high watermark, or
+   * null when none can be measured (the estimate is then not compared).
+   */
+  async space(): Promise<ImageFsSpace | null> {
+    const filesystems = await this.runtime.imageFsInfo().catch(() => []);
+    let best: ImageFsSpace | null = null;
+    const room = (f: ImageFsSpace) => (f.size * this.highWatermarkPercent) / 100 - f.used;
+    for (const f of filesystems) {
+      if (!f.mountpoint) continue;
+      const u = await this.usageOf(f.mountpoint).catch(() => null);
+      if (!u || u.size <= 0) continue;
+      const s = { mountpoint: f.mountpoint, size: u.size, used: u.used };
+      if (!best || room(s) < room(best)) best = s;
+    }
+    return best;
   }
 
   private async check(): Promise<string | null> {

@@ -16,6 +16,7 @@ import { Agent } from './agent.ts';
 import type { KubeObserver } from './kube.ts';
 import type { EventRecorder } from './node-sinks.ts';
 import { DiskCheck } from './disk.ts';
+import { DEFAULT_DISK_ESTIMATE_FACTOR, lazyRegistrySizeEstimator } from './estimate.ts';
 import { ImagePuller } from './puller.ts';
 import { LogStatusSink, StatusReporter } from './status.ts';
 
@@ -48,6 +49,9 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
   { name: 'auth-file', env: 'PINSET_AUTH_FILE', type: 'string', default: '/var/lib/kubelet/config.json', help: 'registry credentials, docker config.json format (missing = anonymous pulls)' },
   { name: 'max-parallel-pulls', env: 'PINSET_MAX_PARALLEL_PULLS', type: 'int', default: DEFAULT_MAX_PARALLEL_PULLS, help: 'images pulled at the same time' },
   { name: 'image-fs-high-watermark', env: 'PINSET_IMAGE_FS_HIGH_WATERMARK', type: 'int', default: 85, help: 'pulls wait while the image filesystem is at least this % full (the kubelet\'s image GC threshold); 0 disables' },
+  { name: 'disk-estimate-factor', env: 'PINSET_DISK_ESTIMATE_FACTOR', type: 'number', default: DEFAULT_DISK_ESTIMATE_FACTOR, help: 'before pulling, estimated disk = compressed size of the images to download (from the registry) x this; a batch that would not fit below the watermark waits; 0 disables the estimate' },
+  { name: 'registries-conf', env: 'CONTAINERS_REGISTRIES_CONF', type: 'string', help: 'registries.conf with the node\'s mirrors, for the size estimate (default /etc/containers/registries.conf)' },
+  { name: 'registries-conf-dir', env: 'PINSET_REGISTRIES_CONF_DIR', type: 'string', default: '/etc/containers/registries.conf.d', help: 'drop-in folder of registries.conf' },
   { name: 'resync-interval', env: 'PINSET_RESYNC_INTERVAL', type: 'duration', default: '5m', help: 'full reconcile at least this often' },
   { name: 'metrics-addr', env: 'PINSET_METRICS_ADDR', type: 'string', default: '0.0.0.0:9402', allowEmpty: true, help: 'host:port for /healthz, /readyz and /metrics ("" disables)' },
   { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['trace', 'debug', 'info', 'warn', 'error', 'fatal'], help: 'log level' },
@@ -132,6 +136,13 @@ export async function run(argv: string[]): Promise<number> {
   } else {
     reporter = new StatusReporter(new LogStatusSink(logger), { logger });
   }
+  const factor = Number(f['disk-estimate-factor']);
+  if (factor !== 0 && factor < 1) throw new UsageError('--disk-estimate-factor must be 0 (no estimate) or at least 1');
+  // The registry client is loaded on the first reconcile that has images to download.
+  const sizeEstimator =
+    factor > 0 && Number(f['image-fs-high-watermark']) > 0
+      ? lazyRegistrySizeEstimator({ credentials: authFile, file: f['registries-conf'] as string | undefined, dir: String(f['registries-conf-dir']), logger })
+      : null;
   agent = new Agent({
     nodeName,
     runtime,
@@ -147,6 +158,8 @@ export async function run(argv: string[]): Promise<number> {
     events,
     metrics,
     diskCheck: new DiskCheck(runtime, { highWatermarkPercent: Number(f['image-fs-high-watermark']) }),
+    sizeEstimator,
+    diskEstimateFactor: factor,
     resyncIntervalMs: Number(f['resync-interval']),
   });
   logger.info({ pinFile: pinFile.path, criEndpoint: f['cri-endpoint'], reload: f.reload, maxParallelPulls: maxParallel, host: hostname() }, 'pinset agent starting');

@@ -17,6 +17,7 @@ import { sameJson } from '../util/json.ts';
 import { Backoff } from './backoff.ts';
 import type { Plan, PlannedSet, WantedImage } from './plan.ts';
 import { wantedKey } from './plan.ts';
+import type { SetEstimate } from './estimate.ts';
 import type { PullFailure } from './puller.ts';
 
 /** What this node remembers per set across reconciles (and restarts, via the annotation). */
@@ -43,6 +44,8 @@ export interface StatusFacts {
   overriding: readonly DropinPins[];
   pinFile: string;
   history: ReadonlyMap<string, SetHistory>;
+  /** Per set key: the disk estimate of its images still to download (see ./estimate.ts). */
+  estimates?: ReadonlyMap<string, SetEstimate>;
 }
 
 const PULL_REASON: Record<FailureKind, string> = {
@@ -138,7 +141,9 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
     return { phase: 'Degraded', reason: m.reason, message: m.message + more, counts };
   }
   if (counts.present < counts.wanted) {
-    return { phase: 'Progressing', reason: 'Pulling', message: `${counts.present} of ${counts.wanted} images present`, counts };
+    const unknown = facts.estimates?.get(s.key)?.unknown;
+    const note = unknown ? `; size estimate unknown, so only the watermark was checked: ${unknown}` : '';
+    return { phase: 'Progressing', reason: 'Pulling', message: `${counts.present} of ${counts.wanted} images present${note}`, counts };
   }
   if (notInFile > 0) {
     return { phase: 'Progressing', reason: 'WaitingForPin', message: `${notInFile} image(s) are present but not yet in the pin file ${facts.pinFile}`, counts };
@@ -160,6 +165,7 @@ export function computeSetStatuses(facts: StatusFacts): { sets: NodeSetStatus[];
   for (const s of facts.plan.sets) {
     if (s.selection === 'not-selected' && s.specErrors.length === 0) continue;
     const { phase, reason, message, counts } = phaseOf(s, facts, wanted);
+    const estimated = phase === 'Ready' ? undefined : facts.estimates?.get(s.key)?.bytes;
     const prev = facts.history.get(s.key) ?? { currentGeneration: 0 };
     const h: SetHistory = { ...prev };
     if (phase === 'Ready') h.currentGeneration = s.generation;
@@ -176,6 +182,7 @@ export function computeSetStatuses(facts: StatusFacts): { sets: NodeSetStatus[];
       currentGeneration: h.currentGeneration,
       ...(h.lastFailedGeneration !== undefined ? { lastFailedGeneration: h.lastFailedGeneration, lastFailedGenerationError: h.lastFailedGenerationError } : {}),
       images: counts,
+      ...(estimated !== undefined ? { estimatedBytes: estimated } : {}),
       phase,
       reason,
       ...(message ? { message: cutBytes(message, STATUS_MAX_ERROR_BYTES) } : {}),

@@ -58,6 +58,7 @@ function readSetEntry(v: unknown): NodeSetStatus | string {
   if (typeof v.phase !== 'string' || !PHASES.has(v.phase)) return 'phase: not Progressing, Ready or Degraded';
   if (v.reason !== undefined && typeof v.reason !== 'string') return 'reason: not a string';
   if (v.message !== undefined && typeof v.message !== 'string') return 'message: not a string';
+  if (v.estimatedBytes !== undefined && !isCount(v.estimatedBytes)) return 'estimatedBytes: not a non-negative integer';
   const images = readImages(v.images);
   if (typeof images === 'string') return images;
   const entry: NodeSetStatus = {
@@ -73,6 +74,7 @@ function readSetEntry(v: unknown): NodeSetStatus | string {
   if (v.lastFailedGeneration !== undefined) entry.lastFailedGeneration = v.lastFailedGeneration as number;
   if (typeof v.lastFailedGenerationError === 'string') entry.lastFailedGenerationError = v.lastFailedGenerationError;
   if (typeof v.message === 'string') entry.message = v.message;
+  if (v.estimatedBytes !== undefined) entry.estimatedBytes = v.estimatedBytes as number;
   return entry;
 }
 

@@ -118,6 +118,12 @@ export interface NodeSetStatus {
   /** At most STATUS_MAX_ERROR_BYTES. */
   lastFailedGenerationError?: string;
   images: SetImageCounts;
+  /**
+   * Estimated disk for this set's images still to download on this node
+   * (distinct compressed layers and configs x the disk estimate factor);
+   * absent when nothing is left to download or no size is known.
+   */
+  estimatedBytes?: number;
   phase: SetPhase;
   /** CamelCase, e.g. AllImagesPinned, Pulling, ImageNotFound, PinsOverridden. */
   reason: string;

@@ -7,14 +7,12 @@
 import { RegistryError } from '../registry/client.ts';
 import { formatPlatform, hostPlatform, ManifestError, parsePlatform, type Platform } from '../registry/manifest.ts';
 import { formatImageName, parseImageName, type ImageName } from '../registry/names.ts';
-import { distinctBytes, formatBytes, imageCost, PlatformNotFoundError, type ImageCost } from '../registry/size.ts';
+import { DEFAULT_DISK_ESTIMATE_FACTOR, distinctBytes, formatBytes, imageCost, PlatformNotFoundError, type ImageCost } from '../registry/size.ts';
 import { helpText, parseFlags, UsageError, type FlagSpec } from './flags.ts';
 import { readInputs } from './image-input.ts';
 import { mapLimit, REGISTRY_FLAGS, registryClientFrom } from './registry-options.ts';
 import type { CommandIO } from './resolve.ts';
 
-/** The enhancement's heuristic: an image takes about twice its compressed size once unpacked. */
-export const DEFAULT_DISK_ESTIMATE_FACTOR = 2;
 
 export const SIZE_FLAGS: readonly FlagSpec[] = [
   { name: 'output', short: 'o', type: 'string', choices: ['table', 'yaml', 'json'], default: 'table', help: 'output format' },

@@ -5,11 +5,12 @@ import { selectorErrors, selectorMatches } from '../api/selector.ts';
 import { GROUP, PLURAL, VERSION, type NodeSetStatus, type PinnedImageSet } from '../api/types.ts';
 import { loadClientKubeConfig } from '../api/kubeconfig.ts';
 import { readNodeStatus, type NodeStatusReading } from '../api/node-status.ts';
+import { formatBytes } from '../registry/size.ts';
 import { helpText, parseFlags, type FlagSpec } from './flags.ts';
 
 export const STATUS_FLAGS: readonly FlagSpec[] = [
   { name: 'set', type: 'string', help: 'show only this PinnedImageSet' },
-  { name: 'output', type: 'string', default: 'table', choices: ['table', 'json'], help: 'output format', short: 'o' },
+  { name: 'output', type: 'string', default: 'table', choices: ['table', 'wide', 'json'], help: 'output format (wide adds each set\'s disk estimate for what it still has to download)', short: 'o' },
   { name: 'kubeconfig', env: 'KUBECONFIG', type: 'string', help: 'kubeconfig file; the usual search (~/.kube/config, in-cluster) when unset' },
   { name: 'timeout', env: 'PINSET_STATUS_TIMEOUT', type: 'duration', default: '15s', help: 'give up reaching the API server after this long' },
 ];
@@ -27,6 +28,8 @@ export interface StatusRow {
   images: string;
   generation: string;
   age: string;
+  /** Disk estimate of the images still to download ("-" when none). */
+  estimate: string;
   error: string;
 }
 
@@ -91,7 +94,7 @@ export function statusRows(
     const { status, error } = node.reading;
     const updated = status?.updatedAt ? Date.parse(status.updatedAt) : NaN;
     const age = Number.isNaN(updated) ? '<unknown>' : formatAge(now.getTime() - updated);
-    const empty = { images: '-', generation: '-', age: '-' };
+    const empty = { images: '-', generation: '-', age: '-', estimate: '-' };
     let entries = status?.sets ?? [];
     if (only) entries = entries.filter((e) => e.name === only.name);
     const mismatch = only?.uid ? entries.filter((e) => e.source === 'api' && e.uid && e.uid !== only.uid) : [];
@@ -102,7 +105,7 @@ export function statusRows(
       else if (!status) rows.push({ node: node.name, set: only?.name ?? '<none>', phase: 'NotReported', ...empty, error: '' });
       else {
         const why = mismatch.length > 0 ? 'the report is about an earlier set of the same name' : '';
-        rows.push({ node: node.name, set: only?.name ?? '<none>', phase: only ? 'NotReported' : '-', images: '-', generation: '-', age, error: why });
+        rows.push({ node: node.name, set: only?.name ?? '<none>', phase: only ? 'NotReported' : '-', images: '-', generation: '-', age, estimate: '-', error: why });
       }
       continue;
     }
@@ -114,6 +117,7 @@ export function statusRows(
         images: `${e.images.present}/${e.images.wanted}`,
         generation: `${e.currentGeneration}/${e.desiredGeneration}`,
         age,
+        estimate: e.estimatedBytes !== undefined ? formatBytes(e.estimatedBytes) : '-',
         error: errorOf(e),
       });
     }
@@ -128,6 +132,7 @@ const HEADERS: Record<keyof StatusRow, string> = {
   images: 'IMAGES',
   generation: 'GENERATION',
   age: 'AGE',
+  estimate: 'ESTIMATE',
   error: 'ERROR',
 };
 const GAP = 3;
@@ -140,8 +145,8 @@ function cut(s: string, width: number): string {
 }
 
 /** kubectl-style columns; the ERROR column is cut so each line fits `width`. */
-export function renderTable(rows: readonly StatusRow[], width: number): string {
-  const cols = ['node', 'set', 'phase', 'images', 'generation', 'age'] as const;
+export function renderTable(rows: readonly StatusRow[], width: number, wide = false): string {
+  const cols = wide ? (['node', 'set', 'phase', 'images', 'generation', 'age', 'estimate'] as const) : (['node', 'set', 'phase', 'images', 'generation', 'age'] as const);
   const widths = cols.map((c) => Math.max(HEADERS[c].length, ...rows.map((r) => [...r[c]].length)));
   const line = (r: Record<keyof StatusRow, string>) => {
     const left = cols.map((c, i) => r[c] + ' '.repeat(widths[i]! - [...r[c]].length + GAP)).join('');
@@ -193,7 +198,7 @@ async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<
 export async function run(argv: string[]): Promise<number> {
   const { values } = parseFlags(STATUS_FLAGS, argv);
   if (values.help) {
-    process.stdout.write(helpText('pinset status [--set NAME] [-o table|json] [--kubeconfig FILE]', 'Show, per node and set, what the agents report.', STATUS_FLAGS));
+    process.stdout.write(helpText('pinset status [--set NAME] [-o table|wide|json] [--kubeconfig FILE]', 'Show, per node and set, what the agents report.', STATUS_FLAGS));
     return 0;
   }
   let kc: KubeConfig;
@@ -263,6 +268,6 @@ export async function run(argv: string[]): Promise<number> {
     process.stdout.write(setName ? `No node reports on set ${setName}.\n` : 'No nodes found.\n');
     return 0;
   }
-  process.stdout.write(renderTable(rows, terminalWidth()));
+  process.stdout.write(renderTable(rows, terminalWidth(), values.output === 'wide'));
   return 0;
 }

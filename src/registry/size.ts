@@ -20,6 +20,9 @@ export interface ImageCost {
   downloadBytes: number;
 }
 
+/** The enhancement's heuristic: an image takes about twice its compressed size on disk once unpacked. */
+export const DEFAULT_DISK_ESTIMATE_FACTOR = 2;
+
 export class PlatformNotFoundError extends Error {
   override name = 'PlatformNotFoundError';
 }

@@ -70,7 +70,7 @@ before(async () => {
   node(
     'worker-b',
     report('worker-b', 20 * 60_000, [
-      entry({ phase: 'Degraded', reason: 'ImageNotFound', currentGeneration: 1, lastFailedGeneration: 2, lastFailedGenerationError: LONG_ERROR, images: { wanted: 3, present: 2, pinned: 3, failed: 1, invalid: 0 } }),
+      entry({ phase: 'Degraded', reason: 'ImageNotFound', currentGeneration: 1, lastFailedGeneration: 2, lastFailedGenerationError: LONG_ERROR, images: { wanted: 3, present: 2, pinned: 3, failed: 1, invalid: 0 }, estimatedBytes: 5 * 1024 ** 3 }),
     ]),
   );
   node('worker-c');
@@ -109,6 +109,16 @@ describe('pinset status', () => {
     // Nodes in name order.
     const nodes = lines.slice(1).map((l) => l.split(/\s+/)[0]);
     assert.deepEqual(nodes, [...nodes].sort());
+  });
+
+  test('-o wide adds each set\'s disk estimate for what it still has to download', async () => {
+    const { code, stdout, stderr } = await pinset(['--kubeconfig', kubeconfig, '-o', 'wide'], { COLUMNS: '160' });
+    assert.equal(code, 0, stderr);
+    const lines = stdout.trimEnd().split('\n');
+    assert.match(lines[0]!, /^NODE\s+SET\s+PHASE\s+IMAGES\s+GENERATION\s+AGE\s+ESTIMATE\s+ERROR$/);
+    const cells = (node: string) => lines.find((l) => l.startsWith(`${node} `))!.split(/\s{2,}/);
+    assert.deepEqual(cells('worker-b').slice(0, 7), ['worker-b', 'upgrade', 'Degraded', '2/3', '1/2', '20m', '5.0 GiB']);
+    assert.equal(cells('worker-a')[6], '-');
   });
 
   test('--set shows that set only, and the selected nodes that have not reported on it', async () => {
@@ -164,7 +174,7 @@ describe('pinset status', () => {
   test('a bad -o value is a usage error', async () => {
     const { code, stderr } = await pinset(['--kubeconfig', kubeconfig, '-o', 'yaml']);
     assert.equal(code, 2);
-    assert.match(stderr, /table, json/);
+    assert.match(stderr, /table, wide, json/);
   });
 });
 

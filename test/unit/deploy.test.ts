@@ -138,7 +138,7 @@ describe('kubectl kustomize deploy', { skip }, () => {
       assert.match(await readFile(path.join(ROOT, 'deploy/agent/daemonset.yaml'), 'utf8'), /BENCHMARKS\.md/);
     });
 
-    test('host paths: CRI-O socket folder, CRI-O config (read-only), drop-in folder (writable), D-Bus socket, kubelet auth (read-only), static sets (read-only)', () => {
+    test('host paths: CRI-O socket folder, CRI-O config (read-only), drop-in folder (writable), D-Bus socket, kubelet auth (read-only), static sets (read-only), registries.conf (read-only)', () => {
       const volumes: Record<string, Obj> = Object.fromEntries((pod().volumes as Obj[]).map((v) => [v.name, v.hostPath]));
       const mounts: Record<string, Obj> = Object.fromEntries((container().volumeMounts as Obj[]).map((m) => [m.mountPath, m]));
       const expect: [string, string, string | undefined, boolean][] = [
@@ -149,6 +149,7 @@ describe('kubectl kustomize deploy', { skip }, () => {
         ['/run/dbus/system_bus_socket', 'Socket', '/run/dbus/system_bus_socket', true],
         ['/var/lib/kubelet/config.json', 'File', '/var/lib/kubelet/config.json', true],
         ['/etc/pinset/sets.d', 'DirectoryOrCreate', '/etc/pinset/sets.d', true],
+        ['/etc/containers', 'DirectoryOrCreate', '/etc/containers', true],
       ];
       assert.equal(Object.keys(volumes).length, expect.length, 'no other volumes');
       for (const [hostPath, type, mountPath, readOnly] of expect) {

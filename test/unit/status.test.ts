@@ -489,3 +489,20 @@ describe('StatusReporter', () => {
     r.close();
   });
 });
+
+describe('computeSetStatuses: the disk estimate', () => {
+  test('a set still pulling shows its estimate in bytes, and says when the estimate is unknown; a Ready set shows none', () => {
+    const p = plan([observed('web', [A, B])]);
+    const pulling = only(facts(p, { present: isA, estimates: new Map([['api/web', { bytes: 3_000_000, unknown: 'registry.example.com:5000 cannot be reached: ECONNREFUSED' }]]) }));
+    assert.equal(pulling.phase, 'Progressing');
+    assert.equal(pulling.estimatedBytes, 3_000_000);
+    assert.match(pulling.message!, /^1 of 2 images present; size estimate unknown, so only the watermark was checked: registry\.example\.com:5000 cannot be reached/);
+    const ready = only(facts(p, { estimates: new Map([['api/web', { bytes: 3_000_000 }]]) }));
+    assert.equal(ready.phase, 'Ready');
+    assert.equal(ready.estimatedBytes, undefined);
+    // The annotation reader keeps the field, and refuses a malformed one.
+    const doc = (e: unknown) => JSON.stringify({ version: 1, node: 'n', pinFile: PIN_FILE, updatedAt: '2026-01-01T00:00:00Z', sets: [{ ...pulling, estimatedBytes: e }] });
+    assert.equal(readAnnotation(doc(3_000_000)).status?.sets[0]?.estimatedBytes, 3_000_000);
+    assert.equal(readAnnotation(doc(-1)).status?.sets.length ?? 0, 0);
+  });
+});

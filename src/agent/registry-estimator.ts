@@ -1,0 +1,81 @@
+// The size estimator that asks the registries (see ./estimate.ts): each
+// image's manifest (for an index, the node's platform's), its config and
+// layer sizes. Manifests by digest come from the client's cache after the
+// first time; a registry found unreachable is not asked again for a minute,
+// so a reconcile never waits on it image by image; the whole estimate has a
+// time budget.
+import { RegistryError, type RegistryClient } from '../registry/client.ts';
+import { hostPlatform, type Platform } from '../registry/manifest.ts';
+import { parseImageName } from '../registry/names.ts';
+import { imageCost, PlatformNotFoundError } from '../registry/size.ts';
+import type { ImageSizes, SizeEstimator } from './estimate.ts';
+
+/** A registry found unreachable is not asked again for this long (so a reconcile never waits on it image by image). */
+export const UNREACHABLE_MEMORY_MS = 60_000;
+
+export interface RegistrySizeEstimatorOptions {
+  platform?: Platform;
+  /** Manifest requests in flight at once. Default 8. */
+  parallel?: number;
+  /** No estimate takes longer than this; what is not known by then is unknown. Default 60 s. */
+  budgetMs?: number;
+  now?: () => number;
+}
+
+export class RegistrySizeEstimator implements SizeEstimator {
+  private readonly client: RegistryClient;
+  private readonly platform: Platform;
+  private readonly parallel: number;
+  private readonly budgetMs: number;
+  private readonly now: () => number;
+  /** host -> until when it is taken as unreachable, and what it said. */
+  private readonly unreachable = new Map<string, { until: number; why: string }>();
+
+  constructor(client: RegistryClient, opts: RegistrySizeEstimatorOptions = {}) {
+    this.client = client;
+    this.platform = opts.platform ?? hostPlatform();
+    this.parallel = opts.parallel ?? 8;
+    this.budgetMs = opts.budgetMs ?? 60_000;
+    this.now = opts.now ?? Date.now;
+  }
+
+  async sizes(references: readonly string[], signal?: AbortSignal): Promise<Map<string, ImageSizes>> {
+    const out = new Map<string, ImageSizes>();
+    const budget = AbortSignal.timeout(this.budgetMs);
+    const sig = signal ? AbortSignal.any([signal, budget]) : budget;
+    let next = 0;
+    const worker = async () => {
+      while (next < references.length) {
+        const ref = references[next++]!;
+        out.set(ref, await this.one(ref, sig));
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(this.parallel, references.length) }, worker));
+    if (signal?.aborted) throw signal.reason;
+    return out;
+  }
+
+  private async one(ref: string, signal: AbortSignal): Promise<ImageSizes> {
+    const parsed = parseImageName(ref);
+    if (!parsed.ok) return { unknown: parsed.error };
+    const name = parsed.value;
+    const down = this.unreachable.get(name.host);
+    if (down && down.until > this.now()) return { unknown: down.why };
+    if (signal.aborted) return { unknown: 'the size estimate ran out of time' };
+    try {
+      const cost = await imageCost(this.client, name, this.platform, signal);
+      const blobs = new Map<string, number>([[cost.config.digest, cost.config.size]]);
+      for (const l of cost.layers) blobs.set(l.digest, l.size);
+      return { blobs };
+    } catch (e) {
+      if (signal.aborted) return { unknown: 'the size estimate ran out of time' };
+      if (e instanceof RegistryError) {
+        if (e.kind === 'Unavailable') this.unreachable.set(name.host, { until: this.now() + UNREACHABLE_MEMORY_MS, why: e.message });
+        return { unknown: e.message };
+      }
+      if (e instanceof PlatformNotFoundError) return { unknown: `${ref}: ${e.message}` };
+      return { unknown: `${ref}: ${(e as Error).message}` };
+    }
+  }
+}
+
