@@ -130,3 +130,16 @@ describe('helpText', () => {
     assert.match(lines.find((l) => l.includes('--once'))!, /^ {2}--once {2,}one reconcile/);
   });
 });
+
+describe('number flags', () => {
+  const factor: FlagSpec[] = [{ name: 'disk-estimate-factor', env: 'PINSET_DISK_ESTIMATE_FACTOR', type: 'number', default: 2, help: 'x' }];
+  test('whole and decimal numbers, from the command line or the environment; the default otherwise', () => {
+    assert.equal(parseFlags(factor, ['--disk-estimate-factor', '1.5'], {}).values['disk-estimate-factor'], 1.5);
+    assert.equal(parseFlags(factor, [], { PINSET_DISK_ESTIMATE_FACTOR: '3' }).values['disk-estimate-factor'], 3);
+    assert.equal(parseFlags(factor, [], {}).values['disk-estimate-factor'], 2);
+  });
+  test('anything else is a usage error naming where it came from', () => {
+    assert.throws(() => parseFlags(factor, ['--disk-estimate-factor=two'], {}), /--disk-estimate-factor: "two" is not a number/);
+    assert.throws(() => parseFlags(factor, [], { PINSET_DISK_ESTIMATE_FACTOR: '-1' }), /PINSET_DISK_ESTIMATE_FACTOR: "-1" is not a number/);
+  });
+});
