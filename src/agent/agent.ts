@@ -25,7 +25,7 @@ import type { KubeObserver } from './kube.ts';
 import type { EventRecorder } from './node-sinks.ts';
 import { planReconcile, type ObservedSet, type Plan, type WantedImage } from './plan.ts';
 import type { ImagePuller, PullResult } from './puller.ts';
-import { readStaticSets } from './static.ts';
+import { StaticSource } from './static.ts';
 import { computeSetStatuses, historyFromStatus, makeNodeStatus, type SetHistory, type StatusReporter } from './status.ts';
 
 export interface AgentOptions {
@@ -108,6 +108,7 @@ export class Agent {
   private readonly now: () => number;
   private history = new Map<string, SetHistory>();
   private readonly lastPhase = new Map<string, SetPhase>();
+  private readonly staticSource: StaticSource;
   runtimeInfo: RuntimeInfo | undefined;
   lastResult: ReconcileResult | undefined;
   /** Time the loop last finished a pass (for /healthz). */
@@ -146,6 +147,7 @@ export class Agent {
     this.opts = opts;
     this.log = opts.logger;
     this.now = opts.now ?? Date.now;
+    this.staticSource = new StaticSource(opts.staticDir, opts.logger);
   }
 
   /** Ask for a reconcile. `cancel`: the desired state changed, so a running reconcile is stale. */
@@ -201,8 +203,8 @@ export class Agent {
     const apiSets: ObservedSet[] | null = kubeSets === null ? null : kubeSets.map((o: PinnedImageSet) => ({ source: 'api', object: o, origin: 'api' }));
     // Problems that persist are logged when they appear, not on every resync.
     const problems = new ProblemLog(log, this.loggedProblems);
-    const stat = await readStaticSets(this.opts.staticDir);
-    for (const p of stat.problems) problems.warn({ file: p.origin, err: p.error }, 'static set file skipped; keeping current pins until it can be read');
+    // The static source logs its files' problems itself, once per change.
+    const stat = await this.staticSource.read();
     const scan = await pinFile.scan();
     for (const p of scan.problems) problems.warn({ file: p.file, err: p.error }, 'CRI-O configuration file could not be read');
     await this.opts.authFile?.refresh().catch((e) => problems.warn({ err: errMessage(e) }, 'auth file unreadable; pulling anonymously'));
@@ -214,7 +216,7 @@ export class Agent {
       labels,
       apiSets,
       staticSets: stat.sets,
-      staticProblems: stat.problems,
+      staticProblems: stat.unknown,
       currentPins: scan.ownPins,
       carriedPins: scan.before.flatMap((b) => b.pins),
     });

@@ -12,9 +12,11 @@ export interface ObservedSet {
   object: unknown;
   /** Where it came from, for messages: "api" or a file path and document number. */
   origin: string;
+  /** A static set kept from its file's last readable content: the file cannot be read now. */
+  held?: { file: string; error: string };
 }
 
-/** A static file that could not be read as YAML: its sets are unknown. */
+/** A static file (or the static folder) that could not be read, and whose sets are unknown. */
 export interface SourceProblem {
   origin: string;
   error: string;
@@ -25,7 +27,14 @@ export interface PlanInput {
   labels: Labels | null;
   /** Sets from the API; null when the API is configured but no list has succeeded yet. */
   apiSets: readonly ObservedSet[] | null;
+  /** Static sets read now, and those held from files that cannot be read now (see static.ts). */
   staticSets: readonly ObservedSet[];
+  /**
+   * Static files whose sets are unknown (unreadable since the agent
+   * started): every current pin is kept. A file whose last readable content
+   * is known is not here: its sets are held in staticSets instead, so only
+   * their pins are kept.
+   */
   staticProblems: readonly SourceProblem[];
   /** Pins in the agent's own file now: kept while the observation is incomplete. */
   currentPins: readonly string[];
@@ -51,6 +60,8 @@ export interface PlannedSet {
   invalidImages: ImageProblem[];
   /** Valid references, de-duplicated. */
   references: ParsedReference[];
+  /** Held from a static file that cannot be read now (see ObservedSet.held). */
+  held?: { file: string; error: string };
 }
 
 export interface WantedImage {
@@ -68,7 +79,7 @@ export interface Plan {
   wanted: WantedImage[];
   /** The pin file's list: sorted, unique. */
   pins: string[];
-  /** Pins kept only because the observation was incomplete (API not listed, labels unknown, bad static file). */
+  /** Pins kept only because the observation was incomplete (API not listed, labels unknown, a static file never read). */
   retained: string[];
   /** Why pins were retained, for logs; empty when the observation was complete. */
   retainReasons: string[];
@@ -103,6 +114,7 @@ function planSet(o: ObservedSet, labels: Labels | null): PlannedSet {
     specErrors: v.errors,
     invalidImages: v.imageProblems,
     references: v.images,
+    ...(o.held ? { held: o.held } : {}),
   };
   // A set whose selector cannot be read selects nothing: it is reported, not applied.
   const selectorBroken = v.errors.some((e) => e.startsWith('spec.nodeSelector')) || !set?.spec;
@@ -144,7 +156,7 @@ export function planReconcile(input: PlanInput): Plan {
 
   const retainReasons: string[] = [];
   if (input.apiSets === null) retainReasons.push('the API has not been listed yet');
-  if (input.staticProblems.length > 0) retainReasons.push(`${input.staticProblems.length} static file(s) could not be read`);
+  if (input.staticProblems.length > 0) retainReasons.push(`${input.staticProblems.length} static file(s) could not be read and what they held is unknown`);
   if (sets.some((s) => s.selection === 'unknown')) retainReasons.push('the node labels are unknown');
 
   const pins = new Set<string>(input.carriedPins);

@@ -1,49 +1,247 @@
 // Sets from the static folder (--static-dir): YAML files of PinnedImageSet
 // documents, for nodes that must pin before (or without) an API server,
-// e.g. a bootstrap host. A missing folder means no static sets. A file that
-// cannot be read or parsed is reported; its sets are unknown, so the
-// planner keeps the current pins rather than drop them.
+// e.g. a bootstrap host, or a ConfigMap mounted into the agent's pod.
+//
+// The folder as Kubernetes and people fill it:
+// - A ConfigMap or Secret volume holds each key as a symbolic link
+//   (`sets.yaml -> ..data/sets.yaml`, `..data -> ..2026_11_24_...`), which
+//   the kubelet swaps atomically on an update. Files reached through links
+//   are read. Names starting with "." are skipped: the kubelet's own `..`
+//   entries, and hidden files (editor swap files, partial copies).
+// - Only names ending in .yaml, .yml or .json are set files.
+// - A set file that stops being a readable regular file (its link target
+//   gone, a link loop, a folder in its place, permission denied, an I/O
+//   error, a YAML problem of any kind, too large) keeps the sets of its last
+//   readable content, and is reported, until it is readable again or its
+//   name is gone from the folder. Only a name removed from the folder
+//   removes its sets: "faults never unpin". So this source remembers what
+//   each file last contributed. A file that has been unreadable since the
+//   agent started has no such memory: its sets are unknown, and the planner
+//   keeps every current pin instead.
+// - One file's problem never touches another file's sets.
+import { constants as fsc } from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
+import type { Logger } from 'pino';
 import { parseYamlDocuments } from '../api/yaml.ts';
 import type { ObservedSet, SourceProblem } from './plan.ts';
 
 const SET_FILE = /\.(ya?ml|json)$/i;
 
+/**
+ * Largest set file read. A ConfigMap holds at most 1 MiB in all, and a set
+ * of 500 references (the API's limit) is about 60 KiB of YAML; a larger file
+ * is a mistake, and is refused before it is parsed.
+ */
+export const STATIC_FILE_MAX_BYTES = 1024 * 1024;
+
+export interface StaticFileProblem {
+  /** The file's path (or the folder's, when the folder itself cannot be read). */
+  file: string;
+  error: string;
+  /** Names of the sets kept from the file's last readable content; null when that content is unknown. */
+  held: string[] | null;
+}
+
 export interface StaticRead {
+  /** Sets read now, and sets held from files that are unreadable now (marked `held`). */
   sets: ObservedSet[];
-  problems: SourceProblem[];
-  /** Files read, for logs. */
+  /** Every file that could not be read as sets, for logs and status. */
+  problems: StaticFileProblem[];
+  /** Files (or the folder) whose sets are unknown: the planner keeps the current pins for them. */
+  unknown: SourceProblem[];
+  /** Set files found, read or not. */
   files: string[];
 }
 
-export async function readStaticSets(dir: string): Promise<StaticRead> {
-  const out: StaticRead = { sets: [], problems: [], files: [] };
-  let names: string[];
+type ParseResult = { sets: ObservedSet[] } | { error: string };
+
+interface FileState {
+  /** Sets from the file's last readable content; undefined when it has not been readable since the agent started. */
+  good?: ObservedSet[];
+  /** The text last parsed and what it gave: identical text is not parsed again. */
+  lastText?: string;
+  lastParse?: ParseResult;
+  /** The problem reported now ('' when readable): a log line is written when it changes. */
+  problem: string;
+}
+
+function codeOf(e: unknown): string | undefined {
+  return (e as NodeJS.ErrnoException | null)?.code;
+}
+
+function describeError(e: unknown): string {
+  const code = codeOf(e);
+  switch (code) {
+    case 'ELOOP':
+      return 'a loop of symbolic links (ELOOP)';
+    case 'EACCES':
+    case 'EPERM':
+      return `permission denied (${code})`;
+    case 'EIO':
+      return 'an I/O error (EIO)';
+    default:
+      return (e instanceof Error ? e.message : String(e)).split('\n')[0]!.slice(0, 300);
+  }
+}
+
+/** The file's text, or why it cannot be read; 'gone' when its name is no longer in the folder. */
+async function readSetFile(file: string): Promise<{ text: string } | { error: string } | 'gone'> {
+  let fh: fsp.FileHandle;
   try {
-    names = (await fsp.readdir(dir, { withFileTypes: true })).filter((e) => e.isFile() && SET_FILE.test(e.name) && !e.name.startsWith('.')).map((e) => e.name).sort();
+    // O_NONBLOCK: a FIFO in the folder must not hang the agent; it is refused below as not a regular file.
+    fh = await fsp.open(file, fsc.O_RDONLY | fsc.O_NONBLOCK | fsc.O_NOCTTY);
   } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code;
-    if (code === 'ENOENT' || code === 'ENOTDIR') return out;
-    out.problems.push({ origin: dir, error: `cannot read the static folder: ${(e as Error).message}` });
+    if (codeOf(e) !== 'ENOENT') return { error: describeError(e) };
+    // Gone, or a symbolic link whose target is gone (a ConfigMap key removed
+    // while its link stays, a link to an unmounted path).
+    const st = await fsp.lstat(file).catch(() => null);
+    if (!st) return 'gone';
+    if (st.isSymbolicLink()) {
+      const target = await fsp.readlink(file).catch(() => '?');
+      return { error: `its symbolic link points to ${target}, which does not exist` };
+    }
+    return { error: describeError(e) };
+  }
+  try {
+    const st = await fh.stat();
+    if (st.isDirectory()) return { error: 'it is a folder, not a file' };
+    if (!st.isFile()) return { error: 'it is not a regular file' };
+    if (st.size > STATIC_FILE_MAX_BYTES) return { error: `it is ${st.size} bytes, more than the ${STATIC_FILE_MAX_BYTES}-byte limit for a set file` };
+    // Read at most one byte past the limit: a file that grows while read is refused too.
+    const buf = Buffer.alloc(STATIC_FILE_MAX_BYTES + 1);
+    let len = 0;
+    for (;;) {
+      const { bytesRead } = await fh.read(buf, len, buf.length - len, len);
+      if (bytesRead === 0) break;
+      len += bytesRead;
+      if (len > STATIC_FILE_MAX_BYTES) return { error: `it is more than the ${STATIC_FILE_MAX_BYTES}-byte limit for a set file` };
+    }
+    try {
+      return { text: new TextDecoder('utf-8', { fatal: true }).decode(buf.subarray(0, len)) };
+    } catch {
+      return { error: 'it is not UTF-8 text' };
+    }
+  } catch (e) {
+    return { error: describeError(e) };
+  } finally {
+    await fh.close().catch(() => {});
+  }
+}
+
+/** Every document of a file, or the file's first problem: a file is applied whole or not at all. */
+function parseSetFile(file: string, text: string): ParseResult {
+  const sets: ObservedSet[] = [];
+  const docs = parseYamlDocuments(text);
+  for (const [i, d] of docs.entries()) {
+    if ('error' in d) return { error: `document ${i + 1}: ${d.error}` };
+    sets.push({ source: 'static', object: d.value, origin: `${file} (document ${i + 1}, line ${d.line})` });
+  }
+  return { sets };
+}
+
+function setNames(sets: readonly ObservedSet[]): string[] {
+  return sets.map((s) => {
+    const name = (s.object as { metadata?: { name?: unknown } } | null)?.metadata?.name;
+    return typeof name === 'string' && name ? name : '(unnamed)';
+  });
+}
+
+/** The static folder, read once per reconcile, remembering what each file last contributed. */
+export class StaticSource {
+  readonly dir: string;
+  private readonly log: Logger | undefined;
+  private readonly files = new Map<string, FileState>();
+  /** The folder has been listed at least once: every file in it then is remembered. */
+  private listedOnce = false;
+  private folderProblem = '';
+
+  constructor(dir: string, logger?: Logger) {
+    this.dir = dir;
+    this.log = logger;
+  }
+
+  async read(): Promise<StaticRead> {
+    const out: StaticRead = { sets: [], problems: [], unknown: [], files: [] };
+    let names: string[];
+    try {
+      names = (await fsp.readdir(this.dir)).filter((n) => !n.startsWith('.') && SET_FILE.test(n)).sort();
+    } catch (e) {
+      const code = codeOf(e);
+      if (code === 'ENOENT') {
+        // No folder: no static sets (every file's name is gone).
+        names = [];
+      } else {
+        return this.folderUnreadable(out, `cannot read the static folder: ${describeError(e)}`);
+      }
+    }
+    if (this.folderProblem) {
+      this.log?.info({ dir: this.dir }, 'static folder readable again');
+      this.folderProblem = '';
+    }
+    this.listedOnce = true;
+
+    const listed = new Set(names);
+    for (const [name, st] of this.files) {
+      if (listed.has(name)) continue;
+      this.files.delete(name);
+      if (st.good?.length) this.log?.info({ file: path.join(this.dir, name), sets: setNames(st.good) }, 'static set file removed from the folder; its sets no longer apply');
+    }
+    for (const name of names) {
+      const file = path.join(this.dir, name);
+      const raw = await readSetFile(file);
+      if (raw === 'gone') {
+        this.files.delete(name);
+        continue;
+      }
+      out.files.push(file);
+      const st = this.files.get(name) ?? { problem: '' };
+      this.files.set(name, st);
+      let result: ParseResult;
+      if ('error' in raw) result = raw;
+      else if (st.lastText === raw.text && st.lastParse) result = st.lastParse;
+      else {
+        result = parseSetFile(file, raw.text);
+        st.lastText = raw.text;
+        st.lastParse = result;
+      }
+      if ('sets' in result) {
+        if (st.problem) this.log?.info({ file, sets: setNames(result.sets) }, 'static set file readable again');
+        st.problem = '';
+        st.good = result.sets;
+        out.sets.push(...result.sets);
+      } else {
+        this.hold(out, file, st, result.error);
+      }
+    }
     return out;
   }
-  for (const name of names) {
-    const file = path.join(dir, name);
-    out.files.push(file);
-    let text: string;
-    try {
-      text = await fsp.readFile(file, 'utf8');
-    } catch (e) {
-      out.problems.push({ origin: file, error: `cannot read: ${(e as Error).message}` });
-      continue;
+
+  /** A file that cannot be read now: its last readable sets stay, marked as held. */
+  private hold(out: StaticRead, file: string, st: FileState, error: string): void {
+    const held = st.good ? setNames(st.good) : null;
+    out.problems.push({ file, error, held });
+    if (st.good) out.sets.push(...st.good.map((s) => ({ ...s, held: { file, error } })));
+    else out.unknown.push({ origin: file, error });
+    if (st.problem !== error) {
+      st.problem = error;
+      if (held) this.log?.warn({ file, err: error, heldSets: held }, 'static set file unreadable; keeping the pins of its last readable content until it is readable again or removed');
+      else this.log?.warn({ file, err: error }, 'static set file unreadable since the agent started; its sets are unknown, so the current pins are kept');
     }
-    const docs = parseYamlDocuments(text);
-    docs.forEach((d, i) => {
-      const origin = `${file} (document ${i + 1}, line ${d.line})`;
-      if ('error' in d) out.problems.push({ origin, error: d.error });
-      else out.sets.push({ source: 'static', object: d.value, origin });
-    });
   }
-  return out;
+
+  private folderUnreadable(out: StaticRead, error: string): StaticRead {
+    if (this.folderProblem !== error) {
+      this.folderProblem = error;
+      this.log?.warn({ dir: this.dir, err: error }, 'static folder unreadable; keeping the pins of the files last read from it');
+    }
+    for (const [name, st] of this.files) {
+      const file = path.join(this.dir, name);
+      out.files.push(file);
+      this.hold(out, file, st, error);
+    }
+    // Files never read (nothing listed yet) are unknown.
+    if (!this.listedOnce) out.unknown.push({ origin: this.dir, error });
+    return out;
+  }
 }

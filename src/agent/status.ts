@@ -126,6 +126,14 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
       counts,
     };
   }
+  if (s.held) {
+    return {
+      phase: 'Degraded',
+      reason: 'StaticFileUnreadable',
+      message: `static file ${s.held.file} cannot be read (${s.held.error}); set ${s.name} keeps the pins of the file's last readable content until the file is readable again or removed from the folder`,
+      counts,
+    };
+  }
   if (facts.writeError) return { phase: 'Degraded', reason: 'PinFileWriteFailed', message: `the pin file ${facts.pinFile} could not be written: ${facts.writeError}`, counts };
   if (facts.reloadError) return { phase: 'Degraded', reason: 'ReloadFailed', message: `CRI-O was not reloaded after the pin file changed (retrying): ${facts.reloadError}`, counts };
   if (facts.runtimeError) return { phase: 'Degraded', reason: 'RuntimeUnavailable', message: `the container runtime could not be reached: ${facts.runtimeError}`, counts };

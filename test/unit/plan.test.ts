@@ -148,11 +148,31 @@ describe('planReconcile', () => {
     assert.deepEqual(p.retained, []);
   });
 
-  test('a static file that could not be read: current pins are retained', () => {
+  test('a static file unreadable since the start (its sets unknown): every current pin is retained', () => {
     const p = planReconcile(input({ staticProblems: [{ origin: '/etc/pinset/sets.d/x.yaml', error: 'bad indentation' }], currentPins: [A] }));
     assert.deepEqual(p.pins, [A]);
     assert.deepEqual(p.retained, [A]);
-    assert.deepEqual(p.retainReasons, ['1 static file(s) could not be read']);
+    assert.deepEqual(p.retainReasons, ['1 static file(s) could not be read and what they held is unknown']);
+  });
+
+  test('a static file unreadable now with known last content: exactly its sets are kept, nothing else retained', () => {
+    const held = { ...observed('from-x', [B], { source: 'static' }), held: { file: '/etc/pinset/sets.d/x.yaml', error: 'it is a folder, not a file' } };
+    const p = planReconcile(
+      input({
+        // D was pinned for an API set that has since been deleted: it goes, although a static file is unreadable.
+        apiSets: [observed('api', [A])],
+        staticSets: [held, observed('other', [C], { source: 'static' })],
+        currentPins: [A, B, C, D],
+      }),
+    );
+    assert.deepEqual(p.pins, [A, B, C]);
+    assert.deepEqual(p.retained, []);
+    assert.deepEqual(p.retainReasons, []);
+    const s = p.sets.find((x) => x.name === 'from-x')!;
+    assert.deepEqual(s.held, held.held);
+    assert.equal(s.selection, 'selected');
+    assert.equal(p.sets.find((x) => x.name === 'other')!.held, undefined);
+    assert.ok(p.wanted.some((w) => w.reference.reference === B), 'a held set stays wanted: its images are kept present too');
   });
 
   test('pins carried from earlier drop-ins are kept, and not counted as retained', () => {

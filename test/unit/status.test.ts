@@ -199,6 +199,18 @@ describe('computeSetStatuses: phases and reasons', () => {
     assert.equal(down.images.present, 0, 'nothing is known present when the runtime cannot be asked');
   });
 
+  test('StaticFileUnreadable: a set held from a file that cannot be read names the file; its images still count', () => {
+    const held: ObservedSet = { ...observed('boot', [A]), source: 'static', origin: '/etc/pinset/sets.d/boot.yaml (document 1, line 1)', held: { file: '/etc/pinset/sets.d/boot.yaml', error: 'it is a folder, not a file' } };
+    const p = plan([observed('web', [B])], { staticSets: [held] });
+    const { sets } = computeSetStatuses(facts(p));
+    const boot = sets.find((s) => s.name === 'boot')!;
+    assert.equal(boot.phase, 'Degraded');
+    assert.equal(boot.reason, 'StaticFileUnreadable');
+    assert.match(boot.message!, /static file \/etc\/pinset\/sets\.d\/boot\.yaml cannot be read \(it is a folder, not a file\); set boot keeps the pins/);
+    assert.deepEqual(boot.images, { wanted: 1, present: 1, pinned: 1, failed: 0, invalid: 0 });
+    assert.equal(sets.find((s) => s.name === 'web')!.phase, 'Ready', 'the other set is untouched');
+  });
+
   test('WaitingForNodeLabels while the labels are unknown', () => {
     const s = only(facts(plan([observed('web', [A], { selector: { matchLabels: { zone: 'a' } } })], { labels: null })));
     assert.equal(s.phase, 'Progressing');
