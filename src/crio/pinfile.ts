@@ -10,8 +10,16 @@
 //
 // The file name embeds a UUID, so no hand-written file can collide, and is
 // reused across restarts (found by prefix + the owner marker in its header).
-// Writes are atomic: temp file in the same folder, fsync, rename, fsync the
-// folder. The agent deletes only files it owns.
+//
+// Nothing half-written is ever visible to CRI-O. CRI-O reads every file in
+// crio.conf.d, dotfiles and subfolders included, and refuses to start on one
+// it cannot decode (facts/crio-pinning.md, "Observed on a real CRI-O"), so
+// the temp file is written and fsynced in a staging folder beside
+// crio.conf.d (`<parent>/.pinset/`, same filesystem and, in the DaemonSet and
+// the systemd unit, the same mount: rename(2) across mount points fails with
+// EXDEV even on one filesystem), then renamed into crio.conf.d, and the folder
+// fsynced. The agent deletes only its own pin file and the one temp file
+// whose exact name it generates.
 import { randomUUID } from 'node:crypto';
 import { constants as fsc } from 'node:fs';
 import * as fsp from 'node:fs/promises';
@@ -32,7 +40,13 @@ const HEADER = [
 ].join('\n');
 
 const uuidNameRe = /^99-pinset-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.conf$/;
-const tempNameRe = /^\.99-pinset-.*\.tmp$/;
+
+/** The staging folder beside the drop-in folder: temp files and the node lock live there, out of CRI-O's sight. */
+export const STAGING_DIR_NAME = '.pinset';
+
+export function stagingDirFor(dropInDir: string): string {
+  return path.join(path.dirname(path.resolve(dropInDir)), STAGING_DIR_NAME);
+}
 
 export interface DropinPins {
   /** Path relative to the drop-in folder (or the path of crio.conf). */
@@ -53,9 +67,13 @@ export interface DropinScan {
   problems: { file: string; error: string }[];
 }
 
-/** Test seam: called between the temp write and the rename. */
+/** The steps of a write, in order (see PinFile.write). */
+export const WRITE_STEPS = ['temp-created', 'temp-written', 'temp-fsynced', 'renamed', 'folder-fsynced'] as const;
+export type WriteStep = (typeof WRITE_STEPS)[number];
+
+/** Test seam: called after each step of a write (a test can fail or kill the writer there). */
 export interface PinFileHooks {
-  afterTempWrite?: (tempPath: string) => void | Promise<void>;
+  afterStep?: (step: WriteStep, tempPath: string) => void | Promise<void>;
 }
 
 export function renderPinFile(pins: readonly string[]): string {
@@ -107,12 +125,24 @@ function isOwnedContent(content: string): boolean {
   return content.split('\n', 12).includes(OWNER_MARKER);
 }
 
+/** Remove `file` if it is a regular file (never a link, a folder or anything else); true when removed. */
+async function removeRegularFile(file: string): Promise<boolean> {
+  const st = await fsp.lstat(file).catch(() => null);
+  if (!st?.isFile()) return false;
+  await fsp.rm(file, { force: true });
+  return true;
+}
+
 export class PinFile {
   readonly dir: string;
   readonly name: string;
   readonly path: string;
   /** crio.conf, read before every drop-in. */
   readonly mainConfig: string;
+  /** Where the temp file is written before it is renamed in: `<parent of dir>/.pinset`. */
+  readonly stagingDir: string;
+  /** The one temp file the agent writes: `<stagingDir>/<name>.tmp`, an exact name (one writer per node: see node-lock.ts). */
+  readonly tempPath: string;
   private readonly hooks: PinFileHooks;
 
   private constructor(dir: string, name: string, mainConfig: string, hooks: PinFileHooks) {
@@ -120,14 +150,19 @@ export class PinFile {
     this.name = name;
     this.path = path.join(dir, name);
     this.mainConfig = mainConfig;
+    this.stagingDir = stagingDirFor(dir);
+    this.tempPath = path.join(this.stagingDir, `${name}.tmp`);
     this.hooks = hooks;
   }
 
   /**
    * Find the agent's file in `dir` (reusing its name across restarts), or
-   * choose a new name. Removes temp files a killed agent left behind: CRI-O
-   * reads every file in the folder, and a half-written one would break its
-   * next reload.
+   * choose a new name, and remove what a killed agent left behind: its temp
+   * file in the staging folder, and (older versions wrote their temp file
+   * inside crio.conf.d, where CRI-O reads it) `.<own file name>.<pid>.tmp`
+   * beside its own file. Only those exact names, only regular files:
+   * anything else, however alike, is someone else's. Call with the node
+   * lock held, so no other agent is mid-write.
    */
   static async open(dir: string, opts: { mainConfig?: string; hooks?: PinFileHooks } = {}): Promise<PinFile> {
     const mainConfig = opts.mainConfig ?? path.join(path.dirname(path.resolve(dir)), 'crio.conf');
@@ -137,22 +172,24 @@ export class PinFile {
     } catch (e) {
       if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
     }
-    for (const e of entries) {
-      if (!tempNameRe.test(e)) continue;
-      const full = path.join(dir, e);
-      const st = await fsp.lstat(full).catch(() => null);
-      if (st?.isFile()) await fsp.rm(full, { force: true });
-    }
     const owned = await PinFile.ownedFiles(dir, entries);
+    for (const own of owned) {
+      const legacyTemp = new RegExp(`^\\.${own.replaceAll('.', '\\.')}\\.[0-9]+\\.tmp$`);
+      for (const e of entries) if (legacyTemp.test(e)) await removeRegularFile(path.join(dir, e));
+    }
     const name = owned[owned.length - 1] ?? `${PIN_FILE_PREFIX}${randomUUID()}${PIN_FILE_SUFFIX}`;
-    return new PinFile(dir, name, mainConfig, opts.hooks ?? {});
+    const pf = new PinFile(dir, name, mainConfig, opts.hooks ?? {});
+    await removeRegularFile(pf.tempPath);
+    return pf;
   }
 
+  /** Files in `dir` that carry the agent's name pattern, are regular files (not links) and hold the owner marker. */
   private static async ownedFiles(dir: string, entries: string[]): Promise<string[]> {
     const owned: string[] = [];
     for (const e of entries.filter((n) => uuidNameRe.test(n)).sort()) {
       try {
-        if (isOwnedContent(await fsp.readFile(path.join(dir, e), 'utf8'))) owned.push(e);
+        const full = path.join(dir, e);
+        if ((await fsp.lstat(full)).isFile() && isOwnedContent(await fsp.readFile(full, 'utf8'))) owned.push(e);
       } catch {
         // unreadable: not provably ours, leave it alone
       }
@@ -180,7 +217,7 @@ export class PinFile {
     // folder in lexical (byte) order, a subfolder's files read where the
     // subfolder sorts. Comparing relative paths component by component gives
     // that order. Symbolic links are read as the files they point to.
-    const files = (await walkFiles(this.dir)).filter((f) => !tempNameRe.test(path.basename(f)));
+    const files = await walkFiles(this.dir);
     files.sort(compareWalkOrder);
     for (const file of files) {
       const r = await readPins(file, path.join(this.dir, file));
@@ -201,38 +238,60 @@ export class PinFile {
     return result;
   }
 
-  /** Atomically replace the file with `content`. On failure the previous file is untouched. */
+  /**
+   * Atomically replace the file with `content`. On failure the previous
+   * file is untouched and the temp file removed.
+   *
+   * Order, and what a crash or a power loss at each point leaves:
+   * 1. create `<staging>/<name>.tmp`, 2. write it, 3. fsync it: until here
+   *    crio.conf.d holds the previous file only; a temp file left in the
+   *    staging folder is removed by the next open().
+   * 4. rename it over `crio.conf.d/<name>`: rename(2) replaces the name in one
+   *    step, so a reader sees the old file or the new one, never neither nor
+   *    a part. The data was fsynced first, so after a power loss the name
+   *    can only point at complete content (without that fsync, a filesystem
+   *    may commit the rename before the data: a zero-length or partial file
+   *    under the final name).
+   * 5. fsync crio.conf.d: makes the rename itself durable. Before it, a power
+   *    loss may bring back the previous file (complete and valid, just
+   *    older; the agent rewrites it) and leave the temp in the staging folder.
+   */
   async write(content: string): Promise<void> {
     await fsp.mkdir(this.dir, { recursive: true });
-    const temp = path.join(this.dir, `.${this.name}.${process.pid}.tmp`);
+    await fsp.mkdir(this.stagingDir, { recursive: true, mode: 0o700 });
+    const temp = this.tempPath;
+    const step = (s: WriteStep) => this.hooks.afterStep?.(s, temp);
     let fh: fsp.FileHandle | undefined;
     try {
-      fh = await fsp.open(temp, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC, 0o644);
+      fh = await fsp.open(temp, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC | fsc.O_NOFOLLOW, 0o644);
+      await step('temp-created');
       await fh.writeFile(content, 'utf8');
+      await step('temp-written');
       await fh.sync();
+      await step('temp-fsynced');
       await fh.close();
       fh = undefined;
-      await this.hooks.afterTempWrite?.(temp);
       await fsp.rename(temp, this.path);
     } catch (e) {
       await fh?.close().catch(() => {});
-      await fsp.rm(temp, { force: true }).catch(() => {});
+      await removeRegularFile(temp).catch(() => {});
       throw e;
     }
-    // The rename is durable only once the folder itself is synced.
-    const dh = await fsp.open(this.dir, fsc.O_RDONLY);
+    await step('renamed');
+    const dh = await fsp.open(this.dir, fsc.O_RDONLY | fsc.O_DIRECTORY);
     try {
       await dh.sync();
     } finally {
       await dh.close();
     }
+    await step('folder-fsynced');
   }
 
   /** Other files this agent owns (an older name): removed once the current file is in place. */
   async removeStaleOwnedFiles(): Promise<string[]> {
     const entries = await fsp.readdir(this.dir).catch(() => [] as string[]);
     const stale = (await PinFile.ownedFiles(this.dir, entries)).filter((n) => n !== this.name);
-    for (const n of stale) await fsp.rm(path.join(this.dir, n), { force: true });
+    for (const n of stale) await removeRegularFile(path.join(this.dir, n));
     return stale;
   }
 }

@@ -98,14 +98,62 @@ describe('PinFile.open', () => {
     assert.ok(all.includes(UUID_NAME));
   });
 
-  test('removes temp files a killed agent left, and nothing else', async () => {
+  test('removes only the temp files whose exact names it generates; look-alikes stay', async () => {
     const dir = await confDir();
-    const temp = `.${UUID_NAME}.4242.tmp`;
-    await fsp.writeFile(path.join(dir, temp), 'half a fi');
-    await fsp.writeFile(path.join(dir, '.hidden.tmp'), 'x');
-    await fsp.writeFile(path.join(dir, '10-admin.conf'), toml([ADMIN]));
+    const staging = path.join(path.dirname(dir), '.pinset');
+    await fsp.mkdir(staging);
+    await fsp.writeFile(path.join(dir, UUID_NAME), renderPinFile([A]));
+    // Its own: the temp in the staging folder, and an older version's temp beside its own file.
+    await fsp.writeFile(path.join(staging, `${UUID_NAME}.tmp`), 'half a fi');
+    await fsp.writeFile(path.join(dir, `.${UUID_NAME}.4242.tmp`), 'half a fi');
+    // Someone else's, however alike.
+    const lookAlikes = [
+      '.hidden.tmp',
+      '.99-pinset-notes.tmp',
+      `.${UUID_NAME_2}.4242.tmp`,
+      `.${UUID_NAME}.tmp`,
+      `.${UUID_NAME}.42x.tmp`,
+      `.${UUID_NAME}.4242.tmp.bak`,
+      `x.${UUID_NAME}.4242.tmp`,
+      '10-admin.conf',
+    ];
+    for (const n of lookAlikes) await fsp.writeFile(path.join(dir, n), n === '10-admin.conf' ? toml([ADMIN]) : 'x');
+    const stagingAlikes = [`${UUID_NAME}.tmp.1`, `${UUID_NAME_2}.tmp`, 'agent.lock', 'notes'];
+    for (const n of stagingAlikes) await fsp.writeFile(path.join(staging, n), 'x');
+
+    const pf = await PinFile.open(dir);
+    assert.equal(pf.name, UUID_NAME);
+    assert.equal(pf.tempPath, path.join(staging, `${UUID_NAME}.tmp`));
+    assert.deepEqual((await fsp.readdir(dir)).sort(), [...lookAlikes, UUID_NAME].sort());
+    assert.deepEqual((await fsp.readdir(staging)).sort(), stagingAlikes.sort());
+  });
+
+  test('a link or a folder at its own temp name is not its file: left alone', async () => {
+    const dir = await confDir();
+    const staging = path.join(path.dirname(dir), '.pinset');
+    await fsp.mkdir(staging);
+    await fsp.writeFile(path.join(dir, UUID_NAME), renderPinFile([A]));
+    const precious = path.join(path.dirname(dir), 'precious');
+    await fsp.writeFile(precious, 'keep me');
+    await fsp.symlink(precious, path.join(staging, `${UUID_NAME}.tmp`));
+    await fsp.mkdir(path.join(dir, `.${UUID_NAME}.1.tmp`));
     await PinFile.open(dir);
-    assert.deepEqual((await fsp.readdir(dir)).sort(), ['.hidden.tmp', '10-admin.conf']);
+    assert.equal(await fsp.readFile(precious, 'utf8'), 'keep me');
+    assert.ok((await fsp.lstat(path.join(staging, `${UUID_NAME}.tmp`))).isSymbolicLink());
+    assert.ok((await fsp.stat(path.join(dir, `.${UUID_NAME}.1.tmp`))).isDirectory());
+  });
+
+  test('a link named like its own file is not its file', async () => {
+    const dir = await confDir();
+    const elsewhere = path.join(path.dirname(dir), 'someones.conf');
+    await fsp.writeFile(elsewhere, renderPinFile([A]));
+    await fsp.symlink(elsewhere, path.join(dir, UUID_NAME));
+    const pf = await PinFile.open(dir);
+    assert.notEqual(pf.name, UUID_NAME, 'a new name: the link is not provably its own file');
+    await pf.write(renderPinFile([B]));
+    assert.deepEqual(await pf.removeStaleOwnedFiles(), []);
+    assert.ok((await fsp.lstat(path.join(dir, UUID_NAME))).isSymbolicLink(), 'the link stays');
+    assert.equal(await fsp.readFile(elsewhere, 'utf8'), renderPinFile([A]));
   });
 });
 
@@ -123,7 +171,7 @@ describe('PinFile.scan', () => {
     await fsp.writeFile(path.join(dir, 'zz-\u{1F600}.conf'), toml([B]));
     await fsp.mkdir(path.join(dir, '50-a-directory.conf'));
     const pf = await PinFile.open(dir);
-    // A temp file of another writer, mid-write: not a drop-in.
+    // Someone's half-written dotfile: CRI-O reads dotfiles, so this is a drop-in it would refuse.
     await fsp.writeFile(path.join(dir, '.99-pinset-x.conf.1.tmp'), '[crio.image]\npinned_images = [');
     await pf.write(renderPinFile([A, MAIN]));
 
@@ -140,7 +188,7 @@ describe('PinFile.scan', () => {
     ]);
     assert.deepEqual(scan.ownPins, [A, MAIN]);
     assert.equal(scan.ownContent, renderPinFile([A, MAIN]));
-    assert.deepEqual(scan.problems, []);
+    assert.deepEqual(scan.problems.map((p) => p.file), ['.99-pinset-x.conf.1.tmp']);
   });
 
   test('walks subfolders as CRI-O does: a subfolder is read where its name sorts; links are read', async () => {
@@ -224,6 +272,28 @@ describe('PinFile.write', () => {
     assert.deepEqual(await fsp.readdir(dir), [pf.name]);
   });
 
+  test('the temp file is written in the staging folder beside crio.conf.d, never inside it', async () => {
+    const dir = await confDir();
+    const seen: { step: string; dropIns: string[]; staging: string[] }[] = [];
+    const pf = await PinFile.open(dir, {
+      hooks: {
+        afterStep: async (step) => {
+          seen.push({ step, dropIns: await fsp.readdir(dir), staging: await fsp.readdir(pf.stagingDir) });
+        },
+      },
+    });
+    await pf.write(renderPinFile([A]));
+    assert.equal(pf.stagingDir, path.join(path.dirname(dir), '.pinset'));
+    assert.deepEqual(seen, [
+      { step: 'temp-created', dropIns: [], staging: [`${pf.name}.tmp`] },
+      { step: 'temp-written', dropIns: [], staging: [`${pf.name}.tmp`] },
+      { step: 'temp-fsynced', dropIns: [], staging: [`${pf.name}.tmp`] },
+      { step: 'renamed', dropIns: [pf.name], staging: [] },
+      { step: 'folder-fsynced', dropIns: [pf.name], staging: [] },
+    ]);
+    assert.equal((await fsp.stat(pf.stagingDir)).mode & 0o777, 0o700);
+  });
+
   test('a failure between temp write and rename leaves the previous file intact and no temp', async () => {
     const dir = await confDir();
     const good = await PinFile.open(dir);
@@ -232,7 +302,8 @@ describe('PinFile.write', () => {
     let tempSeen = '';
     const failing = await PinFile.open(dir, {
       hooks: {
-        afterTempWrite: async (temp) => {
+        afterStep: async (step, temp) => {
+          if (step !== 'temp-fsynced') return;
           tempSeen = await fsp.readFile(temp, 'utf8');
           throw new Error('disk went away');
         },
@@ -243,6 +314,7 @@ describe('PinFile.write', () => {
     assert.deepEqual(pinsOf(tempSeen), [B], 'the temp file held the full new content');
     assert.equal(await fsp.readFile(good.path, 'utf8'), before);
     assert.deepEqual(await fsp.readdir(dir), [good.name]);
+    assert.deepEqual(await fsp.readdir(good.stagingDir), [], 'the temp file is removed');
   });
 
   test('a temp file that cannot be created leaves the previous file intact', async () => {
@@ -251,7 +323,7 @@ describe('PinFile.write', () => {
     await pf.write(renderPinFile([A]));
     const before = await fsp.readFile(pf.path, 'utf8');
     // A directory where the temp file goes: open(O_CREAT) fails even for root.
-    const temp = path.join(dir, `.${pf.name}.${process.pid}.tmp`);
+    const temp = pf.tempPath;
     await fsp.mkdir(temp);
     try {
       await assert.rejects(pf.write(renderPinFile([B])), (e: NodeJS.ErrnoException) => e.code === 'EISDIR');
@@ -283,7 +355,7 @@ describe('PinFile.write', () => {
         [
           'const [moduleUrl, dir, pins] = process.argv.slice(2);',
           'const { PinFile, renderPinFile } = await import(moduleUrl);',
-          "const pf = await PinFile.open(dir, { hooks: { afterTempWrite: () => { process.kill(process.pid, 'SIGKILL'); } } });",
+          "const pf = await PinFile.open(dir, { hooks: { afterStep: (step) => { if (step === 'temp-fsynced') process.kill(process.pid, 'SIGKILL'); } } });",
           'await pf.write(renderPinFile(JSON.parse(pins)));',
           "process.stdout.write('survived');",
           '',
@@ -301,11 +373,10 @@ describe('PinFile.write', () => {
       assert.equal(signal, 'SIGKILL', `child exited ${code}: ${err}`);
       assert.equal(out, '', 'the child got past the rename');
 
-      // The kill landed between the temp write and the rename: the temp file is there, complete.
-      const entries = await fsp.readdir(dir);
-      const temps = entries.filter((e) => e.endsWith('.tmp'));
-      assert.equal(temps.length, 1, JSON.stringify(entries));
-      assert.deepEqual(pinsOf(await fsp.readFile(path.join(dir, temps[0]!), 'utf8')), [B, C]);
+      // The kill landed between the temp write and the rename: the temp file is in the staging folder, complete.
+      assert.deepEqual(await fsp.readdir(dir), [pf.name], 'nothing but the pin file in crio.conf.d');
+      assert.deepEqual(await fsp.readdir(pf.stagingDir), [`${pf.name}.tmp`]);
+      assert.deepEqual(pinsOf(await fsp.readFile(pf.tempPath, 'utf8')), [B, C]);
       // The pin file is the previous one, byte for byte, and valid TOML.
       assert.equal(await fsp.readFile(pf.path, 'utf8'), before);
       assert.deepEqual(pinsOf(before), [A, ADMIN]);
@@ -315,7 +386,7 @@ describe('PinFile.write', () => {
 
     const next = await PinFile.open(dir);
     assert.equal(next.name, pf.name);
-    assert.deepEqual(await fsp.readdir(dir), [pf.name], 'open() removed the temp file');
+    assert.deepEqual(await fsp.readdir(next.stagingDir), [], 'open() removed the temp file');
     await next.write(renderPinFile([B, C]));
     assert.deepEqual((await next.scan()).ownPins, [B, C]);
   });
