@@ -336,7 +336,7 @@ export class Agent {
         estimates: this.setEstimates,
       });
       this.history = history;
-      this.opts.reporter.report(makeNodeStatus(this.opts.nodeName, pinFile.name, sets, new Date(this.now()).toISOString()));
+      this.opts.reporter.report(makeNodeStatus(this.opts.nodeName, pinFile.name, sets, new Date(this.now()).toISOString(), { imageFilesystemError: this.opts.diskCheck?.unmeasured }));
       this.recordEvents(sets, plan);
       this.updateMetrics(plan, sets, (w) => Boolean(imageOf(w)), runtimeError === undefined);
       return sets;

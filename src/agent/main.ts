@@ -1,11 +1,12 @@
 // `pinset agent`: flags, wiring of the real implementations, and the two
 // ways to run: until SIGTERM (the DaemonSet, the systemd unit) or --once.
 import { hostname } from 'node:os';
+import * as path from 'node:path';
 import { parseLabelList } from '../api/selector.ts';
 import type { NodeSetStatus } from '../api/types.ts';
 import { helpText, parseFlags, type FlagSpec, UsageError } from '../cli/flags.ts';
 import { CriImageRuntime } from '../cri/client.ts';
-import { PinFile } from '../crio/pinfile.ts';
+import { PinFile, WRITE_STEPS, type PinFileHooks, type WriteStep } from '../crio/pinfile.ts';
 import { createReloader } from '../crio/reload.ts';
 import type { ReloadMode } from '../crio/reloader.ts';
 import type { AgentMetrics } from '../metrics/agent-metrics.ts';
@@ -17,6 +18,7 @@ import type { KubeObserver } from './kube.ts';
 import type { EventRecorder } from './node-sinks.ts';
 import { DiskCheck } from './disk.ts';
 import { DEFAULT_DISK_ESTIMATE_FACTOR, lazyRegistrySizeEstimator } from './estimate.ts';
+import { describeHolder, lockPathFor, NodeLock } from './node-lock.ts';
 import { ImagePuller } from './puller.ts';
 import { LogStatusSink, StatusReporter } from './status.ts';
 
@@ -56,7 +58,27 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
   { name: 'metrics-addr', env: 'PINSET_METRICS_ADDR', type: 'string', default: '0.0.0.0:9402', allowEmpty: true, help: 'host:port for /healthz, /readyz and /metrics ("" disables)' },
   { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['trace', 'debug', 'info', 'warn', 'error', 'fatal'], help: 'log level' },
   { name: 'once', env: 'PINSET_ONCE', type: 'bool', default: false, help: 'one full reconcile, then exit 0 if every selected set is Ready, 1 if not; one JSON line per set on stdout' },
+  { name: 'lock-timeout', env: 'PINSET_LOCK_TIMEOUT', type: 'duration', default: '1m', help: 'with --once: how long to wait while another agent on this node holds the node lock (then exit 3)' },
 ];
+
+/** Exit status of --once when another agent held the node lock for all of --lock-timeout. */
+export const EXIT_LOCK_BUSY = 3;
+
+/**
+ * Test-only: PINSET_TEST_SIGKILL_AT=<write step> makes the agent SIGKILL
+ * itself right after that step of a pin file write, as a crash or power
+ * loss would stop it there (test/integration/crash.test.ts).
+ */
+function crashHooks(): PinFileHooks {
+  const at = process.env.PINSET_TEST_SIGKILL_AT;
+  if (!at) return {};
+  if (!(WRITE_STEPS as readonly string[]).includes(at)) throw new UsageError(`PINSET_TEST_SIGKILL_AT must be one of ${WRITE_STEPS.join(', ')}`);
+  return {
+    afterStep: (step: WriteStep) => {
+      if (step === at) process.kill(process.pid, 'SIGKILL');
+    },
+  };
+}
 
 const SUMMARY = `Pins and pre-loads the images of the PinnedImageSets that select this node:
 writes one CRI-O drop-in with their union, reloads CRI-O, pulls missing images
@@ -103,7 +125,8 @@ export async function run(argv: string[]): Promise<number> {
   const serveMetrics = !once && Boolean(f['metrics-addr']);
   const metrics: AgentMetrics | null = serveMetrics ? new (await import('../metrics/agent-metrics.ts')).AgentMetrics({ defaultMetrics: true }) : null;
   const runtime = new CriImageRuntime(String(f['cri-endpoint']));
-  const pinFile = await PinFile.open(String(f['crio-dropin-dir']));
+  const dropInDir = String(f['crio-dropin-dir']);
+  const hooks = crashHooks();
   let reloader;
   try {
     reloader = createReloader(f.reload as ReloadMode, { unit: String(f['crio-unit']), logger });
@@ -143,6 +166,100 @@ export async function run(argv: string[]): Promise<number> {
     factor > 0 && Number(f['image-fs-high-watermark']) > 0
       ? lazyRegistrySizeEstimator({ credentials: authFile, file: f['registries-conf'] as string | undefined, dir: String(f['registries-conf-dir']), logger })
       : null;
+  const shutdown = async () => {
+    await agent?.stop();
+    await kube?.stop();
+    // The last status goes out if the API answers within 2 s; the timer must
+    // not hold the process open once it has.
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([reporter.flush(), new Promise((r) => (timer = setTimeout(r, 2_000)))]);
+    clearTimeout(timer);
+    reporter.close();
+    runtime.close();
+    reloader.close();
+  };
+
+  // One writer per node: nothing is written (pin file, Node status) before
+  // the node lock is held. /healthz, /readyz and /metrics answer meanwhile,
+  // so a waiting pod is alive, not ready, and says why.
+  const lock = new NodeLock(lockPathFor(dropInDir), {
+    pid: process.pid,
+    host: hostname(),
+    node: nodeName,
+    runsIn: inCluster ? 'pod' : 'host',
+    startedAt: new Date(Date.now() - process.uptime() * 1000).toISOString(),
+  });
+  let waitingFor: string | null = null;
+  const health =
+    metrics && !once
+      ? await (await import('../metrics/server.ts')).startHealthServer(String(f['metrics-addr']), metrics.registry, {
+          live: () => (!agent || agent.lastLoopAt === 0 || Date.now() - agent.lastLoopAt < Number(f['resync-interval']) * 3 + 60_000 ? null : 'reconcile loop stalled'),
+          ready: () => {
+            if (waitingFor) return `waiting for the node lock ${lock.path}: ${waitingFor} holds it and writes the pins of this node`;
+            if (!agent?.firstSyncDone) return 'waiting for the first reconcile that reaches the runtime';
+            if (agent.lastResult && !agent.lastResult.runtimeReachable) return 'the container runtime is not reachable';
+            return null;
+          },
+        })
+      : null;
+  if (health) logger.info({ url: health.url }, 'health and metrics listening');
+
+  const stopping = new AbortController();
+  if (!once) {
+    for (const sig of ['SIGTERM', 'SIGINT'] as const) {
+      process.once(sig, () => {
+        logger.info({ signal: sig }, 'stopping');
+        stopping.abort();
+      });
+    }
+  }
+  logger.info({ dropInDir, criEndpoint: f['cri-endpoint'], reload: f.reload, maxParallelPulls: maxParallel, host: hostname() }, 'pinset agent starting');
+  metrics?.nodeLockHeld.set(0);
+  const cannotStart = async (e: unknown): Promise<number> => {
+    logger.error(
+      { lock: lock.path, err: (e as Error).message },
+      `cannot take the node lock or open the drop-in folder: the agent needs ${path.dirname(lock.path)} and ${dropInDir} writable, on one mount (the DaemonSet mounts /etc/crio read-write; the systemd unit has ReadWritePaths=/etc/crio)`,
+    );
+    await shutdown();
+    await health?.close();
+    lock.release();
+    return 2;
+  };
+  let waited = false;
+  let locked: boolean;
+  try {
+    locked = await lock.acquire({
+      signal: stopping.signal,
+      timeoutMs: once ? Number(f['lock-timeout']) : undefined,
+      onWait: (holder) => {
+        waited = true;
+        waitingFor = describeHolder(holder);
+        logger.warn({ lock: lock.path, holder }, 'another pinset agent holds the node lock; waiting for it to exit before writing anything');
+        events?.record('Warning', 'WaitingForNodeLock', `${waitingFor} holds the node lock ${lock.path}; the agent pid ${process.pid} on ${hostname()} waits and takes over when it exits`);
+      },
+    });
+  } catch (e) {
+    return await cannotStart(e);
+  }
+  if (!locked) {
+    if (once) {
+      logger.error({ lock: lock.path, waitedMs: Number(f['lock-timeout']) }, `${waitingFor ?? 'another pinset agent'} held the node lock for all of --lock-timeout: it is pinning this node; nothing was written`);
+    }
+    await shutdown();
+    await health?.close();
+    return once ? EXIT_LOCK_BUSY : 0;
+  }
+  waitingFor = null;
+  metrics?.nodeLockHeld.set(1);
+  let pinFile: PinFile;
+  try {
+    // With the lock held, no other agent is mid-write: open() may clean up after a killed one.
+    pinFile = await PinFile.open(dropInDir, { hooks });
+  } catch (e) {
+    return await cannotStart(e);
+  }
+  logger.info({ lock: lock.path, pinFile: pinFile.path, ...(waited ? { tookOver: true } : {}) }, 'node lock held: this agent writes the pins of this node');
+
   agent = new Agent({
     nodeName,
     runtime,
@@ -157,25 +274,11 @@ export async function run(argv: string[]): Promise<number> {
     authFile,
     events,
     metrics,
-    diskCheck: new DiskCheck(runtime, { highWatermarkPercent: Number(f['image-fs-high-watermark']) }),
+    diskCheck: new DiskCheck(runtime, { highWatermarkPercent: Number(f['image-fs-high-watermark']), logger }),
     sizeEstimator,
     diskEstimateFactor: factor,
     resyncIntervalMs: Number(f['resync-interval']),
   });
-  logger.info({ pinFile: pinFile.path, criEndpoint: f['cri-endpoint'], reload: f.reload, maxParallelPulls: maxParallel, host: hostname() }, 'pinset agent starting');
-
-  const shutdown = async () => {
-    await agent.stop();
-    await kube?.stop();
-    // The last status goes out if the API answers within 2 s; the timer must
-    // not hold the process open once it has.
-    let timer: NodeJS.Timeout | undefined;
-    await Promise.race([reporter.flush(), new Promise((r) => (timer = setTimeout(r, 2_000)))]);
-    clearTimeout(timer);
-    reporter.close();
-    runtime.close();
-    reloader.close();
-  };
 
   if (once) {
     await kube?.start();
@@ -194,33 +297,18 @@ export async function run(argv: string[]): Promise<number> {
       code = 1;
     }
     await shutdown();
+    lock.release();
     return code;
   }
 
-  const health = metrics
-    ? await (await import('../metrics/server.ts')).startHealthServer(String(f['metrics-addr']), metrics.registry, {
-        live: () => (agent.lastLoopAt === 0 || Date.now() - agent.lastLoopAt < Number(f['resync-interval']) * 3 + 60_000 ? null : 'reconcile loop stalled'),
-        ready: () => {
-          if (!agent.firstSyncDone) return 'waiting for the first reconcile that reaches the runtime';
-          if (agent.lastResult && !agent.lastResult.runtimeReachable) return 'the container runtime is not reachable';
-          return null;
-        },
-      })
-    : null;
-  if (health) logger.info({ url: health.url }, 'health and metrics listening');
-
-  await kube?.start();
-  agent.start();
-  await new Promise<void>((resolve) => {
-    const onSignal = (sig: string) => {
-      logger.info({ signal: sig }, 'stopping');
-      resolve();
-    };
-    process.once('SIGTERM', () => onSignal('SIGTERM'));
-    process.once('SIGINT', () => onSignal('SIGINT'));
-  });
+  if (!stopping.signal.aborted) {
+    await kube?.start();
+    agent.start();
+    await new Promise<void>((resolve) => stopping.signal.addEventListener('abort', () => resolve(), { once: true }));
+  }
   await shutdown();
   await health?.close();
+  lock.release();
   logger.info('stopped');
   return 0;
 }

@@ -20,7 +20,7 @@ export class NodeAnnotationSink implements StatusSink {
   }
 }
 
-export type EventReason = 'SetReady' | 'PullFailed' | 'ReloadFailed' | 'PinsOverridden';
+export type EventReason = 'SetReady' | 'PullFailed' | 'ReloadFailed' | 'PinsOverridden' | 'WaitingForNodeLock';
 
 export interface EventRecorder {
   record(type: 'Normal' | 'Warning', reason: EventReason, message: string, key?: string): void;

@@ -241,8 +241,10 @@ export function historyFromStatus(status: NodeStatus | null): Map<string, SetHis
   return h;
 }
 
-export function makeNodeStatus(node: string, pinFile: string, sets: NodeSetStatus[], updatedAt: string): NodeStatus {
-  return boundedNodeStatus({ version: STATUS_FORMAT_VERSION, node, pinFile, updatedAt, sets });
+export function makeNodeStatus(node: string, pinFile: string, sets: NodeSetStatus[], updatedAt: string, extra: { imageFilesystemError?: string | null } = {}): NodeStatus {
+  const status: NodeStatus = { version: STATUS_FORMAT_VERSION, node, pinFile, updatedAt, sets };
+  if (extra.imageFilesystemError) status.imageFilesystemError = cutBytes(extra.imageFilesystemError, STATUS_MAX_ERROR_BYTES);
+  return boundedNodeStatus(status);
 }
 
 // ---------------------------------------------------------------------------

@@ -106,6 +106,7 @@ export function parseNodeStatus(raw: string | undefined): NodeStatusReading {
     updatedAt: typeof doc.updatedAt === 'string' ? doc.updatedAt : '',
     sets,
   };
+  if (typeof doc.imageFilesystemError === 'string') status.imageFilesystemError = doc.imageFilesystemError;
   if (doc.truncated === true) status.truncated = true;
   return dropped.length > 0 ? { status, droppedEntries: dropped } : { status };
 }

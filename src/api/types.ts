@@ -138,6 +138,11 @@ export interface NodeStatus {
   /** When the content last changed (RFC 3339). */
   updatedAt: string;
   sets: NodeSetStatus[];
+  /**
+   * Why the runtime's image filesystem could not be measured, so pulls are
+   * not held back by the high watermark; absent when it was measured.
+   */
+  imageFilesystemError?: string;
   /** True when sets were left out to keep the annotation under STATUS_MAX_BYTES. */
   truncated?: boolean;
 }

@@ -19,6 +19,11 @@ export class AgentMetrics {
   readonly reloads = new Counter({ name: 'pinset_reloads_total', help: 'CRI-O reloads by result.', labelNames: ['result'], registers: [this.registry] });
   readonly pinFileWrites = new Counter({ name: 'pinset_pin_file_writes_total', help: 'Writes of the pin file.', registers: [this.registry] });
   readonly reconciles = new Counter({ name: 'pinset_reconciles_total', help: 'Reconciles by result (success, error, cancelled).', labelNames: ['result'], registers: [this.registry] });
+  readonly nodeLockHeld = new Gauge({
+    name: 'pinset_node_lock_held',
+    help: '1 when this agent holds the node lock and writes; 0 while it waits for another agent on this node to exit.',
+    registers: [this.registry],
+  });
   readonly lastSuccess = new Gauge({ name: 'pinset_last_successful_reconcile_timestamp_seconds', help: 'Unix time of the end of the last reconcile that reached the runtime.', registers: [this.registry] });
 
   constructor(opts: { defaultMetrics?: boolean } = {}) {

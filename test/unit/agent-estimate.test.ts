@@ -77,7 +77,7 @@ describe('the agent estimates before pulling', () => {
     dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-estimate-'));
     runtime = new InstantRuntime();
     estimator = new MemorySizeEstimator();
-    usage = { mount: '/var/lib/containers', size: 100 * GiB, used: 70 * GiB };
+    usage = { size: 100 * GiB, available: (100 - 70) * GiB };
     estimator.set(APP, { base: 5 * GiB, app: 3 * GiB });
     estimator.set(DB, { base: 5 * GiB, db: 2 * GiB });
   });
@@ -125,7 +125,7 @@ describe('the agent estimates before pulling', () => {
   });
 
   test('when it fits, everything is pulled; once all is present the estimate leaves the status and resyncs ask nothing', async () => {
-    usage = { mount: '/var/lib/containers', size: 100 * GiB, used: 50 * GiB };
+    usage = { size: 100 * GiB, available: (100 - 50) * GiB };
     const { agent: a } = await agent([APP, DB]);
     const r = await a.reconcile();
     assert.deepEqual(runtime.pulls.sort(), [APP, DB].sort());
@@ -146,7 +146,7 @@ describe('the agent estimates before pulling', () => {
     assert.deepEqual(runtime.pulls, []);
 
     // With more room (and a new agent: the failed batch waits out its NoSpace backoff otherwise).
-    usage = { mount: '/var/lib/containers', size: 100 * GiB, used: 60 * GiB };
+    usage = { size: 100 * GiB, available: (100 - 60) * GiB };
     const second = await agent([APP, TOOL]);
     const r2 = await second.agent.reconcile();
     assert.deepEqual(runtime.pulls.sort(), [APP, TOOL].sort(), 'an unknown size does not block the pull');
@@ -155,7 +155,7 @@ describe('the agent estimates before pulling', () => {
 
   test('content the runtime holds under another name is a name-only pull and is not estimated', async () => {
     runtime.images.push({ id: `id-${D('b')}`, repoTags: [], repoDigests: [`mirror.local/org/db@${D('b')}`], size: 1, pinned: false, runtimeHandler: '' });
-    usage = { mount: '/var/lib/containers', size: 100 * GiB, used: 60 * GiB };
+    usage = { size: 100 * GiB, available: (100 - 60) * GiB };
     const { agent: a } = await agent([APP, DB]);
     await a.reconcile();
     assert.deepEqual(estimator.asked, [[APP]]);

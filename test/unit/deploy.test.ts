@@ -138,14 +138,16 @@ describe('kubectl kustomize deploy', { skip }, () => {
       assert.match(await readFile(path.join(ROOT, 'deploy/agent/daemonset.yaml'), 'utf8'), /BENCHMARKS\.md/);
     });
 
-    test('host paths: CRI-O socket folder, CRI-O config (read-only), drop-in folder (writable), D-Bus socket, kubelet auth (read-only), static sets (read-only), registries.conf (read-only)', () => {
+    test('host paths: CRI-O socket folder, CRI-O config as one writable mount, CRI-O storage (read-only), D-Bus socket, kubelet auth (read-only), static sets (read-only), registries.conf (read-only)', () => {
       const volumes: Record<string, Obj> = Object.fromEntries((pod().volumes as Obj[]).map((v) => [v.name, v.hostPath]));
       const mounts: Record<string, Obj> = Object.fromEntries((container().volumeMounts as Obj[]).map((m) => [m.mountPath, m]));
       const expect: [string, string, string | undefined, boolean][] = [
         // host path, hostPath type, mount path (same), read-only
         ['/var/run/crio', 'Directory', '/var/run/crio', true],
-        ['/etc/crio', 'Directory', '/etc/crio', true],
-        ['/etc/crio/crio.conf.d', 'DirectoryOrCreate', '/etc/crio/crio.conf.d', false],
+        // One mount for crio.conf.d and the staging folder beside it: a rename between two mounts fails (EXDEV).
+        ['/etc/crio', 'Directory', '/etc/crio', false],
+        // The image filesystem the disk check measures (CRI-O's default storage root).
+        ['/var/lib/containers/storage', 'DirectoryOrCreate', '/var/lib/containers/storage', true],
         ['/run/dbus/system_bus_socket', 'Socket', '/run/dbus/system_bus_socket', true],
         ['/var/lib/kubelet/config.json', 'File', '/var/lib/kubelet/config.json', true],
         ['/etc/pinset/sets.d', 'DirectoryOrCreate', '/etc/pinset/sets.d', true],
@@ -161,6 +163,8 @@ describe('kubectl kustomize deploy', { skip }, () => {
         assert.equal(m.name, vol[0]);
         assert.equal(m.readOnly === true, readOnly, `${mountPath} readOnly`);
       }
+      assert.ok(!Object.keys(mounts).some((p) => p.startsWith('/etc/crio/')), 'nothing mounted inside /etc/crio: the temp file is renamed from /etc/crio/.pinset into /etc/crio/crio.conf.d');
+      assert.equal(mounts['/var/lib/containers/storage']!.mountPropagation, 'HostToContainer', 'a disk mounted at the storage root later is seen');
     });
 
     test('security: root without capabilities or privilege, read-only root, RuntimeDefault seccomp, spc_t', () => {
@@ -365,9 +369,9 @@ describe('deploy/systemd/pinset-agent.service', async () => {
     for (const e of svc.Environment ?? []) assert.ok(help.env.has(e.split('=')[0]!) || e.startsWith('NODE_OPTIONS='), `pinset agent does not read ${e}`);
   });
 
-  test('hardened, with the one writable folder the agent needs', () => {
+  test('hardened, with the one writable folder the agent needs (crio.conf.d and the staging folder beside it, as one mount)', () => {
     assert.equal(get('ProtectSystem'), 'strict');
-    assert.deepEqual(svc.ReadWritePaths, ['/etc/crio/crio.conf.d']);
+    assert.deepEqual(svc.ReadWritePaths, ['/etc/crio']);
     assert.equal(get('NoNewPrivileges'), 'yes');
     assert.equal(get('CapabilityBoundingSet'), '', 'no capabilities');
     for (const k of ['ProtectHome', 'PrivateTmp', 'PrivateDevices', 'ProtectKernelTunables', 'ProtectKernelModules', 'ProtectControlGroups', 'RestrictSUIDSGID', 'LockPersonality']) {

@@ -279,6 +279,15 @@ describe('computeSetStatuses: generation history', () => {
     assert.ok(s.lastFailedGenerationError!.endsWith('...'));
   });
 
+  test('an image filesystem that cannot be measured is said in the node status, bounded, and read back', () => {
+    const why = 'the image filesystem /var/lib/containers/storage/overlay-images (CRI ImageFsInfo) is not visible to the agent ' + 'x'.repeat(3000);
+    const st = makeNodeStatus('node-1', PIN_FILE, [], '2025-01-01T00:00:00Z', { imageFilesystemError: why });
+    assert.ok(st.imageFilesystemError!.startsWith('the image filesystem /var/lib/containers/storage/overlay-images'));
+    assert.ok(Buffer.byteLength(st.imageFilesystemError!) <= 1024);
+    assert.equal(readAnnotation(JSON.stringify(st)).status?.imageFilesystemError, st.imageFilesystemError);
+    assert.equal(makeNodeStatus('node-1', PIN_FILE, [], '2025-01-01T00:00:00Z', { imageFilesystemError: null }).imageFilesystemError, undefined);
+  });
+
   test('history survives a restart through the annotation', () => {
     const first = computeSetStatuses(facts(plan([observed('web', [A], { generation: 4 })]), { present: () => false, failure: () => failure('NotFound', 'x') }));
     const annotation = JSON.stringify(makeNodeStatus('node-1', PIN_FILE, first.sets, '2025-01-01T00:00:00Z'));
