@@ -57,7 +57,7 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
   { name: 'resync-interval', env: 'PINSET_RESYNC_INTERVAL', type: 'duration', default: '5m', help: 'full reconcile at least this often' },
   { name: 'metrics-addr', env: 'PINSET_METRICS_ADDR', type: 'string', default: '0.0.0.0:9402', allowEmpty: true, help: 'host:port for /healthz, /readyz and /metrics ("" disables)' },
   { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['trace', 'debug', 'info', 'warn', 'error', 'fatal'], help: 'log level' },
-  { name: 'once', env: 'PINSET_ONCE', type: 'bool', default: false, help: 'one full reconcile, then exit 0 if every selected set is Ready, 1 if not; one JSON line per set on stdout' },
+  { name: 'once', env: 'PINSET_ONCE', type: 'bool', default: false, help: 'one full reconcile, then exit 0 if every selected set is Ready, 1 if not (or a static file cannot be read); one JSON line per set on stdout' },
   { name: 'lock-timeout', env: 'PINSET_LOCK_TIMEOUT', type: 'duration', default: '1m', help: 'with --once: how long to wait while another agent on this node holds the node lock (then exit 3)' },
 ];
 
@@ -291,7 +291,9 @@ export async function run(argv: string[]): Promise<number> {
     try {
       const result = await agent.reconcile();
       for (const s of result.sets) process.stdout.write(JSON.stringify(s satisfies NodeSetStatus) + '\n');
-      code = result.sets.every((s) => s.phase === 'Ready') ? 0 : 1;
+      // A static file whose sets are unknown may hold sets that are not Ready.
+      if (result.plan.unknownStatic.length) logger.error({ files: result.plan.unknownStatic }, 'static set files could not be read: their sets are not applied');
+      code = result.sets.every((s) => s.phase === 'Ready') && result.plan.unknownStatic.length === 0 ? 0 : 1;
     } catch (e) {
       logger.error({ err: (e as Error).message }, 'reconcile failed');
       code = 1;

@@ -83,6 +83,8 @@ export interface Plan {
   retained: string[];
   /** Why pins were retained, for logs; empty when the observation was complete. */
   retainReasons: string[];
+  /** Static files whose sets are unknown (see PlanInput.staticProblems). */
+  unknownStatic: string[];
 }
 
 export function wantedKey(ref: string, runtimeHandler: string): string {
@@ -176,5 +178,6 @@ export function planReconcile(input: PlanInput): Plan {
     pins: [...pins].sort(),
     retained: retained.sort(),
     retainReasons,
+    unknownStatic: input.staticProblems.map((p) => p.origin),
   };
 }

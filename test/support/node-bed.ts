@@ -1,0 +1,99 @@
+// One node for agent-as-a-process scenarios: the in-process API server with
+// this Node, the CRI-O stand-in behind a private D-Bus (crio-node.ts), and a
+// temporary folder with a static set folder. Agents started through `start`
+// are tracked and stopped by `stop`.
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus } from '../../src/api/types.ts';
+import { AgentProcess } from './agent-process.ts';
+import { ApiServer } from './apiserver.ts';
+import { startCrioNode, type CrioNode } from './crio-node.ts';
+import type { CatalogueImage, FakeCrioOptions } from './fake-crio.ts';
+
+export const NODE = 'node-1';
+
+export function setObject(name: string, images: string[], selector?: object): Record<string, unknown> {
+  return {
+    apiVersion: 'pinset.dev/v1alpha1',
+    kind: 'PinnedImageSet',
+    metadata: { name },
+    spec: { ...(selector ? { nodeSelector: selector } : {}), pinnedImages: images.map((n) => ({ name: n })) },
+  };
+}
+
+export interface NodeBed {
+  api: ApiServer;
+  node: CrioNode;
+  dir: string;
+  staticDir: string;
+  kubeconfig: string;
+  agents: AgentProcess[];
+  /** Flags for an agent of this node; `static` replaces the static folder, `api: false` leaves the API out. */
+  args(extra?: string[], opts?: { staticDir?: string; api?: boolean }): string[];
+  start(extra?: string[], opts?: { staticDir?: string; api?: boolean; env?: NodeJS.ProcessEnv }): AgentProcess;
+  status(): NodeStatus | null;
+  setStatus(name: string): NodeSetStatus | undefined;
+  waitForSet(name: string, pred: (s: NodeSetStatus) => boolean, what: string, timeoutMs?: number): Promise<NodeSetStatus>;
+  stop(): Promise<void>;
+}
+
+export async function makeNodeBed(opts: { catalogue: Record<string, CatalogueImage> } & Omit<FakeCrioOptions, 'dropInDir' | 'catalogue'>): Promise<NodeBed> {
+  const api = await ApiServer.start({ bookmarkIntervalMs: 1000 });
+  const node = await startCrioNode(opts);
+  const dir = await mkdtemp(join(tmpdir(), 'pinset-bed-'));
+  const staticDir = join(dir, 'sets.d');
+  await mkdir(staticDir);
+  const kubeconfig = await api.writeKubeconfig(dir);
+  api.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: NODE, labels: { 'node-role.kubernetes.io/worker': '' } } });
+  const b: NodeBed = {
+    api,
+    node,
+    dir,
+    staticDir,
+    kubeconfig,
+    agents: [],
+    args: (extra = [], o = {}) => [
+      '--node-name', NODE,
+      ...(o.api === false ? [] : ['--kubeconfig', kubeconfig]),
+      '--static-dir', o.staticDir ?? staticDir,
+      '--cri-endpoint', node.endpoint,
+      '--crio-dropin-dir', node.dropInDir,
+      '--reload', 'dbus',
+      '--auth-file', join(dir, 'no-auth.json'),
+      '--metrics-addr', '',
+      '--resync-interval', '2s',
+      ...extra,
+    ],
+    start(extra = [], o = {}) {
+      const a = AgentProcess.start(b.args(extra, o), { env: { ...node.env, ...o.env } });
+      b.agents.push(a);
+      return a;
+    },
+    status() {
+      const n = api.get('nodes', NODE);
+      const raw = (n?.metadata as { annotations?: Record<string, string> } | undefined)?.annotations?.[STATUS_ANNOTATION];
+      return raw ? (JSON.parse(raw) as NodeStatus) : null;
+    },
+    setStatus(name) {
+      return b.status()?.sets.find((s) => s.name === name);
+    },
+    async waitForSet(name, pred, what, timeoutMs = 20_000) {
+      return (await api.waitFor(
+        (): NodeSetStatus | undefined => {
+          const s = b.setStatus(name);
+          return s && pred(s) ? s : undefined;
+        },
+        timeoutMs,
+        `${name}: ${what} (now ${JSON.stringify(b.setStatus(name))})`,
+      )) as NodeSetStatus;
+    },
+    async stop() {
+      for (const a of b.agents) if (a.running) await a.stop();
+      await node.stop();
+      await api.stop();
+      await rm(dir, { recursive: true, force: true });
+    },
+  };
+  return b;
+}
