@@ -462,7 +462,7 @@ describe('in-process API server through @kubernetes/client-node', () => {
     assert.deepEqual(names(log.added), ['node-a', 'node-b', 'node-c']);
   });
 
-  test('bookmarks carry only kind, apiVersion and the current resourceVersion, and only when asked for', async (t) => {
+  test('bookmarks carry only kind, apiVersion and the last event\'s resourceVersion, and only when asked for', async (t) => {
     const server = await startServer(t, { bookmarkIntervalMs: 20 });
     const kc = server.kubeConfig();
     server.create(node('node-a'));
@@ -477,9 +477,11 @@ describe('in-process API server through @kubernetes/client-node', () => {
 
     server.create(node('node-b'));
     const after = server.resourceVersion;
+    // A change to another resource moves the global resourceVersion, not the nodes' watch cache.
+    server.create(pinnedImageSet('elsewhere', [IMAGE]));
     await server.waitFor(() => bookmarks().some((b) => b.object.metadata?.resourceVersion === after), 5000, 'a bookmark at the new resourceVersion');
     await server.waitFor(() => without.events.length === 1, 5000, 'the ADDED event on the other watch');
-    assert.ok(bookmarks().length >= 3);
+    assert.ok(bookmarks().every((b) => Number(b.object.metadata?.resourceVersion) <= Number(after)), 'bookmarks name the nodes\' last event');
     assert.deepEqual(
       without.events.map((e) => e.type),
       ['ADDED'],
@@ -487,17 +489,89 @@ describe('in-process API server through @kubernetes/client-node', () => {
     );
   });
 
-  test('timeoutSeconds ends the watch cleanly, with a last bookmark when bookmarks are allowed', async (t) => {
+  test('a quiet watch on a resource nothing has touched since the server started gets no bookmark at all, not even before its timeout', async (t) => {
+    const server = await startServer(t, { bookmarkIntervalMs: 50 });
+    server.create(node('node-a'));
+    server.restart(); // node-a is now in "etcd" only: the new watch cache has processed no event
+    const started = Date.now();
+    const w = await openWatch(server.kubeConfig(), '/api/v1/nodes', { resourceVersion: server.resourceVersion, timeoutSeconds: 3, allowWatchBookmarks: true });
+    t.after(w.stop);
+    assert.equal(await w.done, null, 'ended by the server, cleanly');
+    assert.ok(Date.now() - started >= 2900, 'not before timeoutSeconds');
+    assert.deepEqual(w.events, [], 'nothing at all: no periodic bookmark, no pre-timeout bookmark');
+
+    // An etcd progress notification is an event for the watch cache: bookmarks flow from then on.
+    server.progressNotify();
+    const after = await openWatch(server.kubeConfig(), '/api/v1/nodes', { resourceVersion: server.resourceVersion, allowWatchBookmarks: true });
+    t.after(after.stop);
+    await server.waitFor(() => after.events.length >= 2, 5000, 'periodic bookmarks after the progress notification');
+    assert.ok(after.events.every((e) => e.type === 'BOOKMARK' && e.object.metadata?.resourceVersion === server.resourceVersion));
+  });
+
+  test('timeoutSeconds ends the watch cleanly; with bookmarks allowed and an event processed, one bookmark comes 2 s before the end', async (t) => {
+    const server = await startServer(t); // bookmarkFrequency 1 minute: only the pre-timeout bookmark fits in 3 s
+    server.create(node('node-a'));
+    const started = Date.now();
+    const w = await openWatch(server.kubeConfig(), '/api/v1/nodes', { resourceVersion: server.resourceVersion, timeoutSeconds: 3, allowWatchBookmarks: true });
+    t.after(w.stop);
+    let bookmarkAt = 0;
+    void server.waitFor(() => w.events.length > 0, 10_000).then(() => (bookmarkAt = Date.now()), () => {});
+    assert.equal(await w.done, null);
+    const endedAt = Date.now();
+    assert.deepEqual(w.events.map((e) => e.type), ['BOOKMARK']);
+    assert.equal(w.events[0]!.object.metadata?.resourceVersion, server.resourceVersion);
+    assert.ok(bookmarkAt > 0 && endedAt - bookmarkAt >= 1000, `the bookmark came well before the end (${endedAt - bookmarkAt} ms)`);
+    assert.ok(endedAt - started >= 2900, 'not before timeoutSeconds');
+    assert.equal(server.openWatches().length, 0);
+
+    // A watch shorter than 2 s has no pre-timeout bookmark, as on the real server.
+    const short = await openWatch(server.kubeConfig(), '/api/v1/nodes', { resourceVersion: server.resourceVersion, timeoutSeconds: 1, allowWatchBookmarks: true });
+    t.after(short.stop);
+    assert.equal(await short.done, null);
+    assert.deepEqual(short.events, []);
+  });
+
+  test('restart(): watches end cleanly and resuming from an older resourceVersion gets 410 Expired', async (t) => {
     const server = await startServer(t);
     server.create(node('node-a'));
-    const w = await openWatch(server.kubeConfig(), '/api/v1/nodes', { resourceVersion: server.resourceVersion, timeoutSeconds: 1, allowWatchBookmarks: true });
-    t.after(w.stop);
+    const rv = server.resourceVersion;
+    const w = await openWatch(server.kubeConfig(), '/api/v1/nodes', { resourceVersion: rv, allowWatchBookmarks: true });
+    server.create(node('node-b'));
+    await server.waitFor(() => w.events.length === 1, 5000, 'node-b');
+    server.restart();
     assert.equal(await w.done, null);
-    assert.deepEqual(
-      w.events.map((e) => e.type),
-      ['BOOKMARK'],
+    const again = await openWatch(server.kubeConfig(), '/api/v1/nodes', { resourceVersion: rv });
+    assert.equal(await again.done, null);
+    assert.deepEqual(again.events.map((e) => `${e.type} ${e.object.code}`), ['ERROR 410']);
+    assert.equal(server.list('nodes').length, 2, 'the objects survive');
+  });
+
+  test('managedFields: each write records its field manager as the owner of the fields it changed', async (t) => {
+    const server = await startServer(t);
+    const kc = server.kubeConfig();
+    const core = kc.makeApiClient(CoreV1Api);
+    await core.createNode({ body: { metadata: { name: 'node-a', labels: { zone: 'a' } } }, fieldManager: 'kubelet' });
+    await core.patchNode(
+      { name: 'node-a', body: { metadata: { annotations: { [STATUS_ANNOTATION]: '{}' } } }, fieldManager: 'pinset-agent' },
+      mergePatch,
     );
-    assert.equal(server.openWatches().length, 0);
+    // Without fieldManager the manager is the User-Agent's product, as on the real server.
+    await core.patchNode({ name: 'node-a', body: { metadata: { labels: { zone: 'b' } } } }, mergePatch);
+    const n = server.get('nodes', 'node-a')!;
+    const entries = n.metadata.managedFields as { manager: string; operation: string; fieldsV1: Record<string, unknown> }[];
+    const byManager = Object.fromEntries(entries.map((e) => [e.manager, e]));
+    assert.deepEqual(byManager['pinset-agent']!.fieldsV1, { 'f:metadata': { 'f:annotations': { [`f:${STATUS_ANNOTATION}`]: {} } } });
+    assert.equal(byManager['pinset-agent']!.operation, 'Update');
+    const ua = server.requests.at(-1)!.userAgent.split('/')[0]!;
+    assert.ok(ua, 'the client sent a User-Agent');
+    assert.deepEqual(byManager[ua]!.fieldsV1, { 'f:metadata': { 'f:labels': { 'f:zone': {} } } });
+    assert.equal(byManager.kubelet, undefined, 'the kubelet no longer owns anything: its only field was taken over');
+    assert.equal(server.requests.filter((r) => r.query.fieldManager === 'pinset-agent').length, 1);
+
+    // A write that changes nothing changes no managedFields and no resourceVersion.
+    const before = server.get('nodes', 'node-a')!;
+    await core.patchNode({ name: 'node-a', body: { metadata: { labels: { zone: 'b' } } }, fieldManager: 'someone-else' }, mergePatch);
+    assert.deepEqual(server.get('nodes', 'node-a'), before);
   });
 
   test('leases: optimistic concurrency; of two writers with the same resourceVersion one wins and one gets 409', async (t) => {

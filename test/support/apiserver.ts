@@ -26,8 +26,16 @@
 //   for current objects; a resourceVersion older than the kept history gets a
 //   200 stream with one ERROR event (Status 410 Expired) and the stream ends.
 //   An object that stops matching the watch's selectors is sent as DELETED,
-//   one that starts matching as ADDED. allowWatchBookmarks=true adds BOOKMARK
-//   events every `bookmarkIntervalMs` and before a timeoutSeconds close.
+//   one that starts matching as ADDED. The server ends every watch cleanly
+//   at timeoutSeconds (without it, after minRequestTimeout * (1 + rand), 30
+//   to 60 minutes). allowWatchBookmarks=true: BOOKMARK events as the watch
+//   cache sends them, every `bookmarkIntervalMs` (1 minute) and once 2 s
+//   before timeoutSeconds, but only once the resource's watch cache has
+//   processed an event since the server (re)started: a quiet watch on an
+//   untouched resource gets none (see #scheduleBookmark).
+// - managedFields: every write records its field manager (?fieldManager=,
+//   else the User-Agent's product) as the owner of the fields it changed
+//   (operation Update; lists owned whole).
 // - Types with a status subresource: writes to the main resource keep the old
 //   .status, writes to /status change only .status. pinnedimagesets: status is
 //   dropped on create, metadata.generation starts at 1 and increments when
@@ -52,7 +60,8 @@
 //
 // Test controls (methods on the server object, used by tests directly):
 //   ApiServer.start(opts?)       listen on 127.0.0.1:0. opts: bookmarkIntervalMs
-//                                (default 60000, the real server's pace), historyLimit
+//                                (default 60000, the real server's pace), minRequestTimeoutMs
+//                                (default 1800000, kube-apiserver's --min-request-timeout), historyLimit
 //                                (watch events kept, default 1000), token (when set,
 //                                a request without `Authorization: Bearer <token>` gets
 //                                401, and the kubeconfig carries it), validators
@@ -70,13 +79,18 @@
 //   resourceVersion              the current global resourceVersion
 //   compact()                    forget the watch history: a watch from any older
 //                                resourceVersion now gets 410 Expired
+//   restart()                    what clients see of an API server restart: watches end
+//                                cleanly, older resourceVersions get 410, and no bookmark
+//                                is sent until the next event (or progressNotify())
+//   progressNotify()             an etcd progress notification: every resource's watch
+//                                cache has now processed an event, so bookmarks flow
 //   dropWatches({graceful?})     end every open watch: abruptly (socket destroyed,
 //                                the client sees an error) or, graceful, with a clean
 //                                end of stream (like the server's own watch timeout)
 //   openWatches()                the open watches: resource, namespace, query
 //   setAvailable(false|true)     while false every connection is destroyed on arrival
 //                                and open ones are cut; the port is kept
-//   requests                     log of {method, path, query, contentType, body, status};
+//   requests                     log of {method, path, query, contentType, body, status, userAgent};
 //                                body is parsed JSON when the request sent JSON
 //   waitFor(predicate, timeoutMs?, what?)  poll every 10 ms until predicate returns a
 //                                truthy value (returned); a throw counts as "not yet"
@@ -157,10 +171,13 @@ export interface RecordedRequest {
   body: unknown;
   /** HTTP status sent (200 for a watch, whatever its events say). */
   status: number;
+  /** The User-Agent header. */
+  userAgent: string;
 }
 
 export interface ApiServerOptions {
   bookmarkIntervalMs?: number;
+  minRequestTimeoutMs?: number;
   historyLimit?: number;
   token?: string;
   validators?: Partial<Record<ResourceName, (obj: KubeObject) => string[]>>;
@@ -404,6 +421,101 @@ export function jsonPatch(target: unknown, ops: unknown): unknown {
 }
 
 // ---------------------------------------------------------------------------
+// managedFields (k8s.io/apimachinery/pkg/util/managedfields), for writes that
+// are not server-side apply: each write's field manager owns the fields the
+// write changed, and no other manager owns them any longer; a field removed
+// is owned by nobody. One entry per (manager, operation Update, subresource).
+// Simplified: lists are owned whole (no k:/v: keys for list items), and the
+// "." marker of a map a manager created is left out.
+
+interface ManagedFieldsEntry {
+  manager: string;
+  operation: 'Update';
+  apiVersion: string;
+  time: string;
+  fieldsType: 'FieldsV1';
+  fieldsV1: JsonMap;
+  subresource?: string;
+}
+
+/** Metadata the server owns; never in managedFields. */
+const UNMANAGED_META = new Set([
+  'name', 'namespace', 'generateName', 'uid', 'resourceVersion', 'generation', 'creationTimestamp',
+  'deletionTimestamp', 'deletionGracePeriodSeconds', 'managedFields', 'selfLink',
+]);
+
+/** Leaf paths (maps walked, anything else a leaf) where `a` and `b` differ, and whether each is still set in `b`. */
+function changedLeaves(a: unknown, b: unknown, path: string[] = [], out: { path: string[]; set: boolean }[] = []): { path: string[]; set: boolean }[] {
+  if (path.length === 1 && (path[0] === 'apiVersion' || path[0] === 'kind')) return out;
+  if (path.length === 2 && path[0] === 'metadata' && UNMANAGED_META.has(path[1]!)) return out;
+  if (isMap(a) && isMap(b)) {
+    for (const k of new Set([...Object.keys(a), ...Object.keys(b)])) changedLeaves(a[k], b[k], [...path, k], out);
+    return out;
+  }
+  if (isMap(b) && a === undefined) {
+    for (const k of Object.keys(b)) changedLeaves(undefined, b[k], [...path, k], out);
+    if (Object.keys(b).length === 0) out.push({ path, set: true });
+    return out;
+  }
+  if (isMap(a) && b === undefined) {
+    for (const k of Object.keys(a)) changedLeaves(a[k], undefined, [...path, k], out);
+    return out;
+  }
+  if (canonical(a) !== canonical(b) && path.length > 0) out.push({ path, set: b !== undefined });
+  return out;
+}
+
+function fieldsToPaths(fields: unknown, prefix: string[] = [], out: string[][] = []): string[][] {
+  if (!isMap(fields)) return out;
+  const children = Object.keys(fields).filter((k) => k.startsWith('f:'));
+  if (children.length === 0 && prefix.length > 0) out.push(prefix);
+  for (const k of children) fieldsToPaths(fields[k], [...prefix, k.slice(2)], out);
+  return out;
+}
+
+function pathsToFields(paths: string[][]): JsonMap {
+  const root: JsonMap = {};
+  for (const p of paths) {
+    let cur = root;
+    for (const k of p) cur = (cur[`f:${k}`] ??= {}) as JsonMap;
+  }
+  return root;
+}
+
+/** Drops `path` and everything under it, and any owned ancestor of it, from `paths`. */
+function withoutPath(paths: string[][], path: string[]): string[][] {
+  const prefixOf = (a: string[], b: string[]) => a.length <= b.length && a.every((x, i) => x === b[i]);
+  return paths.filter((p) => !prefixOf(path, p) && !prefixOf(p, path));
+}
+
+function updateManagedFields(
+  current: unknown,
+  oldObj: unknown,
+  newObj: unknown,
+  manager: string,
+  apiVersion: string,
+  subresource: string | undefined,
+): ManagedFieldsEntry[] | undefined {
+  const entries = (Array.isArray(current) ? current : []).filter(isMap).map((e) => ({ ...(e as unknown as ManagedFieldsEntry) }));
+  const changes = changedLeaves(oldObj, newObj);
+  const owned = entries.map((e) => fieldsToPaths(e.fieldsV1));
+  for (const c of changes) for (let i = 0; i < owned.length; i++) owned[i] = withoutPath(owned[i]!, c.path);
+  let mine = entries.findIndex((e) => e.manager === manager && e.operation === 'Update' && (e.subresource ?? '') === (subresource ?? ''));
+  if (mine < 0) {
+    entries.push({ manager, operation: 'Update', apiVersion, time: now(), fieldsType: 'FieldsV1', fieldsV1: {}, ...(subresource ? { subresource } : {}) });
+    owned.push([]);
+    mine = entries.length - 1;
+  }
+  for (const c of changes) if (c.set) owned[mine]!.push(c.path);
+  entries[mine]!.time = now();
+  entries[mine]!.apiVersion = apiVersion;
+  const out = entries
+    .map((e, i) => ({ ...e, fieldsV1: pathsToFields(owned[i]!) }))
+    .filter((_e, i) => owned[i]!.length > 0);
+  return out.length > 0 ? out : undefined;
+}
+
+// ---------------------------------------------------------------------------
 // Selectors (k8s.io/apimachinery/pkg/labels and pkg/fields syntax)
 
 interface LabelRequirement {
@@ -575,6 +687,8 @@ interface Watcher {
   query: Record<string, string>;
   res: http.ServerResponse;
   timers: NodeJS.Timeout[];
+  /** When the server ends this watch (ms since the epoch). */
+  deadline: number;
 }
 
 interface WriteOptions {
@@ -582,7 +696,12 @@ interface WriteOptions {
   status?: boolean;
   /** A test control: may set .status anywhere, needs no resourceVersion. */
   privileged?: boolean;
+  /** The field manager of the write (?fieldManager=, else the User-Agent's product). */
+  manager?: string;
 }
+
+/** Field manager of the test controls' writes. */
+export const TEST_CONTROL_MANAGER = 'test-control';
 
 const objectKey = (namespace: string | undefined, name: string) => `${namespace ?? ''}/${name}`;
 
@@ -591,6 +710,7 @@ export class ApiServer {
   readonly requests: RecordedRequest[] = [];
   readonly #server: http.Server;
   readonly #bookmarkIntervalMs: number;
+  readonly #minRequestTimeoutMs: number;
   readonly #historyLimit: number;
   readonly #token: string | undefined;
   readonly #validators: ApiServerOptions['validators'];
@@ -600,6 +720,12 @@ export class ApiServer {
   readonly #watches = new Set<Watcher>();
   readonly #sockets = new Set<Socket>();
   #history: HistoryEvent[] = [];
+  /**
+   * Per resource, the resourceVersion of the last event its watch cache
+   * processed since the server started (cacher.go dispatchEvents'
+   * lastProcessedResourceVersion): until there is one, no bookmark is sent.
+   */
+  readonly #lastProcessedRv = new Map<ResourceName, number>();
   /** Every event up to and including this resourceVersion has left the history. */
   #compactedRv = 0;
   #rv = 1;
@@ -609,6 +735,7 @@ export class ApiServer {
   private constructor(server: http.Server, opts: ApiServerOptions) {
     this.#server = server;
     this.#bookmarkIntervalMs = opts.bookmarkIntervalMs ?? 60_000;
+    this.#minRequestTimeoutMs = opts.minRequestTimeoutMs ?? 1_800_000;
     this.#historyLimit = opts.historyLimit ?? 1000;
     this.#token = opts.token;
     this.#validators = opts.validators;
@@ -681,7 +808,7 @@ export class ApiServer {
 
   create(obj: KubeObject): KubeObject {
     const rt = this.#typeOf(obj);
-    return this.#create(rt, this.#ns(rt, obj.metadata?.namespace), obj, { privileged: true });
+    return this.#create(rt, this.#ns(rt, obj.metadata?.namespace), obj, { privileged: true, manager: TEST_CONTROL_MANAGER });
   }
 
   get(resource: ResourceName, name: string, namespace?: string): KubeObject | undefined {
@@ -701,12 +828,12 @@ export class ApiServer {
 
   update(obj: KubeObject): KubeObject {
     const rt = this.#typeOf(obj);
-    return this.#update(rt, this.#ns(rt, obj.metadata?.namespace), String(obj.metadata?.name), obj, { privileged: true });
+    return this.#update(rt, this.#ns(rt, obj.metadata?.namespace), String(obj.metadata?.name), obj, { privileged: true, manager: TEST_CONTROL_MANAGER });
   }
 
   patch(resource: ResourceName, name: string, patch: JsonMap, namespace?: string): KubeObject {
     const rt = typeByName(resource);
-    return this.#patch(rt, this.#ns(rt, namespace), name, 'application/merge-patch+json', patch, { privileged: true });
+    return this.#patch(rt, this.#ns(rt, namespace), name, 'application/merge-patch+json', patch, { privileged: true, manager: TEST_CONTROL_MANAGER });
   }
 
   remove(resource: ResourceName, name: string, namespace?: string): boolean {
@@ -719,6 +846,27 @@ export class ApiServer {
   compact(): void {
     this.#history = [];
     this.#compactedRv = this.#rv;
+  }
+
+  /**
+   * What clients see of an API server restart: every watch ends, the new
+   * watch cache starts at the current resourceVersion (a watch from an older
+   * one gets 410 Expired) and has processed no event yet (no bookmarks until
+   * one arrives). The stored objects stay, as they do in etcd.
+   */
+  restart(): void {
+    this.dropWatches({ graceful: true });
+    this.compact();
+    this.#lastProcessedRv.clear();
+  }
+
+  /**
+   * An etcd progress notification reaching every watch cache: each has now
+   * processed the current resourceVersion, so bookmarks flow from here on
+   * (etcd sends these every 10 minutes by default).
+   */
+  progressNotify(): void {
+    for (const t of TYPES) this.#lastProcessedRv.set(t.plural, this.#rv);
   }
 
   dropWatches(opts: { graceful?: boolean } = {}): number {
@@ -795,6 +943,7 @@ export class ApiServer {
   #record(rt: ResourceType, type: HistoryEvent['type'], object: KubeObject, prev?: KubeObject): void {
     const ev: HistoryEvent = { rv: this.#rv, plural: rt.plural, type, object: clone(object), prev: prev && clone(prev) };
     this.#history.push(ev);
+    this.#lastProcessedRv.set(rt.plural, ev.rv);
     while (this.#history.length > this.#historyLimit) this.#compactedRv = this.#history.shift()!.rv;
     for (const w of this.#watches) {
       if (w.rt !== rt) continue;
@@ -803,7 +952,9 @@ export class ApiServer {
     }
   }
 
-  #commitCreate(rt: ResourceType, obj: KubeObject): KubeObject {
+  #commitCreate(rt: ResourceType, obj: KubeObject, opts: WriteOptions = {}): KubeObject {
+    delete obj.metadata.managedFields;
+    if (opts.manager !== undefined) obj.metadata.managedFields = updateManagedFields(undefined, {}, obj, opts.manager, apiVersionOf(rt), opts.status ? 'status' : undefined);
     this.#rv += 1;
     obj.metadata.resourceVersion = String(this.#rv);
     this.#bucket(rt).set(objectKey(obj.metadata.namespace, obj.metadata.name!), obj);
@@ -811,9 +962,15 @@ export class ApiServer {
     return clone(obj);
   }
 
-  #commitUpdate(rt: ResourceType, old: KubeObject, next: KubeObject): KubeObject {
+  #commitUpdate(rt: ResourceType, old: KubeObject, next: KubeObject, opts: WriteOptions = {}): KubeObject {
     next.metadata.resourceVersion = old.metadata.resourceVersion;
+    // managedFields sent by a client are the ones it read; the server keeps its own.
+    if (old.metadata.managedFields !== undefined) next.metadata.managedFields = old.metadata.managedFields;
+    else delete next.metadata.managedFields;
+    // A write that changes nothing changes no managedFields either.
     if (canonical(next) === canonical(old)) return clone(old);
+    if (opts.manager !== undefined)
+      next.metadata.managedFields = updateManagedFields(old.metadata.managedFields, old, next, opts.manager, apiVersionOf(rt), opts.status ? 'status' : undefined);
     if (next.metadata.deletionTimestamp && !next.metadata.finalizers?.length) {
       // The last finalizer is gone: the update completes the deletion.
       this.#commitDelete(rt, old);
@@ -886,7 +1043,7 @@ export class ApiServer {
     delete meta.deletionGracePeriodSeconds;
     if (rt.generation) meta.generation = 1;
     else delete meta.generation;
-    return this.#commitCreate(rt, obj);
+    return this.#commitCreate(rt, obj, opts);
   }
 
   #update(rt: ResourceType, namespace: string | undefined, name: string, input: unknown, opts: WriteOptions = {}): KubeObject {
@@ -925,7 +1082,7 @@ export class ApiServer {
       if (rt.generation && content(old) !== content(next)) m.generation = (old.metadata.generation ?? 0) + 1;
     }
     this.#validate(rt, next);
-    return this.#commitUpdate(rt, old, next);
+    return this.#commitUpdate(rt, old, next, opts);
   }
 
   #patch(rt: ResourceType, namespace: string | undefined, name: string, contentType: string, patch: unknown, opts: WriteOptions = {}): KubeObject {
@@ -1009,8 +1166,8 @@ export class ApiServer {
     if (!w.res.writableEnded && !w.res.destroyed) w.res.write(`${JSON.stringify(ev)}\n`);
   }
 
-  #bookmark(w: Watcher, annotations?: Record<string, string>): WatchEvent {
-    const metadata: JsonMap = { resourceVersion: this.resourceVersion };
+  #bookmark(w: Watcher, annotations?: Record<string, string>, rv: string = this.resourceVersion): WatchEvent {
+    const metadata: JsonMap = { resourceVersion: rv };
     if (annotations) metadata.annotations = annotations;
     return { type: 'BOOKMARK', object: { kind: w.rt.kind, apiVersion: apiVersionOf(w.rt), metadata } };
   }
@@ -1028,7 +1185,9 @@ export class ApiServer {
       if (!/^[0-9]+$/.test(rvParam)) throw badRequest(`invalid resource version: ${JSON.stringify(rvParam)}`);
       since = Number(rvParam);
     }
-    let timeoutMs: number | undefined;
+    // Without timeoutSeconds the server picks minRequestTimeout * (1 + rand)
+    // (apiserver endpoints/handlers/get.go: 30 to 60 minutes by default).
+    let timeoutMs = this.#minRequestTimeoutMs * (1 + Math.random());
     if (query.timeoutSeconds !== undefined) {
       if (!/^[0-9]+$/.test(query.timeoutSeconds)) throw badRequest(`invalid timeoutSeconds: ${JSON.stringify(query.timeoutSeconds)}`);
       timeoutMs = Number(query.timeoutSeconds) * 1000;
@@ -1042,6 +1201,7 @@ export class ApiServer {
       query,
       res,
       timers: [],
+      deadline: Date.now() + timeoutMs,
     };
     res.writeHead(200, { 'Content-Type': 'application/json', 'Cache-Control': 'no-cache, private' });
     res.flushHeaders();
@@ -1063,15 +1223,36 @@ export class ApiServer {
     }
     this.#watches.add(w);
     res.on('close', () => this.#closeWatch(w));
-    if (w.bookmarks) w.timers.push(setInterval(() => this.#send(w, this.#bookmark(w)), this.#bookmarkIntervalMs).unref());
-    if (timeoutMs !== undefined) {
-      const timer = setTimeout(() => {
-        if (w.bookmarks) this.#send(w, this.#bookmark(w));
-        this.#closeWatch(w);
-        res.end();
-      }, timeoutMs);
-      w.timers.push(timer.unref());
-    }
+    if (w.bookmarks) this.#scheduleBookmark(w);
+    const timer = setTimeout(() => {
+      this.#closeWatch(w);
+      res.end();
+    }, timeoutMs);
+    w.timers.push(timer.unref());
+  }
+
+  /**
+   * Bookmarks as the watch cache sends them (cacher.go, cache_watcher.go
+   * nextBookmarkTime): a watcher that allows them is due one every
+   * bookmarkFrequency (1 minute) and one 2 s before its deadline, whichever
+   * comes first; a due watcher gets one only if its resource's cache has
+   * processed an event since the server started ("Never send a bookmark
+   * event if we did not see an event here"), at that event's
+   * resourceVersion, and is then due again. So a quiet watch on a resource
+   * nothing has touched since the server started gets no bookmark at all.
+   */
+  #scheduleBookmark(w: Watcher): void {
+    const now = Date.now();
+    const next = Math.min(now + this.#bookmarkIntervalMs, w.deadline - 2000);
+    if (next < now) return;
+    const t = setTimeout(() => {
+      w.timers = w.timers.filter((x) => x !== t);
+      if (!this.#watches.has(w)) return;
+      const rv = this.#lastProcessedRv.get(w.rt.plural);
+      if (rv !== undefined) this.#send(w, this.#bookmark(w, undefined, String(rv)));
+      this.#scheduleBookmark(w);
+    }, next - now);
+    w.timers.push(t.unref());
   }
 
   // -------------------------------------------------------------------- HTTP
@@ -1096,6 +1277,7 @@ export class ApiServer {
       contentType,
       body: undefined,
       status: 0,
+      userAgent: req.headers['user-agent'] ?? '',
     };
     this.requests.push(entry);
     try {
@@ -1143,10 +1325,10 @@ export class ApiServer {
         else sendJson(res, 200, this.#list(rt, namespace, query));
         return;
       }
-      if (method === 'POST' && (namespace !== undefined || !rt.namespaced)) return sendJson(res, 201, this.#create(rt, namespace, r.body));
+      if (method === 'POST' && (namespace !== undefined || !rt.namespaced)) return sendJson(res, 201, this.#create(rt, namespace, r.body, { manager: fieldManagerOf(r) }));
       throw notAllowed();
     }
-    const opts = { status: sub === 'status' };
+    const opts = { status: sub === 'status', manager: fieldManagerOf(r) };
     switch (method) {
       case 'GET':
         return sendJson(res, 200, this.#mustGet(rt, namespace, name));
@@ -1189,6 +1371,21 @@ export class ApiServer {
     });
     return { kind: 'APIResourceList', apiVersion: 'v1', groupVersion: gv!, resources };
   }
+}
+
+/**
+ * The field manager of a write: ?fieldManager=, else the product part of the
+ * User-Agent (apiserver handlers/rest.go prefixFromUserAgent). At most 128
+ * printable characters (ValidateFieldManager).
+ */
+function fieldManagerOf(r: RecordedRequest): string {
+  const given = r.query.fieldManager;
+  if (given !== undefined) {
+    if (given.length > 128) throw failure(422, 'Invalid', `fieldManager: Too long: may not be more than 128 bytes`);
+    if (/[\p{C}]/u.test(given)) throw failure(422, 'Invalid', `fieldManager: Invalid value: ${JSON.stringify(given)}: must only contain printable characters`);
+    return given;
+  }
+  return r.userAgent.split('/')[0]!;
 }
 
 function parseResourcePath(pathname: string): { rt: ResourceType; namespace?: string; name?: string; sub?: string } | undefined {
