@@ -55,6 +55,13 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
   { name: 'registries-conf', env: 'CONTAINERS_REGISTRIES_CONF', type: 'string', help: 'registries.conf with the node\'s mirrors, for the size estimate (default /etc/containers/registries.conf)' },
   { name: 'registries-conf-dir', env: 'PINSET_REGISTRIES_CONF_DIR', type: 'string', default: '/etc/containers/registries.conf.d', help: 'drop-in folder of registries.conf' },
   { name: 'resync-interval', env: 'PINSET_RESYNC_INTERVAL', type: 'duration', default: '5m', help: 'full reconcile at least this often' },
+  {
+    name: 'min-watch-timeout',
+    env: 'PINSET_MIN_WATCH_TIMEOUT',
+    type: 'duration',
+    default: '10m',
+    help: 'each API watch asks the server to end it after a random time between this and twice this, then resumes (2 watches: about 8 requests an hour)',
+  },
   { name: 'metrics-addr', env: 'PINSET_METRICS_ADDR', type: 'string', default: '0.0.0.0:9402', allowEmpty: true, help: 'host:port for /healthz, /readyz and /metrics ("" disables)' },
   { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['trace', 'debug', 'info', 'warn', 'error', 'fatal'], help: 'log level' },
   { name: 'once', env: 'PINSET_ONCE', type: 'bool', default: false, help: 'one full reconcile, then exit 0 if every selected set is Ready, 1 if not (or a static file cannot be read); one JSON line per set on stdout' },
@@ -107,6 +114,7 @@ export async function run(argv: string[]): Promise<number> {
   }
   const maxParallel = Number(f['max-parallel-pulls']);
   if (maxParallel < 1) throw new UsageError('--max-parallel-pulls must be at least 1');
+  if (Number(f['min-watch-timeout']) < 1000) throw new UsageError('--min-watch-timeout must be at least 1s');
 
   // The Kubernetes client is large (about 80 MB resident): a node that runs on
   // static sets alone never loads it.
@@ -152,7 +160,7 @@ export async function run(argv: string[]): Promise<number> {
   let reporter: StatusReporter;
   if (kc && kubeModules) {
     const { KubeObserver, NodeAnnotationSink, NodeEventRecorder } = kubeModules;
-    const observer = new KubeObserver(kc, nodeName, logger, (why) => agent?.trigger(why, true));
+    const observer = new KubeObserver(kc, nodeName, logger, (why) => agent?.trigger(why, true), { minWatchTimeoutMs: Number(f['min-watch-timeout']) });
     kube = observer;
     reporter = new StatusReporter(new NodeAnnotationSink(kc, nodeName), { logger });
     events = new NodeEventRecorder(kc, nodeName, () => observer.currentNode()?.metadata?.uid, logger);

@@ -5,6 +5,9 @@ import type { Logger } from 'pino';
 import { STATUS_ANNOTATION, type NodeStatus } from '../api/types.ts';
 import type { StatusSink } from './status.ts';
 
+/** Every write the agent makes carries this field manager (the Node's managedFields name it). */
+export const AGENT_FIELD_MANAGER = 'pinset-agent';
+
 export class NodeAnnotationSink implements StatusSink {
   private readonly core: CoreV1Api;
   private readonly nodeName: string;
@@ -16,7 +19,7 @@ export class NodeAnnotationSink implements StatusSink {
     // RFC 7386 merge patch: touches only this annotation, needs no
     // resourceVersion, and cannot conflict with the kubelet's own writes.
     const body = { metadata: { annotations: { [STATUS_ANNOTATION]: JSON.stringify(status) } } };
-    await this.core.patchNode({ name: this.nodeName, body }, setHeaderOptions('Content-Type', PatchStrategy.MergePatch));
+    await this.core.patchNode({ name: this.nodeName, body, fieldManager: AGENT_FIELD_MANAGER }, setHeaderOptions('Content-Type', PatchStrategy.MergePatch));
   }
 }
 
@@ -68,7 +71,7 @@ export class NodeEventRecorder implements EventRecorder {
       prev.lastSentAt = now;
       const body = { count: prev.count, lastTimestamp: ts, message };
       try {
-        await this.core.patchNamespacedEvent({ name: prev.name, namespace: 'default', body }, setHeaderOptions('Content-Type', PatchStrategy.MergePatch));
+        await this.core.patchNamespacedEvent({ name: prev.name, namespace: 'default', body, fieldManager: AGENT_FIELD_MANAGER }, setHeaderOptions('Content-Type', PatchStrategy.MergePatch));
         return;
       } catch {
         this.seen.delete(id); // the Event expired or was deleted: create a new one
@@ -78,6 +81,7 @@ export class NodeEventRecorder implements EventRecorder {
     this.seen.set(id, { name, count: 1, first: ts, lastSentAt: now, pendingCount: 0 });
     await this.core.createNamespacedEvent({
       namespace: 'default',
+      fieldManager: AGENT_FIELD_MANAGER,
       body: {
         metadata: { name, namespace: 'default' },
         involvedObject: { kind: 'Node', apiVersion: 'v1', name: this.nodeName, uid: this.nodeUid() ?? this.nodeName },

@@ -3,19 +3,9 @@
 // the set's status subresource when (and only when) it differs from what is
 // there. Level-triggered: every pass recomputes from the caches, so a missed
 // or repeated event costs nothing but a recomputation.
-import {
-  CoreV1Api,
-  CustomObjectsApi,
-  PatchStrategy,
-  makeInformer,
-  setHeaderOptions,
-  type Informer,
-  type KubeConfig,
-  type KubernetesListObject,
-  type KubernetesObject,
-  type ObjectCache,
-  type V1Node,
-} from '@kubernetes/client-node';
+import { CustomObjectsApi, PatchStrategy, setHeaderOptions, type KubeConfig, type V1Node } from '@kubernetes/client-node';
+import { KubeHttp } from '../api/kube-http.ts';
+import { ListWatchCache, type ListWatchOptions } from '../api/list-watch.ts';
 import { selectorErrors, selectorMatches } from '../api/selector.ts';
 import { GROUP, PLURAL, STATUS_ANNOTATION, VERSION, type PinnedImageSet, type PinnedImageSetStatus } from '../api/types.ts';
 import type { Logger } from '../util/log.ts';
@@ -33,9 +23,15 @@ export interface SetStatusControllerOptions {
   /** Recompute every set this often even without events. */
   resyncMs?: number;
   now?: () => Date;
+  /** Watch tuning; see ListWatchOptions (timeoutSeconds is drawn from [min, 2 * min)). */
+  minWatchTimeoutMs?: number;
+  watch?: Partial<Pick<ListWatchOptions, 'idleGraceMs' | 'healthyAfterMs' | 'backoff'>>;
 }
 
-type SetObject = PinnedImageSet & KubernetesObject;
+/** Every write the controller makes carries this field manager (the sets' managedFields name it). */
+export const CONTROLLER_FIELD_MANAGER = 'pinset-controller';
+
+type SetObject = PinnedImageSet;
 
 interface NodeSnapshot extends ObservedNode {
   raw: string | undefined;
@@ -70,22 +66,20 @@ export class SetStatusController {
   readonly #resyncMs: number;
   readonly #now: () => Date;
   readonly #custom: CustomObjectsApi;
-  readonly #nodeInformer: Informer<V1Node> & ObjectCache<V1Node>;
-  readonly #setInformer: Informer<SetObject> & ObjectCache<SetObject>;
+  readonly #http: KubeHttp;
+  readonly #nodeInformer: ListWatchCache<V1Node>;
+  readonly #setInformer: ListWatchCache<SetObject>;
   readonly #nodes = new Map<string, NodeSnapshot>();
   /** Status written by this replica and not yet seen back in the set cache, by set name. */
   readonly #written = new Map<string, { uid: string | undefined; status: PinnedImageSetStatus }>();
   readonly #dirty = new Set<string>();
   readonly #retry = new Map<string, number>();
-  #nodesSynced = false;
-  #setsSynced = false;
   #leading = false;
   #stopped = true;
   #timer: NodeJS.Timeout | undefined;
   #timerDue = 0;
   #resyncTimer: NodeJS.Timeout | undefined;
   #flushing: Promise<void> | undefined;
-  #restartTimers = new Set<NodeJS.Timeout>();
 
   constructor(opts: SetStatusControllerOptions) {
     this.#log = opts.log;
@@ -94,21 +88,11 @@ export class SetStatusController {
     this.#resyncMs = opts.resyncMs ?? 5 * 60_000;
     this.#now = opts.now ?? (() => new Date());
     const kc = opts.kubeConfig;
-    const core = kc.makeApiClient(CoreV1Api);
     this.#custom = kc.makeApiClient(CustomObjectsApi);
-
-    this.#nodeInformer = makeInformer<V1Node>(kc, NODES_PATH, async () => {
-      const list = await core.listNode();
-      this.#nodesSynced = true;
-      this.#arm();
-      return list;
-    });
-    this.#setInformer = makeInformer<SetObject>(kc, SETS_PATH, async () => {
-      const list = (await this.#custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural: PLURAL })) as KubernetesListObject<SetObject>;
-      this.#setsSynced = true;
-      this.#arm();
-      return list;
-    });
+    this.#http = new KubeHttp(kc, { userAgent: CONTROLLER_FIELD_MANAGER });
+    const common = { http: this.#http, log: this.#log, minWatchTimeoutMs: opts.minWatchTimeoutMs, ...opts.watch };
+    this.#nodeInformer = new ListWatchCache<V1Node>({ ...common, what: 'nodes', path: NODES_PATH });
+    this.#setInformer = new ListWatchCache<SetObject>({ ...common, what: 'pinnedimagesets', path: SETS_PATH });
 
     this.#nodeInformer.on('add', (n) => this.#onNode(n, false));
     this.#nodeInformer.on('update', (n) => this.#onNode(n, false));
@@ -116,13 +100,16 @@ export class SetStatusController {
     this.#setInformer.on('add', (s) => this.#onSet(s, false));
     this.#setInformer.on('update', (s) => this.#onSet(s, false));
     this.#setInformer.on('delete', (s) => this.#onSet(s, true));
-    this.#restartOnError(this.#nodeInformer, 'nodes');
-    this.#restartOnError(this.#setInformer, 'pinnedimagesets');
+    for (const [inf, resource] of [[this.#nodeInformer, 'nodes'], [this.#setInformer, 'pinnedimagesets']] as const) {
+      // ListWatchCache retries on its own, with backoff; this only counts.
+      inf.on('failure', () => this.#metrics?.watchErrors.inc({ resource }));
+      inf.on('synced', () => this.#arm());
+    }
   }
 
   /** Both caches have been filled from a list at least once. */
   synced(): boolean {
-    return this.#nodesSynced && this.#setsSynced;
+    return this.#nodeInformer.synced && this.#setInformer.synced;
   }
 
   isLeading(): boolean {
@@ -133,9 +120,8 @@ export class SetStatusController {
   start(): void {
     if (!this.#stopped) return;
     this.#stopped = false;
-    for (const inf of [this.#nodeInformer, this.#setInformer]) {
-      inf.start().catch((err: unknown) => this.#log.warn({ err: errorText(err) }, 'informer start failed'));
-    }
+    this.#nodeInformer.start();
+    this.#setInformer.start();
     this.#resyncTimer = setInterval(() => this.#markAll(), this.#resyncMs);
   }
 
@@ -161,32 +147,9 @@ export class SetStatusController {
     this.#stopped = true;
     this.setLeading(false);
     clearInterval(this.#resyncTimer);
-    for (const t of this.#restartTimers) clearTimeout(t);
-    this.#restartTimers.clear();
     await Promise.all([this.#nodeInformer.stop(), this.#setInformer.stop()]);
     await this.#flushing;
-  }
-
-  #restartOnError(inf: Informer<KubernetesObject>, resource: string): void {
-    // client-node's informer stops on a list or watch error; start it again
-    // with a capped exponential backoff, reset after a quiet minute.
-    let delay = 500;
-    let lastError = 0;
-    inf.on('error', (err: unknown) => {
-      this.#metrics?.watchErrors.inc({ resource });
-      if (this.#stopped) return;
-      const now = Date.now();
-      if (now - lastError > 60_000) delay = 500;
-      lastError = now;
-      this.#log.warn({ resource, err: errorText(err), retryInMs: delay }, 'list or watch failed; retrying');
-      const t = setTimeout(() => {
-        this.#restartTimers.delete(t);
-        if (this.#stopped) return;
-        inf.start().catch(() => {});
-      }, delay);
-      this.#restartTimers.add(t);
-      delay = Math.min(delay * 2, MAX_RETRY_MS);
-    });
+    this.#http.close();
   }
 
   #onNode(node: V1Node, deleted: boolean): void {
@@ -302,7 +265,7 @@ export class SetStatusController {
     if (set.metadata.resourceVersion) body.metadata = { resourceVersion: set.metadata.resourceVersion };
     try {
       await this.#custom.patchClusterCustomObjectStatus(
-        { group: GROUP, version: VERSION, plural: PLURAL, name, body },
+        { group: GROUP, version: VERSION, plural: PLURAL, name, body, fieldManager: CONTROLLER_FIELD_MANAGER },
         setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
       );
       this.#written.set(name, { uid: set.metadata.uid, status: next });

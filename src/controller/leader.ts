@@ -32,6 +32,9 @@ export interface LeaderElectionConfig {
 
 type Attempt = 'held' | 'other';
 
+/** The Lease's writes are the controller's: they carry its field manager. */
+const LEASE_FIELD_MANAGER = 'pinset-controller';
+
 function apiCode(err: unknown): number | undefined {
   const code = (err as { code?: unknown } | null)?.code;
   return typeof code === 'number' ? code : undefined;
@@ -209,7 +212,7 @@ export class LeaderElector {
         },
       };
       try {
-        await this.#api.createNamespacedLease({ namespace, body });
+        await this.#api.createNamespacedLease({ namespace, body, fieldManager: LEASE_FIELD_MANAGER });
         this.#observe(identity);
         return 'held';
       } catch (err) {
@@ -241,7 +244,7 @@ export class LeaderElector {
           };
     try {
       // metadata carries the resourceVersion just read: the optimistic lock.
-      await this.#api.replaceNamespacedLease({ name, namespace, body: { ...lease, spec: next } });
+      await this.#api.replaceNamespacedLease({ name, namespace, body: { ...lease, spec: next }, fieldManager: LEASE_FIELD_MANAGER });
       this.#observe(identity);
       return 'held';
     } catch (err) {
@@ -260,7 +263,7 @@ export class LeaderElector {
           const now = Date.now();
           const spec: V1LeaseSpec = { ...lease.spec, leaseDurationSeconds: 1, acquireTime: microTime(now), renewTime: microTime(now) };
           delete spec.holderIdentity;
-          await this.#api.replaceNamespacedLease({ name, namespace, body: { ...lease, spec } });
+          await this.#api.replaceNamespacedLease({ name, namespace, body: { ...lease, spec }, fieldManager: LEASE_FIELD_MANAGER });
           log.info({ lease: this.#leaseRef(), identity }, 'released the lease');
         })(),
         Math.min(this.#cfg.renewDeadlineMs, 5000),
