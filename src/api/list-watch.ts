@@ -102,7 +102,8 @@ export class ListWatchCache<T extends KubeObjectLike> {
       healthyAfterMs: 30_000,
       backoff: WATCH_BACKOFF,
       random: Math.random,
-      ...opts,
+      // An option given as undefined keeps its default.
+      ...(Object.fromEntries(Object.entries(opts).filter(([, v]) => v !== undefined)) as ListWatchOptions),
     };
     this.#backoff = new Backoff(this.#opts.backoff, this.#opts.random);
   }

@@ -245,6 +245,13 @@ describe('pinset agent against the API server, CRI-O and systemd stand-ins', () 
     await bed.agent!.waitForReconcile(m2, 10_000);
     assert.deepEqual(await bed.pinFileList(), before);
     assert.ok(bed.node.crio.image(A1)!.pinned && bed.node.crio.image(B1)!.pinned);
+    // Its two watches retry with a growing delay (1 s doubling, jittered down
+    // to half): over 10 s at most 5 attempts each, where a backoff reset on
+    // every attempt (the old behaviour) made one a second each.
+    const connections = bed.api.connections;
+    await new Promise((r) => setTimeout(r, 10_000));
+    const attempts = bed.api.connections - connections;
+    assert.ok(attempts <= 12, `${attempts} connection attempts in 10 s`);
     bed.api.setAvailable(true);
     bed.api.remove('pinnedimagesets', 'b');
     await bed.api.waitFor(async () => !(await bed.pinFileList()).includes(B1), 40_000, 'the deletion applied after the API came back');
@@ -414,6 +421,19 @@ describe('pinset agent against the API server, CRI-O and systemd stand-ins', () 
     assert.equal(pullFailed.length, 1, 'one Event for the retries, not one per retry');
     assert.equal(pullFailed[0]!.involvedObject?.name, NODE);
     assert.equal(events.filter((e) => e.reason === 'SetReady').length, 1);
+
+    // Every write the agent made (annotation patches, Event creates and patches) names its field manager.
+    const writes = bed.api.requests.filter((r) => r.method !== 'GET');
+    assert.ok(writes.some((r) => r.path.endsWith(`/nodes/${NODE}`)) && writes.some((r) => r.path.includes('/events')));
+    for (const w of writes) assert.equal(w.query.fieldManager, 'pinset-agent', `${w.method} ${w.path}`);
+    const managed = (bed.api.get('nodes', NODE)!.metadata.managedFields ?? []) as { manager: string; fieldsV1: Record<string, unknown> }[];
+    assert.deepEqual(
+      managed.find((m) => m.manager === 'pinset-agent')?.fieldsV1,
+      { 'f:metadata': { 'f:annotations': { [`f:${STATUS_ANNOTATION}`]: {} } } },
+      'the agent owns its annotation and nothing else on the Node',
+    );
+    const pf = bed.api.get('events', (pullFailed[0] as { metadata?: { name?: string } }).metadata!.name!, 'default')!;
+    assert.ok((pf.metadata.managedFields as { manager: string }[]).every((m) => m.manager === 'pinset-agent'));
   });
 
   test('a slow run reports progress while it pulls: Progressing with counts, then Ready', async () => {

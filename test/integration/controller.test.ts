@@ -9,7 +9,7 @@ import { STATUS_ANNOTATION, type NodeSetStatus, type PinnedImageSetStatus } from
 import { SetStatusController } from '../../src/controller/controller.ts';
 import { LeaderElector } from '../../src/controller/leader.ts';
 import { ControllerMetrics } from '../../src/controller/metrics.ts';
-import { silentLogger } from '../../src/util/log.ts';
+import { createLogger, silentLogger } from '../../src/util/log.ts';
 
 const SETS = '/apis/pinset.dev/v1alpha1/pinnedimagesets';
 const IMAGE = `quay.io/org/app@sha256:${'a'.repeat(64)}`;
@@ -77,7 +77,7 @@ function statusWrites(name = 'upgrade'): number {
 
 function startController(opts: { leading?: boolean } = {}): { controller: SetStatusController; metrics: ControllerMetrics } {
   const metrics = new ControllerMetrics();
-  const controller = new SetStatusController({ kubeConfig: api.kubeConfig(), log: silentLogger(), metrics, debounceMs: 50 });
+  const controller = new SetStatusController({ kubeConfig: api.kubeConfig(), log: process.env.DEBUG_CTRL ? createLogger({ destination: process.stderr, level: "debug" }) : silentLogger(), metrics, debounceMs: 50 });
   controller.start();
   if (opts.leading ?? true) controller.setLeading(true);
   running.push(() => controller.stop());
@@ -293,5 +293,14 @@ describe('status controller', () => {
     await api.waitFor(() => cond(statusOf(), 'Ready')?.status === 'True', 5000, 'the new leader to write status');
     const lease = api.get('leases', 'pinset-controller', 'pinset-system')!;
     assert.equal((lease.spec as { holderIdentity?: string }).holderIdentity, follower.identity);
+
+    // Every write (set status, the Lease) names the controller's field manager.
+    const writes = api.requests.filter((r) => r.method !== 'GET');
+    assert.ok(writes.some((r) => r.path.endsWith('/status')) && writes.some((r) => r.path.includes('/leases')));
+    for (const w of writes) assert.equal(w.query.fieldManager, 'pinset-controller', `${w.method} ${w.path}`);
+    const managed = api.get('pinnedimagesets', 'upgrade')!.metadata.managedFields as { manager: string; subresource?: string; fieldsV1: Record<string, unknown> }[];
+    const mine = managed.find((m) => m.manager === 'pinset-controller');
+    assert.equal(mine?.subresource, 'status');
+    assert.deepEqual(Object.keys(mine!.fieldsV1), ['f:status'], 'the controller owns the status and nothing else');
   });
 });

@@ -90,6 +90,7 @@
 //   openWatches()                the open watches: resource, namespace, query
 //   setAvailable(false|true)     while false every connection is destroyed on arrival
 //                                and open ones are cut; the port is kept
+//   connections                  TCP connections made, refused ones included
 //   requests                     log of {method, path, query, contentType, body, status, userAgent};
 //                                body is parsed JSON when the request sent JSON
 //   waitFor(predicate, timeoutMs?, what?)  poll every 10 ms until predicate returns a
@@ -708,6 +709,8 @@ const objectKey = (namespace: string | undefined, name: string) => `${namespace 
 export class ApiServer {
   readonly url: string;
   readonly requests: RecordedRequest[] = [];
+  /** TCP connections made to the server, refused ones (while unavailable) included. */
+  connections = 0;
   readonly #server: http.Server;
   readonly #bookmarkIntervalMs: number;
   readonly #minRequestTimeoutMs: number;
@@ -742,6 +745,7 @@ export class ApiServer {
     this.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
     server.on('request', (req, res) => this.#onRequest(req, res));
     server.on('connection', (socket: Socket) => {
+      this.connections++;
       if (!this.#available) {
         socket.destroy();
         return;
