@@ -3,6 +3,7 @@
 // document is valid, 1 when any is not (a YAML syntax error makes its
 // document invalid), 2 on a usage error such as an unreadable file.
 import { readFile } from 'node:fs/promises';
+import { clientSideApplyWarning } from '../api/apply-size.ts';
 import { describeProblems, validateSet } from '../api/validate.ts';
 import { parseYamlDocuments } from '../api/yaml.ts';
 import { helpText, parseFlags, UsageError, type FlagSpec } from './flags.ts';
@@ -14,7 +15,8 @@ const FLAGS: readonly FlagSpec[] = [
 const USAGE = 'pinset validate [-o text|json] FILE... ("-" reads standard input)';
 const SUMMARY =
   'Checks every PinnedImageSet document in the files, offline, with the same rules as the CRD and the agent.\n' +
-  'Prints one line per problem, naming the file, the document and the field.\n' +
+  'Prints one line per problem, naming the file, the document and the field, and a warning for a set\n' +
+  'too large for client-side "kubectl apply" (use "kubectl apply --server-side").\n' +
   'Exit status: 0 all valid, 1 a document is invalid, 2 usage error.';
 
 const STDIN_LABEL = '<stdin>';
@@ -28,6 +30,8 @@ export interface DocumentReport {
   valid: boolean;
   /** "field: message", one per problem (the same text as the human report). */
   problems: string[];
+  /** Things that do not make the document invalid but will bite, e.g. too large for client-side apply. */
+  warnings: string[];
 }
 
 export interface FileReport {
@@ -48,11 +52,12 @@ function isObject(v: unknown): v is Record<string, unknown> {
 /** Validate every document of one file's text. */
 export function validateText(file: string, text: string): FileReport {
   const documents: DocumentReport[] = parseYamlDocuments(text).map((d, i) => {
-    if ('error' in d) return { document: i + 1, line: d.line, name: null, valid: false, problems: [d.error] };
+    if ('error' in d) return { document: i + 1, line: d.line, name: null, valid: false, problems: [d.error], warnings: [] };
     const md = isObject(d.value) ? d.value.metadata : undefined;
     const name = isObject(md) && typeof md.name === 'string' && md.name !== '' ? md.name : null;
     const problems = describeProblems(validateSet(d.value));
-    return { document: i + 1, line: d.line, name, valid: problems.length === 0, problems };
+    const warning = clientSideApplyWarning(d.value);
+    return { document: i + 1, line: d.line, name, valid: problems.length === 0, problems, warnings: warning ? [warning] : [] };
   });
   return { file, valid: documents.length > 0 && documents.every((d) => d.valid), documents };
 }
@@ -68,6 +73,7 @@ export function formatText(report: Report): string {
     for (const d of f.documents) {
       const label = `${f.file}: document ${d.document}${d.name !== null ? ` (name ${printable(d.name)})` : ''}`;
       for (const p of d.problems) out.push(`${label}: ${p}`);
+      for (const w of d.warnings) out.push(`${label}: warning: ${w}`);
     }
     const bad = f.documents.filter((d) => !d.valid).length;
     out.push(bad === 0 ? `${f.file}: ${f.documents.length} document(s) valid` : `${f.file}: ${bad} of ${f.documents.length} document(s) invalid`);

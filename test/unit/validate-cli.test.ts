@@ -157,7 +157,7 @@ describe('pinset validate', () => {
       assert.equal(report.valid, false);
       assert.equal(report.files.length, 1);
       const [doc1, doc2] = report.files[0].documents;
-      assert.deepEqual(doc1, { document: 1, line: 1, name: 'fine', valid: true, problems: [] });
+      assert.deepEqual(doc1, { document: 1, line: 1, name: 'fine', valid: true, problems: [], warnings: [] });
       assert.equal(doc2.document, 2);
       assert.equal(doc2.name, 'broken');
       assert.equal(doc2.valid, false);
@@ -193,6 +193,22 @@ describe('pinset validate', () => {
 
     assert.equal(flag.code, 2);
     assert.match(flag.stderr, /unknown flag -x/);
+  });
+
+  test('a set too large for client-side kubectl apply: valid, with a warning that says what to use instead', async () => {
+    const images = (n: number) => Array.from({ length: n }, (_, i) => `quay.io/org/component-${String(i).padStart(4, '0')}@sha256:${H}`);
+    const big = await file('big.yaml', set('big', images(2500)));
+    const small = await file('small.yaml', set('small', images(1500)));
+    const r = await pinset(['validate', big, small]);
+    assert.equal(r.code, 0, 'a warning does not make the set invalid');
+    const lines = r.stdout.trim().split('\n');
+    const warnings = lines.filter((l) => l.includes('warning:'));
+    assert.equal(warnings.length, 1, r.stdout);
+    assert.match(warnings[0]!, new RegExp(`^${big.replaceAll('/', '\\/')}: document 1 \\(name big\\): warning: too large for client-side "kubectl apply"`));
+    assert.match(warnings[0]!, /over the API server's limit of 262144; apply it with "kubectl apply --server-side"/);
+    const json = JSON.parse((await pinset(['validate', '-o', 'json', big])).stdout);
+    assert.equal(json.valid, true);
+    assert.equal(json.files[0].documents[0].warnings.length, 1);
   });
 
   test('--help: usage and flags, exit 0', async () => {
