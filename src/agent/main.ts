@@ -1,5 +1,6 @@
 // `pinset agent`: flags, wiring of the real implementations, and the two
 // ways to run: until SIGTERM (the DaemonSet, the systemd unit) or --once.
+import { existsSync } from 'node:fs';
 import { hostname } from 'node:os';
 import * as path from 'node:path';
 import { parseLabelList } from '../api/selector.ts';
@@ -41,7 +42,12 @@ export const DEFAULT_MAX_PARALLEL_PULLS = 4;
 
 export const AGENT_FLAGS: readonly FlagSpec[] = [
   { name: 'node-name', env: 'NODE_NAME', type: 'string', required: true, help: 'name of this node (the DaemonSet sets it from spec.nodeName)' },
-  { name: 'kubeconfig', env: 'KUBECONFIG', type: 'string', help: 'kubeconfig file; in a pod the in-cluster config is used; with neither, only static sets apply' },
+  {
+    name: 'kubeconfig',
+    env: 'KUBECONFIG',
+    type: 'string',
+    help: 'kubeconfig file (on a host: the kubelet\'s, e.g. /var/lib/kubelet/kubeconfig; until it exists only static sets apply, then the agent exits with 75 to be restarted); in a pod the in-cluster config is used; with neither, only static sets apply',
+  },
   { name: 'static-dir', env: 'PINSET_STATIC_DIR', type: 'string', default: '/etc/pinset/sets.d', help: 'folder of YAML files of PinnedImageSet documents (missing = none)' },
   { name: 'node-labels', env: 'PINSET_NODE_LABELS', type: 'string', help: 'k=v,... labels for selector matching when the Node cannot be read' },
   { name: 'cri-endpoint', env: 'PINSET_CRI_ENDPOINT', type: 'string', default: 'unix:///var/run/crio/crio.sock', help: 'CRI socket of the container runtime' },
@@ -92,6 +98,15 @@ writes one CRI-O drop-in with their union, reloads CRI-O, pulls missing images
 through the CRI socket and reports per-set status on the Node annotation
 pinset.dev/status.`;
 
+/** How often the agent looks for a --kubeconfig that did not exist when it started. */
+const KUBECONFIG_POLL_MS = 10_000;
+/**
+ * Exit status when the awaited kubeconfig appears: non-zero, so a service
+ * manager restarts the agent under Restart=on-failure as under Restart=always
+ * (75 is EX_TEMPFAIL).
+ */
+export const EXIT_RESTART_FOR_KUBECONFIG = 75;
+
 /** How long --once waits for the first list of sets and the Node. */
 const ONCE_SYNC_TIMEOUT_MS = 30_000;
 
@@ -118,8 +133,14 @@ export async function run(argv: string[]): Promise<number> {
 
   // The Kubernetes client is large (about 80 MB resident): a node that runs on
   // static sets alone never loads it.
-  const kubeconfig = f.kubeconfig as string | undefined;
-  const inCluster = Boolean(process.env.KUBERNETES_SERVICE_HOST && process.env.KUBERNETES_SERVICE_PORT);
+  // A kubeconfig that does not exist yet is the kubelet's before the node
+  // has joined (deploy/systemd): until it appears the agent applies static
+  // sets only; then it exits so that its service manager starts it again
+  // with the API.
+  const configured = f.kubeconfig as string | undefined;
+  const awaitedKubeconfig = configured && !existsSync(configured) ? configured : undefined;
+  const kubeconfig = awaitedKubeconfig ? undefined : configured;
+  const inCluster = !awaitedKubeconfig && Boolean(process.env.KUBERNETES_SERVICE_HOST && process.env.KUBERNETES_SERVICE_PORT);
   const kubeModules = kubeconfig || inCluster ? await loadKubeModules() : null;
   let kc = null;
   try {
@@ -288,6 +309,15 @@ export async function run(argv: string[]): Promise<number> {
     resyncIntervalMs: Number(f['resync-interval']),
   });
 
+  if (awaitedKubeconfig) {
+    logger.warn(
+      { kubeconfig: awaitedKubeconfig },
+      once
+        ? 'the kubeconfig does not exist yet (the kubelet writes its own when the node joins); applying static sets only'
+        : 'the kubeconfig does not exist yet (the kubelet writes its own when the node joins); applying static sets only until it appears, then restarting to use it',
+    );
+  }
+
   if (once) {
     await kube?.start();
     if (kube) {
@@ -311,14 +341,26 @@ export async function run(argv: string[]): Promise<number> {
     return code;
   }
 
+  let code = 0;
   if (!stopping.signal.aborted) {
     await kube?.start();
     agent.start();
+    if (awaitedKubeconfig) {
+      const poll = setInterval(() => {
+        if (!existsSync(awaitedKubeconfig)) return;
+        clearInterval(poll);
+        logger.info({ kubeconfig: awaitedKubeconfig, exitCode: EXIT_RESTART_FOR_KUBECONFIG }, 'the kubeconfig appeared; exiting to be restarted with the API');
+        code = EXIT_RESTART_FOR_KUBECONFIG;
+        stopping.abort();
+      }, KUBECONFIG_POLL_MS);
+      poll.unref();
+      stopping.signal.addEventListener('abort', () => clearInterval(poll), { once: true });
+    }
     await new Promise<void>((resolve) => stopping.signal.addEventListener('abort', () => resolve(), { once: true }));
   }
   await shutdown();
   await health?.close();
   lock.release();
   logger.info('stopped');
-  return 0;
+  return code;
 }

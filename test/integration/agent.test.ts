@@ -5,7 +5,7 @@
 // agent runs as its own process, started as a user starts it.
 import { afterEach, beforeEach, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtemp, readdir, readFile, rm, stat, writeFile, mkdir } from 'node:fs/promises';
+import { copyFile, mkdtemp, readdir, readFile, rm, stat, writeFile, mkdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
@@ -468,6 +468,26 @@ describe('pinset agent against the API server, CRI-O and systemd stand-ins', () 
     // A label change does.
     bed.api.patch('nodes', NODE, { metadata: { labels: { zone: 'b' } } });
     await agent.waitForReconcile(mark, 10_000);
+  });
+
+  test('a kubeconfig that does not exist yet (a node that has not joined): static sets apply; when it appears the agent exits 75 to be restarted with the API', async () => {
+    await writeFile(join(bed.staticDir, 'boot.yaml'), JSON.stringify(set('boot', [A1])));
+    bed.api.create(set('from-api', [B1]));
+    const later = join(bed.dir, 'kubelet', 'kubeconfig');
+    const args = bed.args().map((a, i, all) => (all[i - 1] === '--kubeconfig' ? later : a));
+    const agent = AgentProcess.start([...args, '--node-labels', 'zone=x'], { env: bed.node.env });
+    bed.agent = agent;
+    await agent.waitForLog((l) => l.msg?.startsWith('the kubeconfig does not exist yet') === true && l.kubeconfig === later, 10_000, 'the warning');
+    await bed.api.waitFor(async () => (await readPinFile(bed.node.dropInDir))?.pins.includes(A1), 20_000, 'the static set pinned');
+    assert.ok(!(await bed.pinFileList()).includes(B1), 'no API yet');
+    assert.equal(bed.api.requests.length, 0, 'the API was not contacted');
+    await mkdir(join(bed.dir, 'kubelet'));
+    await copyFile(bed.kubeconfig, later);
+    assert.equal(await Promise.race([agent.exited, new Promise((r) => setTimeout(() => r('still running'), 30_000))]), 75);
+    assert.ok(agent.logs().some((l) => l.msg === 'the kubeconfig appeared; exiting to be restarted with the API'));
+    // Restarted (as systemd does), it reads the API with that kubeconfig.
+    bed.start(['--node-labels', 'zone=x', '--kubeconfig', later]);
+    await bed.waitForSet('from-api', ready, 'Ready through the API', 30_000);
   });
 
   test('--once with static sets and no API: exit 0 when Ready, one JSON line per set', async () => {

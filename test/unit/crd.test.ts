@@ -458,7 +458,7 @@ function edited(base: Obj, edit: (n: Obj) => void): Obj {
   return copy;
 }
 
-describe('admission policy: the agent may patch only its own Node, only pinset.dev/ annotations', () => {
+describe('admission policy: the agent (service account) may patch only its own Node, only pinset.dev/ annotations', () => {
   const old = node('worker-1');
   const newStatus = edited(old, (n) => (n.metadata.annotations['pinset.dev/status'] = '{"version":1,"sets":[{"name":"a"}]}'));
 
@@ -491,7 +491,7 @@ describe('admission policy: the agent may patch only its own Node, only pinset.d
     const v = admit(patchRequest('worker-1', agentOn('worker-2')), old, newStatus);
     assert.ok(v.applies);
     assert.equal(v.denied.length, 1);
-    assert.match(v.denied[0]!, /only the Node its pod runs on/);
+    assert.match(v.denied[0]!, /only its own Node/);
   });
 
   test('denied: a token without the node-name claim, or with more than one node', () => {
@@ -506,7 +506,7 @@ describe('admission policy: the agent may patch only its own Node, only pinset.d
       const v = admit(patchRequest('worker-1', userInfo), old, newStatus);
       assert.ok(v.applies);
       assert.equal(v.denied.length, 1, JSON.stringify(userInfo));
-      assert.match(v.denied[0]!, /only the Node its pod runs on/);
+      assert.match(v.denied[0]!, /only its own Node/);
     }
   });
 
@@ -541,5 +541,61 @@ describe('admission policy: the agent may patch only its own Node, only pinset.d
     assert.deepEqual(admit(patchRequest('worker-1', { username: 'kubernetes-admin' }), old, relabeled), { applies: false });
     // Another service account with a similar name is not the agent.
     assert.deepEqual(admit(patchRequest('worker-1', { username: `${AGENT}-2` }), old, relabeled), { applies: false });
+  });
+});
+
+describe('admission policy: with a node\'s own credentials (system:node:<name>), only pinset.dev/ annotations of Node <name>', () => {
+  const old = node('worker-1');
+  const newStatus = edited(old, (n) => (n.metadata.annotations['pinset.dev/status'] = '{"version":1,"sets":[{"name":"a"}]}'));
+  const nodeUser = (name: string): AdmissionRequest['userInfo'] => ({ username: `system:node:${name}`, groups: ['system:nodes', 'system:authenticated'] });
+
+  test('allowed: the systemd agent on worker-1 updates worker-1\'s pinset.dev/status', () => {
+    assert.deepEqual(admit(patchRequest('worker-1', nodeUser('worker-1')), old, newStatus), { applies: true, denied: [] });
+  });
+
+  test('allowed: adding the first and removing the last pinset.dev/ annotation on its own Node', () => {
+    const bare = edited(old, (n) => delete n.metadata.annotations);
+    const first = edited(bare, (n) => (n.metadata.annotations = { 'pinset.dev/status': '{}' }));
+    assert.deepEqual(admit(patchRequest('worker-1', nodeUser('worker-1')), bare, first), { applies: true, denied: [] });
+    assert.deepEqual(admit(patchRequest('worker-1', nodeUser('worker-1')), first, bare), { applies: true, denied: [] });
+  });
+
+  test('denied: worker-2\'s credentials writing worker-1\'s pinset.dev/ annotation, or removing it', () => {
+    for (const [before, after] of [[old, newStatus], [old, edited(old, (n) => delete n.metadata.annotations['pinset.dev/status'])]] as const) {
+      const v = admit(patchRequest('worker-1', nodeUser('worker-2')), before, after);
+      assert.ok(v.applies);
+      assert.equal(v.denied.length, 1);
+      assert.match(v.denied[0]!, /only its own Node/);
+    }
+  });
+
+  const denials: [string, (n: Obj) => void, RegExp][] = [
+    ['changing a label', (n) => (n.metadata.labels['node-role.kubernetes.io/worker'] = 'no'), /labels/],
+    ['removing a taint', (n) => (n.spec.taints = []), /spec/],
+    ['changing another annotation', (n) => (n.metadata.annotations['node.alpha.kubernetes.io/ttl'] = '30'), /add or change only annotations under pinset.dev\//],
+    ['adding a finalizer', (n) => (n.metadata.finalizers = ['example.com/hold']), /finalizers/],
+  ];
+  for (const [what, edit, message] of denials) {
+    test(`denied: a pinset.dev/ change together with ${what}, the same limits as the service account's`, () => {
+      const v = admit(patchRequest('worker-1', nodeUser('worker-1')), old, edited(newStatus, edit));
+      assert.ok(v.applies);
+      assert.equal(v.denied.length, 1, JSON.stringify(v.denied));
+      assert.match(v.denied[0]!, message);
+    });
+  }
+
+  test('not in the kubelet\'s way: its own updates that leave pinset.dev/ annotations alone are not in scope', () => {
+    const kubeletEdits: ((n: Obj) => void)[] = [
+      (n) => (n.metadata.labels['node.kubernetes.io/instance-type'] = 'm5.large'),
+      (n) => (n.metadata.annotations['volumes.kubernetes.io/controller-managed-attach-detach'] = 'true'),
+      (n) => (n.spec.podCIDR = '10.244.9.0/24'),
+      (n) => (n.status.conditions = [{ type: 'Ready', status: 'False' }]),
+      (n) => delete n.metadata.annotations['node.alpha.kubernetes.io/ttl'],
+    ];
+    for (const edit of kubeletEdits) {
+      assert.deepEqual(admit(patchRequest('worker-1', nodeUser('worker-1')), old, edited(old, edit)), { applies: false });
+    }
+    // Another node's credentials on this Node: NodeRestriction's business, not this policy's, unless pinset.dev/ changes.
+    assert.deepEqual(admit(patchRequest('worker-1', nodeUser('worker-2')), old, edited(old, kubeletEdits[0]!)), { applies: false });
   });
 });

@@ -78,8 +78,10 @@ describe('kubectl kustomize deploy', { skip }, () => {
     assert.deepEqual(ids, [
       'ClusterRole -/pinset-agent',
       'ClusterRole -/pinset-controller',
+      'ClusterRole -/pinset-node-agent',
       'ClusterRoleBinding -/pinset-agent',
       'ClusterRoleBinding -/pinset-controller',
+      'ClusterRoleBinding -/pinset-node-agent',
       'CustomResourceDefinition -/pinnedimagesets.pinset.dev',
       'DaemonSet pinset-system/pinset-agent',
       'Deployment pinset-system/pinset-controller',
@@ -220,10 +222,10 @@ describe('kubectl kustomize deploy', { skip }, () => {
 
   describe('RBAC: least privilege, exactly', () => {
     /** Every (scope group/resource verb) a service account is granted through the built bindings. */
-    function grants(sa: string): string[] {
+    function grants(sa: string, kind = 'ServiceAccount'): string[] {
       const out = new Set<string>();
       for (const b of objects.filter((o) => o.kind === 'ClusterRoleBinding' || o.kind === 'RoleBinding')) {
-        const bound = (b.subjects as Obj[]).some((s) => s.kind === 'ServiceAccount' && s.name === sa && s.namespace === NS);
+        const bound = (b.subjects as Obj[]).some((s) => s.kind === kind && s.name === sa && (kind !== 'ServiceAccount' || s.namespace === NS));
         if (!bound) continue;
         const role = one(b.roleRef.kind, b.roleRef.name, b.roleRef.kind === 'Role' ? b.metadata.namespace : undefined);
         const scope = b.kind === 'RoleBinding' ? b.metadata.namespace : 'cluster';
@@ -271,10 +273,21 @@ describe('kubectl kustomize deploy', { skip }, () => {
       ]);
     });
 
+    test('nodes (the kubelet\'s credentials, for the systemd agent): read sets, nothing more', () => {
+      // Reading and patching their own Node and recording Events, nodes already may (the Node authorizer).
+      assert.deepEqual(grants('system:nodes', 'Group'), [
+        'cluster pinset.dev/pinnedimagesets get',
+        'cluster pinset.dev/pinnedimagesets list',
+        'cluster pinset.dev/pinnedimagesets watch',
+      ]);
+    });
+
     test('no binding grants anything to anyone else', () => {
       for (const b of objects.filter((o) => o.kind.endsWith('Binding') && o.apiVersion.startsWith('rbac'))) {
         for (const s of b.subjects as Obj[]) {
-          assert.ok(s.kind === 'ServiceAccount' && s.namespace === NS && [AGENT_SA, CONTROLLER_SA].includes(s.name), `${b.metadata.name}: ${JSON.stringify(s)}`);
+          const serviceAccount = s.kind === 'ServiceAccount' && s.namespace === NS && [AGENT_SA, CONTROLLER_SA].includes(s.name);
+          const nodes = s.kind === 'Group' && s.name === 'system:nodes' && b.metadata.name === 'pinset-node-agent';
+          assert.ok(serviceAccount || nodes, `${b.metadata.name}: ${JSON.stringify(s)}`);
         }
       }
     });
@@ -311,7 +324,8 @@ describe('kubectl kustomize deploy', { skip }, () => {
   test('the admission policy names the agent\'s service account as built here', () => {
     one('ServiceAccount', AGENT_SA, NS);
     const policy = one('ValidatingAdmissionPolicy', 'pinset-agent-node-scope');
-    assert.deepEqual(policy.spec.matchConditions.map((c: Obj) => c.expression), [`request.userInfo.username == 'system:serviceaccount:${NS}:${AGENT_SA}'`]);
+    const [identity] = policy.spec.matchConditions.map((c: Obj) => c.expression as string);
+    assert.ok(identity!.startsWith(`request.userInfo.username == 'system:serviceaccount:${NS}:${AGENT_SA}' ||`), identity);
     const binding = one('ValidatingAdmissionPolicyBinding', 'pinset-agent-node-scope');
     assert.equal(binding.spec.policyName, policy.metadata.name);
     assert.deepEqual(binding.spec.validationActions, ['Deny']);
@@ -367,6 +381,14 @@ describe('deploy/systemd/pinset-agent.service', async () => {
     for (const a of args.filter((x) => x.startsWith('--'))) assert.ok(help.flags.has(a.slice(2).replace(/=.*$/, '')), `unknown flag ${a}`);
     // NODE_OPTIONS is for Node.js itself (V8 heap sizing), not the agent.
     for (const e of svc.Environment ?? []) assert.ok(help.env.has(e.split('=')[0]!) || e.startsWith('NODE_OPTIONS='), `pinset agent does not read ${e}`);
+  });
+
+  test('talks to the API with the node\'s own credentials (the kubelet\'s kubeconfig), which the policy and RBAC expect', async () => {
+    assert.ok(svc.Environment?.includes('KUBECONFIG=/var/lib/kubelet/kubeconfig'), 'the kubelet\'s kubeconfig');
+    assert.equal(get('Restart'), 'always', 'restarted when the kubeconfig appears (the agent exits 75)');
+    assert.match(text, /system:node:<name>/);
+    const policy = await readFile(path.join(ROOT, 'deploy/admission/policy.yaml'), 'utf8');
+    assert.match(policy, /request\.userInfo\.username\.startsWith\('system:node:'\)/);
   });
 
   test('hardened, with the one writable folder the agent needs (crio.conf.d and the staging folder beside it, as one mount)', () => {
