@@ -3,9 +3,10 @@
 // run(argv): Promise<number>, the process exit code.
 //   0 success; 1 the work did not succeed (e.g. a set not Ready, a bad file);
 //   2 a usage or configuration error.
+// src/cli/kubectl-pinset.ts runs the same commands as a kubectl plugin.
 import { UsageError } from './flags.ts';
 
-const commands: Record<string, { summary: string; load: () => Promise<{ run(argv: string[]): Promise<number> }> }> = {
+export const commands: Record<string, { summary: string; load: () => Promise<{ run(argv: string[]): Promise<number> }> }> = {
   agent: { summary: 'pin and pre-load the images of the sets that select this node', load: () => import('../agent/main.ts') },
   controller: { summary: 'roll per-node results up into each set\'s status', load: () => import('../controller/main.ts') },
   status: { summary: 'show, per node and set, what the agents report', load: () => import('./status.ts') },
@@ -15,20 +16,29 @@ const commands: Record<string, { summary: string; load: () => Promise<{ run(argv
   snapshot: { summary: 'a set of the images that pods run now', load: () => import('./snapshot.ts') },
 };
 
-function usage(): string {
-  const rows = Object.entries(commands).map(([name, c]) => `  ${name.padEnd(12)} ${c.summary}`);
-  return `usage: pinset <command> [flags]\n\ncommands:\n${rows.join('\n')}\n\n'pinset <command> --help' lists a command's flags.\n`;
+export interface CliOptions {
+  /** How the program is called, for usage lines: "pinset", "kubectl pinset". */
+  prog: string;
+  /** Commands not offered under this name. */
+  exclude?: readonly string[];
 }
 
-async function main(argv: string[]): Promise<number> {
+function usage(opts: CliOptions): string {
+  const rows = Object.entries(commands)
+    .filter(([name]) => !opts.exclude?.includes(name))
+    .map(([name, c]) => `  ${name.padEnd(12)} ${c.summary}`);
+  return `usage: ${opts.prog} <command> [flags]\n\ncommands:\n${rows.join('\n')}\n\n'${opts.prog} <command> --help' lists a command's flags.\n`;
+}
+
+export async function runCli(argv: string[], opts: CliOptions = { prog: 'pinset' }): Promise<number> {
   const [name, ...rest] = argv;
   if (!name || name === '--help' || name === '-h' || name === 'help') {
-    process.stdout.write(usage());
+    process.stdout.write(usage(opts));
     return name ? 0 : 2;
   }
-  const cmd = commands[name];
+  const cmd = opts.exclude?.includes(name) ? undefined : commands[name];
   if (!cmd) {
-    process.stderr.write(`pinset: unknown command ${JSON.stringify(name)}\n\n${usage()}`);
+    process.stderr.write(`${opts.prog}: unknown command ${JSON.stringify(name)}\n\n${usage(opts)}`);
     return 2;
   }
   try {
@@ -36,19 +46,24 @@ async function main(argv: string[]): Promise<number> {
     return await mod.run(rest);
   } catch (err) {
     if (err instanceof UsageError) {
-      process.stderr.write(`pinset ${name}: ${err.message}\n`);
+      process.stderr.write(`${opts.prog} ${name}: ${err.message}\n`);
       return 2;
     }
     throw err;
   }
 }
 
-main(process.argv.slice(2)).then(
-  (code) => {
-    process.exitCode = code;
-  },
-  (err: unknown) => {
-    process.stderr.write(`pinset: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
-    process.exitCode = 2;
-  },
-);
+/** Run as a program: the exit code on success, 2 and the stack on an unexpected error. */
+export function runAsProgram(argv: string[], opts: CliOptions): void {
+  runCli(argv, opts).then(
+    (code) => {
+      process.exitCode = code;
+    },
+    (err: unknown) => {
+      process.stderr.write(`${opts.prog}: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+      process.exitCode = 2;
+    },
+  );
+}
+
+if (import.meta.main) runAsProgram(process.argv.slice(2), { prog: 'pinset' });

@@ -3,7 +3,8 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
+import { mkdtemp, readFile, rm, symlink } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { ApiServer } from '../support/apiserver.ts';
@@ -171,6 +172,35 @@ describe('pinset status', () => {
     }
   });
 
+  test('with no kubeconfig anywhere it says so and where it looked', async () => {
+    const home = await mkdtemp(path.join(tmpdir(), 'pinset-home-'));
+    try {
+      const env: NodeJS.ProcessEnv = { ...process.env, HOME: home };
+      delete env.KUBECONFIG;
+      delete env.KUBERNETES_SERVICE_HOST;
+      delete env.KUBERNETES_SERVICE_PORT;
+      const r = await new Promise<{ code: number | null; stderr: string }>((resolve) => {
+        execFile(NODE, ['src/cli/main.ts', 'status'], { cwd: ROOT, env, timeout: 30_000 }, (err, _out, stderr) =>
+          resolve({ code: err ? ((err as { code?: number }).code ?? -1) : 0, stderr }),
+        );
+      });
+      assert.equal(r.code, 1);
+      assert.match(r.stderr, /no kubeconfig found/);
+      assert.match(r.stderr, /KUBECONFIG is not set/);
+      assert.ok(r.stderr.includes(path.join(home, '.kube', 'config')), r.stderr);
+      assert.match(r.stderr, /not a pod in a cluster \(KUBERNETES_SERVICE_HOST is not set\)/);
+      assert.match(r.stderr, /pass --kubeconfig FILE or set KUBECONFIG/);
+      assert.doesNotMatch(r.stderr, /HTTP protocol/);
+
+      // KUBECONFIG naming only files that do not exist.
+      const missing = await pinset([], { KUBECONFIG: path.join(home, 'nope') });
+      assert.equal(missing.code, 1);
+      assert.match(missing.stderr, new RegExp(`KUBECONFIG names ${path.join(home, 'nope')}, and none of them exists`));
+    } finally {
+      await rm(home, { recursive: true, force: true });
+    }
+  });
+
   test('a bad -o value is a usage error', async () => {
     const { code, stderr } = await pinset(['--kubeconfig', kubeconfig, '-o', 'yaml']);
     assert.equal(code, 2);
@@ -227,5 +257,68 @@ describe('status table pieces', () => {
     const err = out[1]!.split(/\s{2,}/)[6]!;
     assert.equal([...err].length, 20);
     assert.equal(err, 'PullFailed: line on…');
+  });
+});
+
+// ---------------------------------------------------------------------------
+// As a kubectl plugin: kubectl runs `kubectl-pinset` from PATH with the
+// arguments after "pinset" and its own environment.
+
+const kubectl = ['/usr/bin/kubectl', ...(process.env.PATH ?? '').split(path.delimiter).map((d) => path.join(d, 'kubectl'))].find((p) => existsSync(p));
+const kubectlMissing = process.env.CI !== 'true' && !kubectl ? 'kubectl not installed' : false;
+
+describe('kubectl pinset', () => {
+  let bin: string;
+  const pluginEnv = () => {
+    const env: NodeJS.ProcessEnv = { ...process.env, KUBECONFIG: kubeconfig, COLUMNS: '140', PATH: [bin, path.join(ROOT, 'node_modules/.bin'), process.env.PATH].join(path.delimiter) };
+    return env;
+  };
+  const run = (cmd: string, args: string[]) =>
+    new Promise<{ code: number; stdout: string; stderr: string }>((resolve) => {
+      execFile(cmd, args, { cwd: tmpdir(), env: pluginEnv(), timeout: 30_000 }, (err, stdout, stderr) =>
+        resolve({ code: err ? ((err as { code?: number }).code ?? -1) : 0, stdout, stderr }),
+      );
+    });
+
+  before(async () => {
+    // What `npm install -g` does with the bin entry: an executable link on PATH.
+    const pkg = JSON.parse(await readFile(path.join(ROOT, 'package.json'), 'utf8')) as { bin: Record<string, string> };
+    assert.equal(pkg.bin['kubectl-pinset'], 'src/cli/kubectl-pinset.ts');
+    bin = await mkdtemp(path.join(tmpdir(), 'pinset-bin-'));
+    await symlink(path.join(ROOT, pkg.bin['kubectl-pinset']!), path.join(bin, 'kubectl-pinset'));
+  });
+  after(() => rm(bin, { recursive: true, force: true }));
+
+  test('kubectl-pinset status: the same table as pinset status, with the kubeconfig from the environment', async () => {
+    const plugin = await run('kubectl-pinset', ['status']);
+    assert.equal(plugin.code, 0, plugin.stderr);
+    const direct = await pinset(['--kubeconfig', kubeconfig], { COLUMNS: '140' });
+    const rows = (t: string) => t.trimEnd().split('\n').map((l) => l.split(/\s{2,}/).slice(0, 5).join('|'));
+    assert.deepEqual(rows(plugin.stdout), rows(direct.stdout));
+    assert.match(plugin.stdout, /^worker-b\s+upgrade\s+Degraded/m);
+  });
+
+  test('kubectl-pinset validate, and only the people\'s commands', async () => {
+    const good = await run('kubectl-pinset', ['validate', path.join(ROOT, 'test/fixtures/sets/good/minimal.yaml')]);
+    assert.equal(good.code, 0, good.stderr);
+    assert.match(good.stdout, /valid/);
+    const help = await run('kubectl-pinset', ['--help']);
+    assert.match(help.stdout, /^usage: kubectl pinset <command>/);
+    assert.doesNotMatch(help.stdout, /^\s+(agent|controller)\s/m);
+    const agent = await run('kubectl-pinset', ['agent']);
+    assert.equal(agent.code, 2);
+    assert.match(agent.stderr, /unknown command "agent"/);
+  });
+
+  test('through kubectl itself: kubectl finds the plugin and runs it', { skip: kubectlMissing }, async () => {
+    if (!kubectl) assert.fail('kubectl not found; CI=true requires it');
+    const list = await run(kubectl, ['plugin', 'list', '--name-only']);
+    assert.match(list.stdout, /^kubectl-pinset$/m, list.stdout + list.stderr);
+    const r = await run(kubectl, ['pinset', 'status', '--set', 'upgrade']);
+    assert.equal(r.code, 0, r.stderr);
+    assert.deepEqual(
+      r.stdout.trimEnd().split('\n').slice(1).map((l) => l.split(/\s{2,}/).slice(0, 3).join(' ')),
+      ['worker-a upgrade Ready', 'worker-b upgrade Degraded', 'worker-c upgrade NotReported', 'worker-d upgrade Unreadable'],
+    );
   });
 });
