@@ -152,7 +152,7 @@ export async function run(argv: string[]): Promise<number> {
 
   // Metrics exist only where something serves them (prom-client is ~20 MB resident).
   const serveMetrics = !once && Boolean(f['metrics-addr']);
-  const metrics: AgentMetrics | null = serveMetrics ? new (await import('../metrics/agent-metrics.ts')).AgentMetrics({ defaultMetrics: true }) : null;
+  const metrics: AgentMetrics | null = serveMetrics ? new (await import('../metrics/agent-metrics.ts')).AgentMetrics({ defaultMetrics: true, resyncIntervalSeconds: Number(f['resync-interval']) / 1000 }) : null;
   const runtime = new CriImageRuntime(String(f['cri-endpoint']));
   const dropInDir = String(f['crio-dropin-dir']);
   const hooks = crashHooks();

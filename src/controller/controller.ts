@@ -12,7 +12,7 @@ import type { Logger } from '../util/log.ts';
 import type { ControllerMetrics } from './metrics.ts';
 import { parseNodeStatus } from '../api/node-status.ts';
 import { sameJson } from '../util/json.ts';
-import { rollUpSetStatus, type ObservedNode } from './rollup.ts';
+import { rollUp, type ObservedNode } from './rollup.ts';
 
 export interface SetStatusControllerOptions {
   kubeConfig: KubeConfig;
@@ -32,6 +32,8 @@ export interface SetStatusControllerOptions {
 export const CONTROLLER_FIELD_MANAGER = 'pinset-controller';
 
 type SetObject = PinnedImageSet;
+
+const SET_NODE_STATES = ['matched', 'ready', 'progressing', 'degraded'] as const;
 
 interface NodeSnapshot extends ObservedNode {
   raw: string | undefined;
@@ -140,6 +142,10 @@ export class SetStatusController {
       this.#timer = undefined;
       this.#written.clear();
       this.#retry.clear();
+      // Only the leader's view is exported; a standby shows no sets.
+      this.#metrics?.setNodes.reset();
+      this.#metrics?.setDegradedNodes.reset();
+      this.#exportedReasons.clear();
     }
   }
 
@@ -183,6 +189,7 @@ export class SetStatusController {
     this.#retry.delete(name);
     if (deleted) {
       this.#dirty.delete(name);
+      this.#setMetrics(name, undefined, new Map());
       return;
     }
     this.#mark(name);
@@ -249,8 +256,9 @@ export class SetStatusController {
     const name = set.metadata.name;
     const mine = this.#written.get(name);
     const current = mine && mine.uid === set.metadata.uid ? mine.status : set.status;
-    const next = rollUpSetStatus(set, nodes, this.#now(), current);
+    const { status: next, degradedReasons } = rollUp(set, nodes, this.#now(), current);
     this.#metrics?.rollups.inc();
+    this.#setMetrics(name, next, degradedReasons);
     if (sameJson(next, current)) {
       this.#retry.delete(name);
       return;
@@ -289,6 +297,26 @@ export class SetStatusController {
       if (code === 409) this.#log.debug({ set: name, retryInMs: delay }, 'set changed since the cache saw it; will recompute');
       else this.#log.warn({ set: name, err: errorText(err), retryInMs: delay }, 'cannot write set status; will retry');
     }
+  }
+
+  /** Reasons last exported per set, so a reason that went away is removed. */
+  readonly #exportedReasons = new Map<string, Set<string>>();
+
+  #setMetrics(name: string, status: PinnedImageSetStatus | undefined, reasons: ReadonlyMap<string, number>): void {
+    const m = this.#metrics;
+    if (!m) return;
+    const before = this.#exportedReasons.get(name) ?? new Set<string>();
+    if (!status) {
+      for (const state of SET_NODE_STATES) m.setNodes.remove({ set: name, state });
+      for (const reason of before) m.setDegradedNodes.remove({ set: name, reason });
+      this.#exportedReasons.delete(name);
+      return;
+    }
+    const nodes = status.nodes ?? { matched: 0, ready: 0, progressing: 0, degraded: 0 };
+    for (const state of SET_NODE_STATES) m.setNodes.set({ set: name, state }, nodes[state] ?? 0);
+    for (const reason of before) if (!reasons.has(reason)) m.setDegradedNodes.remove({ set: name, reason });
+    for (const [reason, n] of reasons) m.setDegradedNodes.set({ set: name, reason }, n);
+    this.#exportedReasons.set(name, new Set(reasons.keys()));
   }
 
   #countReady(): void {

@@ -10,6 +10,8 @@ export class ControllerMetrics {
   readonly rollups: Counter;
   readonly watchErrors: Counter<'resource'>;
   readonly setsByReady: Gauge<'status'>;
+  readonly setNodes: Gauge<'set' | 'state'>;
+  readonly setDegradedNodes: Gauge<'set' | 'reason'>;
 
   constructor(opts: { defaultMetrics?: boolean } = {}) {
     this.registry = new Registry();
@@ -33,6 +35,18 @@ export class ControllerMetrics {
       name: 'pinset_controller_sets',
       help: 'PinnedImageSets by the status of their Ready condition, as last computed by the leader',
       labelNames: ['status'],
+      registers,
+    });
+    this.setNodes = new Gauge({
+      name: 'pinset_controller_set_nodes',
+      help: 'Nodes a PinnedImageSet selects (state matched) and how many are ready, progressing, degraded, as last computed by the leader',
+      labelNames: ['set', 'state'],
+      registers,
+    });
+    this.setDegradedNodes = new Gauge({
+      name: 'pinset_controller_set_degraded_nodes',
+      help: 'Degraded nodes of a PinnedImageSet by the reason they report (PinsOverridden, ImageNotFound, ReloadFailed, ...), as last computed by the leader',
+      labelNames: ['set', 'reason'],
       registers,
     });
     this.leader.set(0);

@@ -125,6 +125,33 @@ export function rollUpSetStatus(
   now: Date,
   previous: PinnedImageSetStatus | undefined = set.status,
 ): PinnedImageSetStatus {
+  return rollUp(set, nodes, now, previous).status;
+}
+
+export interface RollUp {
+  status: PinnedImageSetStatus;
+  /** Degraded selected nodes by their reason (all of them, not only those listed in the status). */
+  degradedReasons: Map<string, number>;
+}
+
+/** The status, and what the metrics show beside it. */
+export function rollUp(
+  set: PinnedImageSet,
+  nodes: readonly ObservedNode[],
+  now: Date,
+  previous: PinnedImageSetStatus | undefined = set.status,
+): RollUp {
+  const degradedReasons = new Map<string, number>();
+  return { status: computeStatus(set, nodes, now, previous, degradedReasons), degradedReasons };
+}
+
+function computeStatus(
+  set: PinnedImageSet,
+  nodes: readonly ObservedNode[],
+  now: Date,
+  previous: PinnedImageSetStatus | undefined,
+  degradedReasons: Map<string, number>,
+): PinnedImageSetStatus {
   const generation = set.metadata.generation ?? 0;
   const prevConditions = Array.isArray(previous?.conditions) ? previous.conditions : undefined;
   const cond = (type: string, status: Condition['status'], reason: string, message: string) =>
@@ -155,7 +182,10 @@ export function rollUpSetStatus(
     matched++;
     const v = judge(node.name, node.reading, set, generation);
     if (v.kind === 'ready') ready++;
-    else if (v.kind === 'degraded') degraded.push(v.node);
+    else if (v.kind === 'degraded') {
+      degraded.push(v.node);
+      degradedReasons.set(v.node.reason, (degradedReasons.get(v.node.reason) ?? 0) + 1);
+    }
     else {
       progressing++;
       if (v.unreported) unreported++;

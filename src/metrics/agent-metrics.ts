@@ -26,8 +26,15 @@ export class AgentMetrics {
   });
   readonly lastSuccess = new Gauge({ name: 'pinset_last_successful_reconcile_timestamp_seconds', help: 'Unix time of the end of the last reconcile that reached the runtime.', registers: [this.registry] });
 
-  constructor(opts: { defaultMetrics?: boolean } = {}) {
+  readonly resyncInterval = new Gauge({
+    name: 'pinset_resync_interval_seconds',
+    help: 'The agent\'s --resync-interval: it reconciles at least this often (alerts compare the last successful reconcile with it).',
+    registers: [this.registry],
+  });
+
+  constructor(opts: { defaultMetrics?: boolean; resyncIntervalSeconds?: number } = {}) {
     if (opts.defaultMetrics) collectDefaultMetrics({ register: this.registry });
+    if (opts.resyncIntervalSeconds !== undefined) this.resyncInterval.set(opts.resyncIntervalSeconds);
     for (const p of ['Ready', 'Progressing', 'Degraded'] as SetPhase[]) this.setsByPhase.set({ phase: p }, 0);
   }
 }

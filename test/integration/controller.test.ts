@@ -120,6 +120,27 @@ describe('status controller', () => {
     assert.equal(api.get('pinnedimagesets', 'upgrade')?.metadata.generation, 1);
   });
 
+  test('exports each set\'s node counts and degraded nodes by reason; a standby exports none', async () => {
+    const uid = createSet().metadata.uid!;
+    createNode('worker-a', { role: 'worker' }, [report({ uid })]);
+    createNode('worker-b', { role: 'worker' }, [report({ uid, phase: 'Degraded', reason: 'PinsOverridden', message: 'zz-admin.conf overrides the pins' })]);
+    createNode('worker-c', { role: 'worker' }, [report({ uid, phase: 'Degraded', reason: 'PinsOverridden' })]);
+    const { controller, metrics } = startController();
+    await api.waitFor(() => statusOf()?.nodes?.degraded === 2, 5000, 'the status');
+    const text = await metrics.registry.metrics();
+    assert.match(text, /^pinset_controller_set_nodes\{set="upgrade",state="matched"\} 3$/m);
+    assert.match(text, /^pinset_controller_set_nodes\{set="upgrade",state="degraded"\} 2$/m);
+    assert.match(text, /^pinset_controller_set_degraded_nodes\{set="upgrade",reason="PinsOverridden"\} 2$/m);
+
+    setReports('worker-b', [report({ uid })]);
+    setReports('worker-c', [report({ uid, phase: 'Degraded', reason: 'ImageNotFound' })]);
+    await api.waitFor(async () => /reason="ImageNotFound"\} 1$/m.test(await metrics.registry.metrics()), 5000, 'the new reason');
+    assert.doesNotMatch(await metrics.registry.metrics(), /reason="PinsOverridden"/, 'a reason no node reports any more is gone');
+
+    controller.setLeading(false);
+    assert.doesNotMatch(await metrics.registry.metrics(), /pinset_controller_set_nodes\{/);
+  });
+
   test('writes only when the roll-up changes', async () => {
     const uid = createSet().metadata.uid!;
     createNode('worker-a', { role: 'worker' }, [report({ uid })]);
