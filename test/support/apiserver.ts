@@ -1245,16 +1245,18 @@ export class ApiServer {
    * resourceVersion, and is then due again. So a quiet watch on a resource
    * nothing has touched since the server started gets no bookmark at all.
    */
-  #scheduleBookmark(w: Watcher): void {
+  #scheduleBookmark(w: Watcher, lastDue = -Infinity): void {
     const now = Date.now();
     const next = Math.min(now + this.#bookmarkIntervalMs, w.deadline - 2000);
-    if (next < now) return;
+    // A timer may fire a millisecond early: the pre-timeout time that just
+    // came due is not due again.
+    if (next < now || next <= lastDue) return;
     const t = setTimeout(() => {
       w.timers = w.timers.filter((x) => x !== t);
       if (!this.#watches.has(w)) return;
       const rv = this.#lastProcessedRv.get(w.rt.plural);
       if (rv !== undefined) this.#send(w, this.#bookmark(w, undefined, String(rv)));
-      this.#scheduleBookmark(w);
+      this.#scheduleBookmark(w, next);
     }, next - now);
     w.timers.push(t.unref());
   }
