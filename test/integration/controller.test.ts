@@ -9,7 +9,7 @@ import { STATUS_ANNOTATION, type NodeSetStatus, type PinnedImageSetStatus } from
 import { SetStatusController } from '../../src/controller/controller.ts';
 import { LeaderElector } from '../../src/controller/leader.ts';
 import { ControllerMetrics } from '../../src/controller/metrics.ts';
-import { createLogger, silentLogger } from '../../src/util/log.ts';
+import { silentLogger } from '../../src/util/log.ts';
 
 const SETS = '/apis/pinset.dev/v1alpha1/pinnedimagesets';
 const IMAGE = `quay.io/org/app@sha256:${'a'.repeat(64)}`;
@@ -77,7 +77,7 @@ function statusWrites(name = 'upgrade'): number {
 
 function startController(opts: { leading?: boolean } = {}): { controller: SetStatusController; metrics: ControllerMetrics } {
   const metrics = new ControllerMetrics();
-  const controller = new SetStatusController({ kubeConfig: api.kubeConfig(), log: process.env.DEBUG_CTRL ? createLogger({ destination: process.stderr, level: "debug" }) : silentLogger(), metrics, debounceMs: 50 });
+  const controller = new SetStatusController({ kubeConfig: api.kubeConfig(), log: silentLogger(), metrics, debounceMs: 50 });
   controller.start();
   if (opts.leading ?? true) controller.setLeading(true);
   running.push(() => controller.stop());
