@@ -71,7 +71,7 @@ function indexByDigest(images: readonly RuntimeImage[]): Map<string, RuntimeImag
   return m;
 }
 
-/** While pulls run, status is recomputed this often (the reporter writes at most every 5 s anyway). */
+/** While pulls run, status is recomputed this often (the reporter decides what is written, and when). */
 const PROGRESS_REPORT_MS = 5_000;
 
 /** Warnings logged once while they persist: a problem seen in the previous reconcile is not logged again. */
@@ -354,6 +354,7 @@ export class Agent {
         if (w.runtimeHandler) handlerImages.set(w.key, img);
         else byDigest.set(w.reference.reference.toLowerCase(), img);
       };
+      report(); // a set that starts pulling shows Progressing now
       const progress = setInterval(report, PROGRESS_REPORT_MS);
       let results: PullResult[];
       try {

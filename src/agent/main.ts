@@ -60,6 +60,7 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
   { name: 'disk-estimate-factor', env: 'PINSET_DISK_ESTIMATE_FACTOR', type: 'number', default: DEFAULT_DISK_ESTIMATE_FACTOR, help: 'before pulling, estimated disk = compressed size of the images to download (from the registry) x this; a batch that would not fit below the watermark waits; 0 disables the estimate' },
   { name: 'registries-conf', env: 'CONTAINERS_REGISTRIES_CONF', type: 'string', help: 'registries.conf with the node\'s mirrors, for the size estimate (default /etc/containers/registries.conf)' },
   { name: 'registries-conf-dir', env: 'PINSET_REGISTRIES_CONF_DIR', type: 'string', default: '/etc/containers/registries.conf.d', help: 'drop-in folder of registries.conf' },
+  { name: 'status-progress-interval', env: 'PINSET_STATUS_PROGRESS_INTERVAL', type: 'duration', default: '1m', help: 'progress alone (image counts) is written to the Node this long after the last write, then twice as long each time up to 5m; a change of phase is written at once' },
   { name: 'resync-interval', env: 'PINSET_RESYNC_INTERVAL', type: 'duration', default: '5m', help: 'full reconcile at least this often' },
   {
     name: 'min-watch-timeout',
@@ -130,6 +131,8 @@ export async function run(argv: string[]): Promise<number> {
   const maxParallel = Number(f['max-parallel-pulls']);
   if (maxParallel < 1) throw new UsageError('--max-parallel-pulls must be at least 1');
   if (Number(f['min-watch-timeout']) < 1000) throw new UsageError('--min-watch-timeout must be at least 1s');
+  const progressIntervalMs = Number(f['status-progress-interval']);
+  if (progressIntervalMs < 1_000) throw new UsageError('--status-progress-interval must be at least 1s');
 
   // The Kubernetes client is large (about 80 MB resident): a node that runs on
   // static sets alone never loads it.
@@ -183,10 +186,10 @@ export async function run(argv: string[]): Promise<number> {
     const { KubeObserver, NodeAnnotationSink, NodeEventRecorder } = kubeModules;
     const observer = new KubeObserver(kc, nodeName, logger, (why) => agent?.trigger(why, true), { minWatchTimeoutMs: Number(f['min-watch-timeout']) });
     kube = observer;
-    reporter = new StatusReporter(new NodeAnnotationSink(kc, nodeName), { logger });
+    reporter = new StatusReporter(new NodeAnnotationSink(kc, nodeName), { logger, progressIntervalMs });
     events = new NodeEventRecorder(kc, nodeName, () => observer.currentNode()?.metadata?.uid, logger);
   } else {
-    reporter = new StatusReporter(new LogStatusSink(logger), { logger });
+    reporter = new StatusReporter(new LogStatusSink(logger), { logger, progressIntervalMs });
   }
   const factor = Number(f['disk-estimate-factor']);
   if (factor !== 0 && factor < 1) throw new UsageError('--disk-estimate-factor must be 0 (no estimate) or at least 1');

@@ -2,6 +2,7 @@
 // that one annotation, nothing else) and Events on the Node.
 import { CoreV1Api, PatchStrategy, setHeaderOptions, type KubeConfig } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
+import { encodeNodeStatus } from '../api/node-status.ts';
 import { STATUS_ANNOTATION, type NodeStatus } from '../api/types.ts';
 import type { StatusSink } from './status.ts';
 
@@ -18,7 +19,7 @@ export class NodeAnnotationSink implements StatusSink {
   async write(status: NodeStatus): Promise<void> {
     // RFC 7386 merge patch: touches only this annotation, needs no
     // resourceVersion, and cannot conflict with the kubelet's own writes.
-    const body = { metadata: { annotations: { [STATUS_ANNOTATION]: JSON.stringify(status) } } };
+    const body = { metadata: { annotations: { [STATUS_ANNOTATION]: encodeNodeStatus(status) } } };
     await this.core.patchNode({ name: this.nodeName, body, fieldManager: AGENT_FIELD_MANAGER }, setHeaderOptions('Content-Type', PatchStrategy.MergePatch));
   }
 }

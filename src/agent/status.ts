@@ -1,12 +1,14 @@
 // Per-set status on this node: phases and counts from one reconcile's
 // facts (a pure function), the bounded NodeStatus document, and the
-// reporter that writes it to the Node annotation only when it changes, at
-// most once per 5 s while anything is progressing.
+// reporter that writes it to the Node annotation only when it changes: a
+// change of phase at once, progress (counts, messages) at a pace.
 import type { Logger } from 'pino';
+import { encodedSize, failureText } from '../api/node-status.ts';
 import {
   STATUS_FORMAT_VERSION,
   STATUS_MAX_BYTES,
   STATUS_MAX_ERROR_BYTES,
+  STATUS_MAX_MESSAGE_BYTES,
   type NodeSetStatus,
   type NodeStatus,
   type SetPhase,
@@ -59,6 +61,11 @@ const PULL_REASON: Record<FailureKind, string> = {
 /** Which failure names the set's reason when several images fail differently. */
 const PULL_SEVERITY: FailureKind[] = ['NoSpace', 'Unauthorized', 'NotFound', 'Other', 'Unavailable', 'Canceled'];
 
+/** " (and 2 more problems)": a count, not a list, keeps messages short. */
+function more(n: number, one: string, many: string): string {
+  return n > 1 ? ` (and ${n - 1} more ${n - 1 === 1 ? one : many})` : '';
+}
+
 /** Cut to at most `max` bytes of UTF-8 without splitting a character. */
 export function cutBytes(s: string, max: number): string {
   const b = Buffer.from(s, 'utf8');
@@ -92,7 +99,7 @@ function pullMessage(w: WantedImage, f: PullFailure, handler: string): { reason:
 function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedImage>): { phase: SetPhase; reason: string; message?: string; counts: NodeSetStatus['images'] } {
   const counts = { wanted: s.references.length, present: 0, pinned: 0, failed: 0, invalid: s.invalidImages.length };
   if (s.specErrors.length > 0) {
-    return { phase: 'Degraded', reason: 'InvalidSpec', message: `set ${s.name} (${s.origin}) is not applied: ${s.specErrors.slice(0, 3).join('; ')}`, counts };
+    return { phase: 'Degraded', reason: 'InvalidSpec', message: `set ${s.name} (${s.origin}) is not applied: ${s.specErrors[0]}${more(s.specErrors.length, 'problem', 'problems')}`, counts };
   }
   if (s.selection === 'unknown') {
     return { phase: 'Progressing', reason: 'WaitingForNodeLabels', message: 'the node labels are not known yet, so the node selector cannot be evaluated', counts };
@@ -118,11 +125,12 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
     }
   }
   if (facts.overriding.length > 0) {
-    const files = facts.overriding.map((o) => o.file).join(', ');
+    const file = facts.overriding[0]!.file;
+    const others = more(facts.overriding.length, 'file', 'files');
     return {
       phase: 'Degraded',
       reason: 'PinsOverridden',
-      message: `${files} sets pinned_images and sorts after ${facts.pinFile}; CRI-O keeps only the last list, so no pin of this set is in effect. Remove pinned_images from ${files} (pinset carries over pins from files that sort before its own)`,
+      message: `${file}${others} sets pinned_images and sorts after ${facts.pinFile}; CRI-O keeps only the last list, so no pin of this set is in effect. Remove pinned_images there (pins in files that sort before ${facts.pinFile} are carried over)`,
       counts,
     };
   }
@@ -138,15 +146,15 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
   if (facts.reloadError) return { phase: 'Degraded', reason: 'ReloadFailed', message: `CRI-O was not reloaded after the pin file changed (retrying): ${facts.reloadError}`, counts };
   if (facts.runtimeError) return { phase: 'Degraded', reason: 'RuntimeUnavailable', message: `the container runtime could not be reached: ${facts.runtimeError}`, counts };
   if (counts.invalid > 0) {
-    const first = s.invalidImages.slice(0, 3).map((p) => `${p.field}: ${p.error}`);
-    return { phase: 'Degraded', reason: 'InvalidReference', message: `${counts.invalid} reference(s) rejected and not pinned: ${first.join('; ')}`, counts };
+    const p = s.invalidImages[0]!;
+    return { phase: 'Degraded', reason: 'InvalidReference', message: `${counts.invalid} reference(s) rejected and not pinned, first ${p.field}: ${p.error}`, counts };
   }
   if (failures.length > 0) {
     failures.sort((a, b) => PULL_SEVERITY.indexOf(a.f.kind) - PULL_SEVERITY.indexOf(b.f.kind));
     const { w, f } = failures[0]!;
     const m = pullMessage(w, f, s.runtimeHandler);
-    const more = failures.length > 1 ? ` (${failures.length} of ${counts.wanted} images failing; retrying)` : ' (retrying)';
-    return { phase: 'Degraded', reason: m.reason, message: m.message + more, counts };
+    const tail = failures.length > 1 ? ` (${failures.length} of ${counts.wanted} images failing; retrying)` : ' (retrying)';
+    return { phase: 'Degraded', reason: m.reason, message: m.message + tail, counts };
   }
   if (counts.present < counts.wanted) {
     const unknown = facts.estimates?.get(s.key)?.unknown;
@@ -172,14 +180,15 @@ export function computeSetStatuses(facts: StatusFacts): { sets: NodeSetStatus[];
   const sets: NodeSetStatus[] = [];
   for (const s of facts.plan.sets) {
     if (s.selection === 'not-selected' && s.specErrors.length === 0) continue;
-    const { phase, reason, message, counts } = phaseOf(s, facts, wanted);
+    const { phase, reason, message: fullMessage, counts } = phaseOf(s, facts, wanted);
+    const message = fullMessage === undefined ? undefined : cutBytes(fullMessage, STATUS_MAX_MESSAGE_BYTES);
     const estimated = phase === 'Ready' ? undefined : facts.estimates?.get(s.key)?.bytes;
     const prev = facts.history.get(s.key) ?? { currentGeneration: 0 };
     const h: SetHistory = { ...prev };
     if (phase === 'Ready') h.currentGeneration = s.generation;
     if (phase === 'Degraded') {
       h.lastFailedGeneration = s.generation;
-      h.lastFailedGenerationError = cutBytes(`${reason}: ${message ?? ''}`, STATUS_MAX_ERROR_BYTES);
+      h.lastFailedGenerationError = cutBytes(failureText(reason, message), STATUS_MAX_ERROR_BYTES);
     }
     history.set(s.key, h);
     const st: NodeSetStatus = {
@@ -193,7 +202,7 @@ export function computeSetStatuses(facts: StatusFacts): { sets: NodeSetStatus[];
       ...(estimated !== undefined ? { estimatedBytes: estimated } : {}),
       phase,
       reason,
-      ...(message ? { message: cutBytes(message, STATUS_MAX_ERROR_BYTES) } : {}),
+      ...(message ? { message } : {}),
     };
     sets.push(st);
   }
@@ -201,18 +210,26 @@ export function computeSetStatuses(facts: StatusFacts): { sets: NodeSetStatus[];
   return { sets, history };
 }
 
-/** The annotation document, cut to STATUS_MAX_BYTES: messages first, then whole sets. */
+/** Messages are cut to this when the whole document would not fit. */
+const SHORT_MESSAGE_BYTES = 160;
+
+function shortened(s: NodeSetStatus): NodeSetStatus {
+  const message = s.message === undefined ? undefined : cutBytes(s.message, SHORT_MESSAGE_BYTES);
+  let error = s.lastFailedGenerationError;
+  // A set failing now carries its error as its message (version 2 writes it once): keep them one.
+  if (error !== undefined) error = error === failureText(s.reason, s.message) ? failureText(s.reason, message) : cutBytes(error, SHORT_MESSAGE_BYTES);
+  return { ...s, ...(message !== undefined ? { message } : {}), ...(error !== undefined ? { lastFailedGenerationError: error } : {}) };
+}
+
+/**
+ * The annotation document, cut to `maxBytes` as written (version 2):
+ * messages first, then whole sets (Degraded ones kept first, then
+ * Progressing, then Ready).
+ */
 export function boundedNodeStatus(status: NodeStatus, maxBytes = STATUS_MAX_BYTES): NodeStatus {
-  const size = (s: NodeStatus) => Buffer.byteLength(JSON.stringify(s));
+  const size = encodedSize;
   if (size(status) <= maxBytes) return status;
-  const short: NodeStatus = {
-    ...status,
-    sets: status.sets.map((s) => ({
-      ...s,
-      ...(s.message ? { message: cutBytes(s.message, 160) } : {}),
-      ...(s.lastFailedGenerationError ? { lastFailedGenerationError: cutBytes(s.lastFailedGenerationError, 160) } : {}),
-    })),
-  };
+  const short: NodeStatus = { ...status, sets: status.sets.map(shortened) };
   if (size(short) <= maxBytes) return short;
   // Keep the sets an operator must look at: Degraded, then Progressing, then Ready.
   const order: Record<SetPhase, number> = { Degraded: 0, Progressing: 1, Ready: 2 };
@@ -264,36 +281,91 @@ export class LogStatusSink implements StatusSink {
   }
 }
 
-/** Same content, whatever the time stamp and key order. */
+/** Same content, whatever the time stamp, the format version read and key order. */
 function sameContent(a: NodeStatus | undefined, b: NodeStatus | undefined): boolean {
   if (!a || !b) return a === b;
-  return sameJson({ ...a, updatedAt: '' }, { ...b, updatedAt: '' });
+  return sameJson(comparable(a), comparable(b));
+}
+
+function comparable(s: NodeStatus): unknown {
+  const { updatedAt: _t, version: _v, node: _n, ...rest } = s;
+  return rest;
 }
 
 /**
- * Writes a NodeStatus when its content changed; while any set is
- * Progressing, at most once per `minIntervalMs` (the latest content wins).
- * A failed write is retried with backoff; the newest content is what lands.
+ * True when `next` differs from `prev` in progress only: the same sets, each
+ * in the same phase and generations, with other counts, reasons, messages
+ * or estimates. Anything else (a set added or gone, a phase or a generation
+ * changed) is news an operator and the controller wait for.
+ */
+export function progressOnly(prev: NodeStatus | undefined, next: NodeStatus): boolean {
+  if (!prev || prev.pinFile !== next.pinFile || Boolean(prev.truncated) !== Boolean(next.truncated) || prev.sets.length !== next.sets.length) return false;
+  const key = (s: NodeSetStatus) => `${s.source}/${s.name}`;
+  const before = new Map(prev.sets.map((s) => [key(s), s]));
+  return next.sets.every((n) => {
+    const p = before.get(key(n));
+    return (
+      p !== undefined &&
+      p.uid === n.uid &&
+      p.phase === n.phase &&
+      p.desiredGeneration === n.desiredGeneration &&
+      p.currentGeneration === n.currentGeneration &&
+      p.lastFailedGeneration === n.lastFailedGeneration
+    );
+  });
+}
+
+/** The first progress-only write waits this long after the last write; each next one twice as long, up to the cap. */
+export const PROGRESS_WRITE_INTERVAL_MS = 60_000;
+/** The kubelet reports an unchanged Node status every 5 minutes (nodeStatusReportFrequency): never more often than that for progress alone. */
+export const PROGRESS_WRITE_INTERVAL_CAP_MS = 5 * 60_000;
+
+/**
+ * Writes a NodeStatus when its content changed. A change of phase (or of
+ * the sets or generations) is written at once; a change of progress alone
+ * (counts, reasons, messages) waits `progressIntervalMs` after the last
+ * write, and each further one in a row twice as long up to
+ * `progressIntervalCapMs` (the latest content wins). So a set rollout
+ * costs 2 writes when it takes under a minute (Progressing, Ready), 3 under
+ * three minutes, and after that one more per 5 minutes at most: every Node
+ * write reaches every Node watcher in the cluster. A failed write is
+ * retried with backoff; the newest content is what lands.
  */
 export class StatusReporter {
   private readonly sink: StatusSink;
-  private readonly minIntervalMs: number;
+  private readonly progressIntervalMs: number;
+  private readonly progressIntervalCapMs: number;
   private readonly log: Logger;
   private readonly now: () => number;
   private lastWritten: NodeStatus | undefined;
   private lastWriteAt = -Infinity;
+  /** Wait before the next progress-only write, counted from the last write. */
+  private progressWait: number;
   private pending: NodeStatus | undefined;
   private timer: NodeJS.Timeout | undefined;
   private writing: Promise<void> | undefined;
+  /** The timer is a failed write's backoff: news does not jump it. */
+  private retrying = false;
   private readonly backoff = new Backoff({ baseMs: 1_000, capMs: 60_000 });
   writes = 0;
 
-  constructor(sink: StatusSink, opts: { minIntervalMs?: number; logger: Logger; now?: () => number; initial?: NodeStatus | null }) {
+  constructor(
+    sink: StatusSink,
+    opts: { progressIntervalMs?: number; progressIntervalCapMs?: number; logger: Logger; now?: () => number; initial?: NodeStatus | null },
+  ) {
     this.sink = sink;
-    this.minIntervalMs = opts.minIntervalMs ?? 5_000;
+    this.progressIntervalMs = opts.progressIntervalMs ?? PROGRESS_WRITE_INTERVAL_MS;
+    this.progressIntervalCapMs = Math.max(this.progressIntervalMs, opts.progressIntervalCapMs ?? PROGRESS_WRITE_INTERVAL_CAP_MS);
+    this.progressWait = this.progressIntervalMs;
     this.log = opts.logger;
     this.now = opts.now ?? Date.now;
     if (opts.initial) this.lastWritten = opts.initial;
+  }
+
+  /** How long `status` waits before it may be written (0: at once). */
+  private delayFor(status: NodeStatus): number {
+    if (!progressOnly(this.lastWritten, status)) return 0;
+    return Math.max(0, this.lastWriteAt + this.progressWait - this.now());
   }
 
   /** What is already on the Node (read at start): identical content is not written again. */
@@ -316,9 +388,13 @@ export class StatusReporter {
       return;
     }
     this.pending = status;
-    const progressing = status.sets.some((s) => s.phase === 'Progressing');
-    const wait = progressing ? this.lastWriteAt + this.minIntervalMs - this.now() : 0;
-    this.schedule(Math.max(0, wait));
+    const delay = this.delayFor(status);
+    // News goes out now, even when progress was waiting for its turn.
+    if (delay === 0 && this.timer && !this.retrying) {
+      clearTimeout(this.timer);
+      this.timer = undefined;
+    }
+    this.schedule(delay);
   }
 
   private schedule(delay: number): void {
@@ -329,6 +405,7 @@ export class StatusReporter {
     }
     this.timer = setTimeout(() => {
       this.timer = undefined;
+      this.retrying = false;
       void this.flushPending();
     }, delay);
     this.timer.unref?.();
@@ -338,6 +415,7 @@ export class StatusReporter {
     const status = this.pending;
     if (!status) return;
     this.pending = undefined;
+    const paced = progressOnly(this.lastWritten, status);
     this.writing = (async () => {
       try {
         await this.sink.write(status);
@@ -345,21 +423,20 @@ export class StatusReporter {
         this.lastWriteAt = this.now();
         this.writes++;
         this.backoff.reset();
+        this.progressWait = paced ? Math.min(this.progressIntervalCapMs, this.progressWait * 2) : this.progressIntervalMs;
       } catch (e) {
         const delay = this.backoff.fail();
         this.log.warn({ err: (e as Error).message?.slice(0, 300), retryInMs: delay }, 'status write failed; retrying');
         this.pending ??= status;
         this.writing = undefined;
+        this.retrying = true;
         this.schedule(delay);
         return;
       }
       this.writing = undefined;
       // Content that arrived during the write goes out at its own pace.
       const next = this.pending as NodeStatus | undefined;
-      if (next) {
-        const progressing = next.sets.some((s) => s.phase === 'Progressing');
-        this.schedule(progressing ? this.lastWriteAt + this.minIntervalMs - this.now() : 0);
-      }
+      if (next) this.schedule(this.delayFor(next));
     })();
     await this.writing;
   }
@@ -368,6 +445,7 @@ export class StatusReporter {
   async flush(): Promise<void> {
     clearTimeout(this.timer);
     this.timer = undefined;
+    this.retrying = false;
     if (this.writing) await this.writing;
     await this.flushPending();
   }

@@ -1,8 +1,29 @@
-// Reading the `pinset.dev/status` annotation (format in ./types.ts) that each agent writes on its
-// Node. The annotation is data from another process (possibly an older or a
-// newer agent, possibly hand-edited), so nothing here trusts it: a bad value
-// yields an error string for that node, a bad entry is dropped on its own, and
-// no input makes the reader throw.
+// The `pinset.dev/status` annotation each agent writes on its Node: the
+// compact version-2 format agents write, and a reader of versions 1 and 2
+// (so old and new agents can report side by side during a rolling upgrade).
+// Both give the same in-memory NodeStatus (./types.ts).
+//
+// The annotation is data from another process (possibly an older or a
+// newer agent, possibly hand-edited), so the reader trusts nothing: a bad
+// value yields an error string for that node, a bad entry is dropped on its
+// own, unknown keys are ignored, and no input makes the reader throw.
+//
+// Version 2, one set (every key but name, gen, phase may be absent):
+//   {"name": "upgrade-workers", "uid": "0b6e…", "source": "static",
+//    "gen": 3, "done": 2, "phase": "Progressing", "reason": "Pulling",
+//    "message": "120 of 412 images present",
+//    "images": [412, 120, 412, 0, 0], "estimatedBytes": 13207024435,
+//    "failedGen": 2, "error": "ImageNotFound: …"}
+// - source: only "static"; absent means "api".
+// - gen: desiredGeneration. done: currentGeneration, absent when equal to gen.
+// - reason: absent on a Ready set means AllImagesPinned.
+// - images: [wanted, present, pinned, failed, invalid], trailing zeros left out.
+// - failedGen, error: lastFailedGeneration and lastFailedGenerationError. On
+//   a Degraded set they default to gen and "<reason>: <message>" (what a set
+//   failing now has), so a failing set does not carry its message twice.
+// The document: {"version": 2, "pinFile": …, "updatedAt": …, "sets": […],
+// "truncated": true}; updatedAt in whole seconds; no node name (the
+// annotation is on that Node).
 import {
   STATUS_ANNOTATION,
   STATUS_FORMAT_VERSION,
@@ -22,6 +43,9 @@ export interface NodeStatusReading {
 }
 
 const PHASES: ReadonlySet<string> = new Set<SetPhase>(['Progressing', 'Ready', 'Degraded']);
+/** The reason a Ready set has unless it says otherwise (version 2 leaves it out). */
+export const READY_REASON = 'AllImagesPinned';
+const COUNT_KEYS = ['wanted', 'present', 'pinned', 'failed', 'invalid'] as const;
 
 function isRecord(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
@@ -31,11 +55,69 @@ function isCount(v: unknown): v is number {
   return typeof v === 'number' && Number.isInteger(v) && v >= 0;
 }
 
-function readImages(v: unknown): SetImageCounts | string {
-  if (v === undefined) return { wanted: 0, present: 0, pinned: 0, failed: 0, invalid: 0 };
+function zeroCounts(): SetImageCounts {
+  return { wanted: 0, present: 0, pinned: 0, failed: 0, invalid: 0 };
+}
+
+/** What lastFailedGenerationError is for a set that fails now: version 2 leaves it out when it is this. */
+export function failureText(reason: string, message: string | undefined): string {
+  return `${reason}: ${message ?? ''}`;
+}
+
+// ---------------------------------------------------------------------------
+// Writing (version 2)
+
+/** metav1.Time style: whole seconds, as the annotation needs no more. */
+function wholeSeconds(t: string): string {
+  return /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z$/.test(t) ? t.replace(/\.\d+Z$/, 'Z') : t;
+}
+
+function encodeSet(s: NodeSetStatus): Record<string, unknown> {
+  const e: Record<string, unknown> = { name: s.name };
+  if (s.uid) e.uid = s.uid;
+  if (s.source === 'static') e.source = 'static';
+  e.gen = s.desiredGeneration;
+  if (s.currentGeneration !== s.desiredGeneration) e.done = s.currentGeneration;
+  e.phase = s.phase;
+  if (!(s.phase === 'Ready' && s.reason === READY_REASON)) e.reason = s.reason;
+  if (s.message !== undefined) e.message = s.message;
+  const counts = COUNT_KEYS.map((k) => s.images[k]);
+  while (counts.length > 0 && counts[counts.length - 1] === 0) counts.pop();
+  e.images = counts;
+  if (s.estimatedBytes !== undefined) e.estimatedBytes = s.estimatedBytes;
+  const failingNow = s.phase === 'Degraded';
+  if (s.lastFailedGeneration !== undefined && !(failingNow && s.lastFailedGeneration === s.desiredGeneration)) e.failedGen = s.lastFailedGeneration;
+  if (s.lastFailedGenerationError !== undefined && !(failingNow && s.lastFailedGenerationError === failureText(s.reason, s.message))) {
+    e.error = s.lastFailedGenerationError;
+  }
+  return e;
+}
+
+/** The annotation's value for `status`, in the format agents write (version 2). */
+export function encodeNodeStatus(status: NodeStatus): string {
+  const doc: Record<string, unknown> = {
+    version: STATUS_FORMAT_VERSION,
+    pinFile: status.pinFile,
+    updatedAt: wholeSeconds(status.updatedAt),
+    sets: status.sets.map(encodeSet),
+  };
+  if (status.truncated) doc.truncated = true;
+  return JSON.stringify(doc);
+}
+
+/** Bytes of the annotation's value for `status`. */
+export function encodedSize(status: NodeStatus): number {
+  return Buffer.byteLength(encodeNodeStatus(status), 'utf8');
+}
+
+// ---------------------------------------------------------------------------
+// Reading version 1: the set entry as NodeSetStatus spells it.
+
+function readImagesV1(v: unknown): SetImageCounts | string {
+  if (v === undefined) return zeroCounts();
   if (!isRecord(v)) return 'images: not an object';
-  const out: SetImageCounts = { wanted: 0, present: 0, pinned: 0, failed: 0, invalid: 0 };
-  for (const k of ['wanted', 'present', 'pinned', 'failed', 'invalid'] as const) {
+  const out = zeroCounts();
+  for (const k of COUNT_KEYS) {
     const n = v[k];
     if (n === undefined) continue;
     if (!isCount(n)) return `images.${k}: not a non-negative integer`;
@@ -44,7 +126,7 @@ function readImages(v: unknown): SetImageCounts | string {
   return out;
 }
 
-function readSetEntry(v: unknown): NodeSetStatus | string {
+function readSetEntryV1(v: unknown): NodeSetStatus | string {
   if (!isRecord(v)) return 'not an object';
   if (typeof v.name !== 'string' || v.name === '') return 'name: missing';
   if (v.uid !== undefined && typeof v.uid !== 'string') return 'uid: not a string';
@@ -59,7 +141,7 @@ function readSetEntry(v: unknown): NodeSetStatus | string {
   if (v.reason !== undefined && typeof v.reason !== 'string') return 'reason: not a string';
   if (v.message !== undefined && typeof v.message !== 'string') return 'message: not a string';
   if (v.estimatedBytes !== undefined && !isCount(v.estimatedBytes)) return 'estimatedBytes: not a non-negative integer';
-  const images = readImages(v.images);
+  const images = readImagesV1(v.images);
   if (typeof images === 'string') return images;
   const entry: NodeSetStatus = {
     name: v.name,
@@ -78,7 +160,60 @@ function readSetEntry(v: unknown): NodeSetStatus | string {
   return entry;
 }
 
-/** Parse the annotation's value. Never throws. */
+// ---------------------------------------------------------------------------
+// Reading version 2 (see the top of this file).
+
+function readImagesV2(v: unknown): SetImageCounts | string {
+  if (v === undefined) return zeroCounts();
+  if (!Array.isArray(v) || v.length > COUNT_KEYS.length) return `images: not a list of at most ${COUNT_KEYS.length} counts`;
+  const out = zeroCounts();
+  for (let i = 0; i < v.length; i++) {
+    if (!isCount(v[i])) return `images[${i}]: not a non-negative integer`;
+    out[COUNT_KEYS[i]!] = v[i] as number;
+  }
+  return out;
+}
+
+function readSetEntryV2(v: unknown): NodeSetStatus | string {
+  if (!isRecord(v)) return 'not an object';
+  if (typeof v.name !== 'string' || v.name === '') return 'name: missing';
+  if (v.uid !== undefined && typeof v.uid !== 'string') return 'uid: not a string';
+  if (v.source !== undefined && v.source !== 'api' && v.source !== 'static') return 'source: not "api" or "static"';
+  if (!isCount(v.gen)) return 'gen: not a non-negative integer';
+  if (v.done !== undefined && !isCount(v.done)) return 'done: not a non-negative integer';
+  if (typeof v.phase !== 'string' || !PHASES.has(v.phase)) return 'phase: not Progressing, Ready or Degraded';
+  if (v.reason !== undefined && typeof v.reason !== 'string') return 'reason: not a string';
+  if (v.message !== undefined && typeof v.message !== 'string') return 'message: not a string';
+  if (v.estimatedBytes !== undefined && !isCount(v.estimatedBytes)) return 'estimatedBytes: not a non-negative integer';
+  if (v.failedGen !== undefined && !isCount(v.failedGen)) return 'failedGen: not a non-negative integer';
+  if (v.error !== undefined && typeof v.error !== 'string') return 'error: not a string';
+  const images = readImagesV2(v.images);
+  if (typeof images === 'string') return images;
+  const phase = v.phase as SetPhase;
+  const reason = typeof v.reason === 'string' ? v.reason : phase === 'Ready' ? READY_REASON : '';
+  const entry: NodeSetStatus = {
+    name: v.name,
+    source: v.source === 'static' ? 'static' : 'api',
+    desiredGeneration: v.gen,
+    currentGeneration: v.done === undefined ? v.gen : (v.done as number),
+    images,
+    phase,
+    reason,
+  };
+  if (typeof v.uid === 'string' && v.uid !== '') entry.uid = v.uid;
+  if (typeof v.message === 'string') entry.message = v.message;
+  if (v.estimatedBytes !== undefined) entry.estimatedBytes = v.estimatedBytes as number;
+  const failingNow = phase === 'Degraded';
+  if (v.failedGen !== undefined) entry.lastFailedGeneration = v.failedGen as number;
+  else if (failingNow) entry.lastFailedGeneration = v.gen;
+  if (typeof v.error === 'string') entry.lastFailedGenerationError = v.error;
+  else if (failingNow) entry.lastFailedGenerationError = failureText(reason, entry.message);
+  return entry;
+}
+
+// ---------------------------------------------------------------------------
+
+/** Parse the annotation's value (version 1 or 2). Never throws. */
 export function parseNodeStatus(raw: string | undefined): NodeStatusReading {
   if (raw === undefined) return {};
   let doc: unknown;
@@ -88,20 +223,21 @@ export function parseNodeStatus(raw: string | undefined): NodeStatusReading {
     return { error: `${STATUS_ANNOTATION} is not JSON: ${(e as Error).message}` };
   }
   if (!isRecord(doc)) return { error: `${STATUS_ANNOTATION} is not a JSON object` };
-  if (doc.version !== STATUS_FORMAT_VERSION) {
-    return { error: `${STATUS_ANNOTATION} has format version ${JSON.stringify(doc.version)}, this build reads version ${STATUS_FORMAT_VERSION}` };
+  if (doc.version !== 1 && doc.version !== 2) {
+    return { error: `${STATUS_ANNOTATION} has format version ${JSON.stringify(doc.version)}; this build reads versions 1 and 2 (upgrade pinset to read it)` };
   }
   if (!Array.isArray(doc.sets)) return { error: `${STATUS_ANNOTATION}: sets is not a list` };
+  const readEntry = doc.version === 1 ? readSetEntryV1 : readSetEntryV2;
   const sets: NodeSetStatus[] = [];
   const dropped: string[] = [];
   doc.sets.forEach((e: unknown, i: number) => {
-    const r = readSetEntry(e);
+    const r = readEntry(e);
     if (typeof r === 'string') dropped.push(`sets[${i}]: ${r}`);
     else sets.push(r);
   });
   const status: NodeStatus = {
-    version: STATUS_FORMAT_VERSION,
-    node: typeof doc.node === 'string' ? doc.node : '',
+    version: doc.version,
+    ...(typeof doc.node === 'string' ? { node: doc.node } : doc.version === 1 ? { node: '' } : {}),
     pinFile: typeof doc.pinFile === 'string' ? doc.pinFile : '',
     updatedAt: typeof doc.updatedAt === 'string' ? doc.updatedAt : '',
     sets,

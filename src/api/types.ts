@@ -86,9 +86,21 @@ export type SetSource = 'api' | 'static';
 // and `pinset status`.
 
 export const STATUS_ANNOTATION = 'pinset.dev/status';
-export const STATUS_FORMAT_VERSION = 1;
-/** The annotation is never written larger than this (bytes of JSON). */
-export const STATUS_MAX_BYTES = 64 * 1024;
+/**
+ * The format agents write (the compact one of src/api/node-status.ts).
+ * Readers also read version 1, so old and new agents can report side by
+ * side during a rolling upgrade.
+ */
+export const STATUS_FORMAT_VERSION = 2;
+export type StatusFormatVersion = 1 | 2;
+/**
+ * The annotation is never written larger than this (bytes of JSON). Every
+ * component that watches Nodes (the scheduler, CNI agents) holds every
+ * Node's annotations: 16 KiB on 5000 Nodes is 80 MB in each of them.
+ */
+export const STATUS_MAX_BYTES = 16 * 1024;
+/** A set's message is cut to this many bytes. */
+export const STATUS_MAX_MESSAGE_BYTES = 512;
 /** lastFailedGenerationError is cut to this many bytes. */
 export const STATUS_MAX_ERROR_BYTES = 1024;
 
@@ -130,9 +142,12 @@ export interface NodeSetStatus {
   message?: string;
 }
 
+/** A node's report, in memory: the same whichever format version it was read from. */
 export interface NodeStatus {
-  version: typeof STATUS_FORMAT_VERSION;
-  node: string;
+  /** The format it was read from; what an agent writes is STATUS_FORMAT_VERSION. */
+  version: StatusFormatVersion;
+  /** The Node's name: version 1 carries it; version 2 leaves it out (the annotation is on that Node). */
+  node?: string;
   /** Base name of the agent's drop-in in the CRI-O drop-in folder. */
   pinFile: string;
   /** When the content last changed (RFC 3339). */

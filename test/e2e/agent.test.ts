@@ -9,6 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
 import { stringify as dumpYaml } from 'yaml';
+import { parseNodeStatus } from '../../src/api/node-status.ts';
 import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus, type PinnedImageSet, type PinnedImageSetSpec } from '../../src/api/types.ts';
 import { ApiServer, type KubeObject } from '../support/apiserver.ts';
 import { missingComponents, requireComponents, type ComponentName } from '../support/components.ts';
@@ -221,7 +222,7 @@ describe('pinset agent on containerd and a real registry', () => {
 
     const nodeSet = () => {
       const raw = api.get('nodes', NODE)?.metadata.annotations?.[STATUS_ANNOTATION];
-      return raw ? (JSON.parse(raw) as NodeStatus).sets.find((s) => s.name === 'private-apps') : undefined;
+      return parseNodeStatus(raw).status?.sets.find((s) => s.name === 'private-apps');
     };
     const degraded = await eventually(
       () => {

@@ -11,6 +11,7 @@ import { join } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { CustomObjectsApi, PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
 import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus } from '../../src/api/types.ts';
+import { parseNodeStatus } from '../../src/api/node-status.ts';
 import { ApiServer } from '../support/apiserver.ts';
 import { startCrioNode, type CrioNode } from '../support/crio-node.ts';
 import { AgentProcess, readPinFile, runAgentOnce } from '../support/agent-process.ts';
@@ -85,7 +86,11 @@ async function makeBed(labels: Record<string, string> = { 'node-role.kubernetes.
     status() {
       const n = api.get('nodes', NODE);
       const raw = (n?.metadata as { annotations?: Record<string, string> } | undefined)?.annotations?.[STATUS_ANNOTATION];
-      return raw ? (JSON.parse(raw) as NodeStatus) : null;
+      if (!raw) return null;
+      const r = parseNodeStatus(raw);
+      assert.ok(r.status, `the annotation reads: ${r.error}`);
+      assert.equal(r.status.version, 2, 'the agent writes version 2');
+      return r.status;
     },
     setStatus(name) {
       return b.status()?.sets.find((s) => s.name === name);
@@ -436,10 +441,31 @@ describe('pinset agent against the API server, CRI-O and systemd stand-ins', () 
     assert.ok((pf.metadata.managedFields as { manager: string }[]).every((m) => m.manager === 'pinset-agent'));
   });
 
+  test('a set rollout writes the annotation at most 3 times: Progressing as the pulls start, Ready when done', async () => {
+    const agent = bed.start();
+    await agent.waitForReconcile(0);
+    await bed.api.waitFor(() => bed.status(), 10_000, 'the first report (no sets)');
+    const writes = () => bed.api.requests.filter((r) => r.method === 'PATCH' && r.path === `/api/v1/nodes/${NODE}` && r.status === 200).length;
+    const before = writes();
+    bed.node.crio.holdPulls();
+    bed.api.create(set('rollout', [A1, A2, B1]));
+    await bed.node.crio.waitForHeldPulls(1, 20_000);
+    // Written while every pull is still held: the new phase does not wait for progress.
+    const started = await bed.waitForSet('rollout', (x) => x.phase === 'Progressing', 'Progressing while the pulls are held');
+    assert.equal(started.reason, 'Pulling');
+    assert.equal(started.images.present, 0);
+    bed.node.crio.releasePulls();
+    await bed.waitForSet('rollout', ready, 'Ready');
+    await new Promise((r) => setTimeout(r, 1_000));
+    const n = writes() - before;
+    assert.ok(n >= 2 && n <= 3, `${n} annotation writes for one set rollout`);
+  });
+
   test('a slow run reports progress while it pulls: Progressing with counts, then Ready', async () => {
     bed.node.crio.delayPulls(2_500);
     bed.api.create(set('slow', [A1, A2, B1, C1]));
-    bed.start(['--max-parallel-pulls', '1']);
+    // Progress alone is written once a minute by default; a test cannot wait that long.
+    bed.start(['--max-parallel-pulls', '1', '--status-progress-interval', '2s']);
     const mid = await bed.waitForSet('slow', (x) => x.phase === 'Progressing' && x.images.present > 0 && x.images.present < 4, 'Progressing part-way', 30_000);
     assert.equal(mid.reason, 'Pulling');
     assert.match(mid.message ?? '', /of 4 images present/);

@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { ApiServer, type KubeObject } from '../support/apiserver.ts';
 import { STATUS_ANNOTATION, type NodeSetStatus, type PinnedImageSetStatus } from '../../src/api/types.ts';
+import { encodeNodeStatus } from '../../src/api/node-status.ts';
 import { SetStatusController } from '../../src/controller/controller.ts';
 import { LeaderElector } from '../../src/controller/leader.ts';
 import { ControllerMetrics } from '../../src/controller/metrics.ts';
@@ -44,8 +45,14 @@ function report(over: Partial<NodeSetStatus> & { uid: string }): NodeSetStatus {
   };
 }
 
+/** A report as an agent of version 1 wrote it. */
 function annotation(node: string, sets: NodeSetStatus[], updatedAt = new Date().toISOString()): string {
   return JSON.stringify({ version: 1, node, pinFile: '99-pinset-x.conf', updatedAt, sets });
+}
+
+/** A report as agents write it now (version 2). */
+function annotationV2(sets: NodeSetStatus[], updatedAt = new Date().toISOString()): string {
+  return encodeNodeStatus({ version: 2, pinFile: '99-pinset-x.conf', updatedAt, sets });
 }
 
 function createNode(name: string, labels: Record<string, string>, sets?: NodeSetStatus[]): void {
@@ -139,6 +146,34 @@ describe('status controller', () => {
 
     controller.setLeading(false);
     assert.doesNotMatch(await metrics.registry.metrics(), /pinset_controller_set_nodes\{/);
+  });
+
+  test('a rolling upgrade of the agents: version 1 and version 2 reports count alike', async () => {
+    const uid = createSet().metadata.uid!;
+    const failing = report({ uid, phase: 'Degraded', reason: 'ImageNotFound', message: 'manifest unknown', lastFailedGeneration: 1, lastFailedGenerationError: 'ImageNotFound: manifest unknown' });
+    createNode('old-ready', { role: 'worker' }, [report({ uid })]);
+    createNode('old-failing', { role: 'worker' }, [failing]);
+    createNode('old-pulling', { role: 'worker' }, [report({ uid, phase: 'Progressing', reason: 'Pulling', currentGeneration: 0 })]);
+    api.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'new-ready', labels: { role: 'worker' }, annotations: { [STATUS_ANNOTATION]: annotationV2([report({ uid })]) } } });
+    api.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'new-failing', labels: { role: 'worker' }, annotations: { [STATUS_ANNOTATION]: annotationV2([failing]) } } });
+    api.create({
+      apiVersion: 'v1', kind: 'Node',
+      metadata: { name: 'new-waiting', labels: { role: 'worker' }, annotations: { [STATUS_ANNOTATION]: annotationV2([report({ uid, phase: 'Progressing', reason: 'WaitingForRolloutSlot', currentGeneration: 0 })]) } },
+    });
+    startController();
+    await api.waitFor(() => statusOf()?.nodes?.matched === 6, 5000, 'a status counting all six nodes');
+    const status = statusOf()!;
+    assert.deepEqual(status.nodes, { matched: 6, ready: 2, progressing: 2, degraded: 2 });
+    assert.deepEqual(status.degradedNodes, [
+      { name: 'new-failing', reason: 'ImageNotFound', message: 'ImageNotFound: manifest unknown' },
+      { name: 'old-failing', reason: 'ImageNotFound', message: 'ImageNotFound: manifest unknown' },
+    ]);
+    // A node upgraded in place: its next report is version 2, and nothing changes in the roll-up.
+    const writes = statusWrites();
+    api.patch('nodes', 'old-ready', { metadata: { annotations: { [STATUS_ANNOTATION]: annotationV2([report({ uid })]) } } });
+    await sleep(300);
+    assert.deepEqual(statusOf()!.nodes, { matched: 6, ready: 2, progressing: 2, degraded: 2 });
+    assert.equal(statusWrites(), writes, 'the same report in the other format is no change');
   });
 
   test('writes only when the roll-up changes', async () => {

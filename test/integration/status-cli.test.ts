@@ -10,6 +10,7 @@ import path from 'node:path';
 import { ApiServer } from '../support/apiserver.ts';
 import { STATUS_ANNOTATION, type NodeSetStatus } from '../../src/api/types.ts';
 import { formatAge, renderTable, statusRows } from '../../src/cli/status.ts';
+import { encodeNodeStatus } from '../../src/api/node-status.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '../..');
 const NODE = path.join(ROOT, 'node_modules/.bin/node');
@@ -38,8 +39,14 @@ function node(name: string, annotation?: string, labels: Record<string, string> 
   api.create({ apiVersion: 'v1', kind: 'Node', metadata: { name, labels, ...(annotation !== undefined ? { annotations: { [STATUS_ANNOTATION]: annotation } } : {}) } });
 }
 
+/** A report as an agent of version 1 wrote it. */
 function report(name: string, ageMs: number, sets: NodeSetStatus[]): string {
   return JSON.stringify({ version: 1, node: name, pinFile: '99-pinset-x.conf', updatedAt: new Date(Date.now() - ageMs).toISOString(), sets });
+}
+
+/** A report as agents write it now (version 2): nodes of both kinds are read side by side during an upgrade. */
+function reportV2(ageMs: number, sets: NodeSetStatus[]): string {
+  return encodeNodeStatus({ version: 2, pinFile: '99-pinset-x.conf', updatedAt: new Date(Date.now() - ageMs).toISOString(), sets });
 }
 
 function pinset(args: string[], env: Record<string, string> = {}): Promise<{ code: number; stdout: string; stderr: string }> {
@@ -70,7 +77,7 @@ before(async () => {
   );
   node(
     'worker-b',
-    report('worker-b', 20 * 60_000, [
+    reportV2(20 * 60_000, [
       entry({ phase: 'Degraded', reason: 'ImageNotFound', currentGeneration: 1, lastFailedGeneration: 2, lastFailedGenerationError: LONG_ERROR, images: { wanted: 3, present: 2, pinned: 3, failed: 1, invalid: 0 }, estimatedBytes: 5 * 1024 ** 3 }),
     ]),
   );
@@ -85,7 +92,7 @@ after(async () => {
 });
 
 describe('pinset status', () => {
-  test('prints a node-by-set table', async () => {
+  test('prints a node-by-set table (worker-a reports in version 1, worker-b in version 2)', async () => {
     const { code, stdout, stderr } = await pinset(['--kubeconfig', kubeconfig], { COLUMNS: '140' });
     assert.equal(code, 0, stderr);
     const lines = stdout.trimEnd().split('\n');

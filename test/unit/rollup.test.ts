@@ -1,7 +1,7 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus, type PinnedImageSet, type PinnedImageSetStatus } from '../../src/api/types.ts';
-import { parseNodeStatus, readNodeStatus } from '../../src/api/node-status.ts';
+import { encodeNodeStatus, parseNodeStatus, readNodeStatus } from '../../src/api/node-status.ts';
 import { MAX_DEGRADED_NODES, rollUpSetStatus, type ObservedNode } from '../../src/controller/rollup.ts';
 import { sameJson } from '../../src/util/json.ts';
 
@@ -38,6 +38,11 @@ function node(name: string, sets: NodeSetStatus[] | undefined, labels: Record<st
   return { name, labels, reading: parseNodeStatus(JSON.stringify(status)) };
 }
 
+/** The node as an agent of the current version reports it (format version 2). */
+function nodeV2(name: string, sets: NodeSetStatus[]): ObservedNode {
+  return { name, labels: { role: 'worker' }, reading: parseNodeStatus(encodeNodeStatus({ version: 2, pinFile: 'x.conf', updatedAt: T0.toISOString(), sets })) };
+}
+
 function cond(s: PinnedImageSetStatus, type: string) {
   const c = s.conditions?.find((x) => x.type === type);
   assert.ok(c, `condition ${type} present`);
@@ -45,6 +50,22 @@ function cond(s: PinnedImageSetStatus, type: string) {
 }
 
 describe('rollUpSetStatus', () => {
+  test('nodes reporting in version 1 and version 2 count alike (agents upgraded one by one)', () => {
+    const samples: NodeSetStatus[] = [
+      entry(),
+      entry({ phase: 'Progressing', currentGeneration: 2, reason: 'WaitingForRolloutSlot', message: 'waiting' }),
+      entry({ phase: 'Degraded', currentGeneration: 2, reason: 'ImageNotFound', message: 'manifest unknown', lastFailedGeneration: 3, lastFailedGenerationError: 'ImageNotFound: manifest unknown' }),
+      entry({ desiredGeneration: 2, currentGeneration: 2 }),
+      entry({ uid: 'an-older-object' }),
+    ];
+    const old = rollUpSetStatus(set(), samples.map((e, i) => node(`n${i}`, [e])), T0);
+    const now = rollUpSetStatus(set(), samples.map((e, i) => nodeV2(`n${i}`, [e])), T0);
+    const mixed = rollUpSetStatus(set(), samples.map((e, i) => (i % 2 ? node(`n${i}`, [e]) : nodeV2(`n${i}`, [e]))), T0);
+    assert.deepEqual(old.nodes, { matched: 5, ready: 1, progressing: 3, degraded: 1 });
+    assert.deepEqual(now, old);
+    assert.deepEqual(mixed, old);
+  });
+
   test('counts ready, progressing and degraded nodes among those the selector matches', () => {
     const nodes = [
       node('a', [entry()]),
@@ -190,7 +211,7 @@ describe('rollUpSetStatus', () => {
 
 describe('parseNodeStatus', () => {
   test('rejects other format versions and non-objects without throwing', () => {
-    for (const raw of ['null', '[]', '"x"', '{"version":2,"sets":[]}', '{"version":1}', '']) {
+    for (const raw of ['null', '[]', '"x"', '{"version":3,"sets":[]}', '{"version":"2","sets":[]}', '{"version":1}', '{"version":2}', '']) {
       const r = parseNodeStatus(raw);
       assert.equal(r.status, undefined, raw);
       assert.ok(r.error, raw);

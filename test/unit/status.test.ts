@@ -1,4 +1,4 @@
-import { parseNodeStatus as readAnnotation } from '../../src/api/node-status.ts';
+import { encodedSize, encodeNodeStatus, parseNodeStatus as readAnnotation } from '../../src/api/node-status.ts';
 import { afterEach, describe, mock, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { planReconcile, type ObservedSet, type Plan, type PlanInput, type WantedImage } from '../../src/agent/plan.ts';
@@ -9,12 +9,13 @@ import {
   cutBytes,
   historyFromStatus,
   makeNodeStatus,
+  progressOnly,
   StatusReporter,
   type SetHistory,
   type StatusFacts,
   type StatusSink,
 } from '../../src/agent/status.ts';
-import { STATUS_MAX_BYTES, type LabelSelector, type NodeSetStatus, type NodeStatus } from '../../src/api/types.ts';
+import { STATUS_MAX_BYTES, STATUS_MAX_MESSAGE_BYTES, type LabelSelector, type NodeSetStatus, type NodeStatus } from '../../src/api/types.ts';
 import type { FailureKind } from '../../src/cri/runtime.ts';
 import { silentLogger } from '../../src/util/log.ts';
 
@@ -158,7 +159,7 @@ describe('computeSetStatuses: phases and reasons', () => {
     const s = only(facts(plan([observed('web', [A, 'quay.io/org/app:1.2'])])));
     assert.equal(s.phase, 'Degraded');
     assert.equal(s.reason, 'InvalidReference');
-    assert.match(s.message!, /^1 reference\(s\) rejected and not pinned: spec\.pinnedImages\[1\]\.name: "quay\.io\/org\/app:1\.2" names a tag/);
+    assert.match(s.message!, /^1 reference\(s\) rejected and not pinned, first spec\.pinnedImages\[1\]\.name: "quay\.io\/org\/app:1\.2" names a tag/);
     assert.deepEqual(s.images, { wanted: 1, present: 1, pinned: 1, failed: 0, invalid: 1 });
   });
 
@@ -183,6 +184,17 @@ describe('computeSetStatuses: phases and reasons', () => {
     assert.equal(s.phase, 'Degraded');
     assert.equal(s.reason, 'PinsOverridden');
     assert.ok(s.message!.startsWith(`zz-local.conf sets pinned_images and sorts after ${PIN_FILE}`), s.message);
+  });
+
+  test('messages count what they do not list: the first problem, then how many more', () => {
+    const files = Array.from({ length: 40 }, (_, i) => ({ file: `zz-${i}-${'x'.repeat(40)}.conf`, pins: [] }));
+    const over = only(facts(plan([observed('web', [A])]), { overriding: files }));
+    assert.match(over.message!, /^zz-0-x+\.conf \(and 39 more files\) sets pinned_images/);
+    const tags = Array.from({ length: 30 }, (_, i) => `quay.io/org/app${i}:1.${i}`);
+    const invalid = only(facts(plan([observed('web', [A, ...tags])])));
+    assert.match(invalid.message!, /^30 reference\(s\) rejected and not pinned, first spec\.pinnedImages\[1\]\.name: /);
+    assert.doesNotMatch(invalid.message!, /pinnedImages\[2\]/);
+    for (const s of [over, invalid]) assert.ok(Buffer.byteLength(s.message!) <= STATUS_MAX_MESSAGE_BYTES);
   });
 
   test('ReloadFailed, PinFileWriteFailed and RuntimeUnavailable carry the cause', () => {
@@ -270,11 +282,12 @@ describe('computeSetStatuses: generation history', () => {
     assert.equal(g2ready.lastFailedGeneration, 2);
   });
 
-  test('the error kept per set is at most 1 KiB, cut on a character boundary', () => {
+  test('the message is at most 512 bytes and the error kept per set at most 1 KiB, cut on a character boundary', () => {
     const huge = 'é'.repeat(5000);
     const s = only(facts(plan([observed('web', [A])]), { present: () => false, failure: () => failure('Other', huge) }));
     assert.ok(Buffer.byteLength(s.lastFailedGenerationError!) <= 1024);
-    assert.ok(Buffer.byteLength(s.message!) <= 1024);
+    assert.ok(Buffer.byteLength(s.message!) <= STATUS_MAX_MESSAGE_BYTES);
+    assert.equal(s.lastFailedGenerationError, `${s.reason}: ${s.message}`, 'a set failing now keeps its message as its error');
     assert.ok(!s.lastFailedGenerationError!.includes('\uFFFD'), 'a character was split');
     assert.ok(s.lastFailedGenerationError!.endsWith('...'));
   });
@@ -290,11 +303,11 @@ describe('computeSetStatuses: generation history', () => {
 
   test('history survives a restart through the annotation', () => {
     const first = computeSetStatuses(facts(plan([observed('web', [A], { generation: 4 })]), { present: () => false, failure: () => failure('NotFound', 'x') }));
-    const annotation = JSON.stringify(makeNodeStatus('node-1', PIN_FILE, first.sets, '2025-01-01T00:00:00Z'));
+    const annotation = encodeNodeStatus(makeNodeStatus('node-1', PIN_FILE, first.sets, '2025-01-01T00:00:00Z'));
     const restored = historyFromStatus(readAnnotation(annotation).status ?? null);
     assert.deepEqual(restored.get('api/web'), first.history.get('api/web'));
     assert.equal(readAnnotation('not json').status, undefined);
-    assert.equal(readAnnotation(JSON.stringify({ version: 2, sets: [] })).status, undefined);
+    assert.equal(readAnnotation(JSON.stringify({ version: 3, sets: [] })).status, undefined);
   });
 });
 
@@ -324,22 +337,28 @@ function entry(name: string, phase: NodeSetStatus['phase'], message?: string): N
 }
 
 function nodeStatus(sets: NodeSetStatus[]): NodeStatus {
-  return { version: 1, node: 'node-1', pinFile: PIN_FILE, updatedAt: '2025-01-01T00:00:00Z', sets };
+  return { version: 2, node: 'node-1', pinFile: PIN_FILE, updatedAt: '2025-01-01T00:00:00Z', sets };
 }
 
-describe('boundedNodeStatus: the 64 KiB bound', () => {
+describe('boundedNodeStatus: the 16 KiB bound, measured as written', () => {
   test('a small status is returned as is', () => {
     const s = nodeStatus([entry('a', 'Ready')]);
     assert.equal(boundedNodeStatus(s), s);
   });
 
   test('long messages are shortened first; every set is kept', () => {
-    const sets = Array.from({ length: 100 }, (_, i) => entry(`set-${i}`, 'Degraded', 'x'.repeat(1000)));
+    const sets = Array.from({ length: 40 }, (_, i) => {
+      const e = entry(`set-${i}`, 'Degraded', 'x'.repeat(500));
+      return { ...e, lastFailedGeneration: 1, lastFailedGenerationError: `${e.reason}: ${e.message}` };
+    });
+    assert.ok(encodedSize(nodeStatus(sets)) > STATUS_MAX_BYTES);
     const out = boundedNodeStatus(nodeStatus(sets));
-    assert.ok(Buffer.byteLength(JSON.stringify(out)) <= STATUS_MAX_BYTES);
-    assert.equal(out.sets.length, 100);
+    assert.ok(encodedSize(out) <= STATUS_MAX_BYTES);
+    assert.equal(out.sets.length, 40);
     assert.equal(out.truncated, undefined);
     assert.ok(out.sets.every((s) => Buffer.byteLength(s.message!) <= 160));
+    // A set failing now writes its message once: the error follows the shortened message.
+    assert.ok(out.sets.every((s) => s.lastFailedGenerationError === `${s.reason}: ${s.message}`));
   });
 
   test('too many sets: truncated, Degraded first, then Progressing, then Ready', () => {
@@ -348,9 +367,9 @@ describe('boundedNodeStatus: the 64 KiB bound', () => {
     for (let i = 0; i < 5; i++) sets.push(entry(`progressing-${i}`, 'Progressing', 'waiting'));
     for (let i = 0; i < 5; i++) sets.push(entry(`degraded-${i}`, 'Degraded', 'broken'));
     const input = nodeStatus(sets);
-    assert.ok(Buffer.byteLength(JSON.stringify(input)) > STATUS_MAX_BYTES);
+    assert.ok(encodedSize(input) > STATUS_MAX_BYTES);
     const out = boundedNodeStatus(input);
-    const size = Buffer.byteLength(JSON.stringify(out));
+    const size = encodedSize(out);
     assert.ok(size <= STATUS_MAX_BYTES, `${size} bytes`);
     assert.ok(size > STATUS_MAX_BYTES - 1024, 'the room is used');
     assert.equal(out.truncated, true);
@@ -360,12 +379,13 @@ describe('boundedNodeStatus: the 64 KiB bound', () => {
       [...Array(5).fill('Degraded'), ...Array(5).fill('Progressing')],
     );
     assert.ok(out.sets.slice(10).every((s) => s.phase === 'Ready'));
-    assert.ok(readAnnotation(JSON.stringify(out)).status);
+    assert.ok(readAnnotation(encodeNodeStatus(out)).status);
+    assert.equal(readAnnotation(encodeNodeStatus(out)).status?.truncated, true);
   });
 
   test('a smaller bound is honoured', () => {
     const out = boundedNodeStatus(nodeStatus(Array.from({ length: 50 }, (_, i) => entry(`s${i}`, 'Degraded', 'm'))), 2000);
-    assert.ok(Buffer.byteLength(JSON.stringify(out)) <= 2000);
+    assert.ok(encodedSize(out) <= 2000);
     assert.equal(out.truncated, true);
   });
 });
@@ -402,7 +422,7 @@ describe('StatusReporter', () => {
 
   test('writes only when the content changes (the time stamp alone is no change)', async () => {
     const sink = new MemorySink();
-    const r = new StatusReporter(sink, { logger: silentLogger(), minIntervalMs: 10 });
+    const r = new StatusReporter(sink, { logger: silentLogger(), progressIntervalMs: 10 });
     r.report(ready('web', 'T1'));
     await r.flush();
     r.report(ready('web', 'T2'));
@@ -428,7 +448,7 @@ describe('StatusReporter', () => {
     mock.timers.enable({ apis: ['setTimeout'] });
     let now = 1_000_000;
     const sink = new MemorySink();
-    const r = new StatusReporter(sink, { logger: silentLogger(), minIntervalMs: 5_000, now: () => now });
+    const r = new StatusReporter(sink, { logger: silentLogger(), progressIntervalMs: 5_000, now: () => now });
     r.report(progressing('0 of 3 images present'));
     await settle();
     assert.deepEqual(sink.names(), ['web:Progressing:0 of 3 images present'], 'the first write is not delayed');
@@ -448,7 +468,7 @@ describe('StatusReporter', () => {
     mock.timers.enable({ apis: ['setTimeout'] });
     let now = 0;
     const sink = new MemorySink();
-    const r = new StatusReporter(sink, { logger: silentLogger(), minIntervalMs: 5_000, now: () => now });
+    const r = new StatusReporter(sink, { logger: silentLogger(), progressIntervalMs: 5_000, now: () => now });
     r.report(progressing('a'));
     await settle();
     r.report(progressing('b'));
@@ -464,7 +484,7 @@ describe('StatusReporter', () => {
     const sink = new MemorySink();
     let release!: () => void;
     sink.hold = new Promise<void>((r) => (release = r));
-    const r = new StatusReporter(sink, { logger: silentLogger(), minIntervalMs: 10 });
+    const r = new StatusReporter(sink, { logger: silentLogger(), progressIntervalMs: 10 });
     r.report(ready('first'));
     await settle();
     r.report(ready('second'));
@@ -496,11 +516,99 @@ describe('StatusReporter', () => {
     r.close();
   });
 
+  test('a change of phase is written at once, even right after a write; progress alone waits its turn', async () => {
+    mock.timers.enable({ apis: ['setTimeout'] });
+    let now = 0;
+    const sink = new MemorySink();
+    const r = new StatusReporter(sink, { logger: silentLogger(), progressIntervalMs: 60_000, now: () => now });
+    r.report(ready('web'));
+    await settle();
+    now += 100;
+    r.report(progressing('0 of 3 images present')); // Ready -> Progressing: news
+    await settle();
+    assert.deepEqual(sink.names(), ['web:Ready:', 'web:Progressing:0 of 3 images present']);
+    now += 100;
+    r.report(progressing('1 of 3 images present')); // progress only: waits
+    await settle();
+    assert.equal(sink.written.length, 2);
+    now += 100;
+    r.report(ready('web')); // Progressing -> Ready: news, and it replaces the waiting progress
+    await settle();
+    assert.deepEqual(sink.names(), ['web:Ready:', 'web:Progressing:0 of 3 images present', 'web:Ready:']);
+    mock.timers.tick(60_000);
+    now += 60_000;
+    await settle();
+    assert.equal(sink.written.length, 3, 'the progress that waited is not written after the news');
+    r.close();
+  });
+
+  test('a new set, a generation change or a set gone is news too; a reason or message change inside a phase is progress', () => {
+    const base = nodeStatus([entry('web', 'Progressing', 'a')]);
+    const changes: [string, NodeStatus, boolean][] = [
+      ['reason', nodeStatus([{ ...entry('web', 'Progressing', 'a'), reason: 'WaitingForRolloutSlot' }]), false],
+      ['message', nodeStatus([entry('web', 'Progressing', 'b')]), false],
+      ['a set added', nodeStatus([entry('web', 'Progressing', 'a'), entry('db', 'Ready')]), true],
+      ['a set gone', nodeStatus([]), true],
+      ['a new generation', nodeStatus([{ ...entry('web', 'Progressing', 'a'), desiredGeneration: 2 }]), true],
+      ['the set recreated (new uid)', nodeStatus([{ ...entry('web', 'Progressing', 'a'), uid: 'other' }]), true],
+    ];
+    for (const [what, next, news] of changes) {
+      assert.equal(!progressOnly(base, next), news, what);
+    }
+    assert.equal(progressOnly(undefined, base), false, 'the first write is news');
+  });
+
+  test('progress alone: the first write a minute after the last, then twice as long each time, up to 5 minutes', async () => {
+    mock.timers.enable({ apis: ['setTimeout'] });
+    let now = 0;
+    const sink = new MemorySink();
+    const r = new StatusReporter(sink, { logger: silentLogger(), now: () => now });
+    const writesAt: number[] = [];
+    let n = 0;
+    for (let t = 0; t <= 20 * 60_000; t += 5_000) {
+      mock.timers.tick(t - now);
+      now = t;
+      r.report(progressing(`${n++} images present`));
+      await settle();
+      while (writesAt.length < sink.written.length) writesAt.push(now);
+    }
+    assert.deepEqual(writesAt.map((t) => t / 1000), [0, 60, 180, 420, 720, 1020]);
+    r.close();
+  });
+
+  test('a set rollout costs at most 3 writes: Progressing at once, one progress update, Ready at once', async () => {
+    // A set of 40 images pulled in 150 s; the agent recomputes its status every 5 s while pulling.
+    for (const durationS of [30, 150]) {
+      mock.timers.enable({ apis: ['setTimeout'] });
+      let now = 1_000_000;
+      const sink = new MemorySink();
+      const r = new StatusReporter(sink, { logger: silentLogger(), now: () => now, initial: nodeStatus([]) });
+      for (let t = 0; t < durationS; t += 5) {
+        const present = Math.floor((40 * t) / durationS);
+        r.report(progressing(`${present} of 40 images present`));
+        await settle();
+        if (t === 0) assert.equal(sink.written.length, 1, 'Progressing is written when the pulls start');
+        mock.timers.tick(5_000);
+        now += 5_000;
+        await settle();
+      }
+      r.report(ready('web'));
+      await settle();
+      const phases = sink.written.map((w) => w.sets[0]?.phase);
+      assert.equal(phases[0], 'Progressing');
+      assert.equal(phases.at(-1), 'Ready', 'Ready is written at once');
+      assert.ok(sink.written.length <= 3, `${durationS} s: ${sink.names().join(' | ')}`);
+      assert.equal(sink.written.length, durationS > 60 ? 3 : 2);
+      r.close();
+      mock.timers.reset();
+    }
+  });
+
   test('flush() writes what is pending at once (shutdown, --once)', async () => {
     mock.timers.enable({ apis: ['setTimeout'] });
     let now = 0;
     const sink = new MemorySink();
-    const r = new StatusReporter(sink, { logger: silentLogger(), minIntervalMs: 60_000, now: () => now });
+    const r = new StatusReporter(sink, { logger: silentLogger(), progressIntervalMs: 60_000, now: () => now });
     r.report(progressing('a'));
     await settle();
     now += 1;
