@@ -62,6 +62,8 @@ export interface PlannedSet {
   references: ParsedReference[];
   /** Held from a static file that cannot be read now (see ObservedSet.held). */
   held?: { file: string; error: string };
+  /** spec.rollout.maxConcurrentNodes: at most this many nodes download the set at a time (absent: no limit). */
+  maxConcurrentNodes?: number;
 }
 
 export interface WantedImage {
@@ -117,6 +119,7 @@ function planSet(o: ObservedSet, labels: Labels | null): PlannedSet {
     invalidImages: v.imageProblems,
     references: v.images,
     ...(o.held ? { held: o.held } : {}),
+    ...(v.errors.length === 0 && typeof set.spec.rollout?.maxConcurrentNodes === 'number' ? { maxConcurrentNodes: set.spec.rollout.maxConcurrentNodes } : {}),
   };
   // A set whose selector cannot be read selects nothing: it is reported, not applied.
   const selectorBroken = v.errors.some((e) => e.startsWith('spec.nodeSelector')) || !set?.spec;

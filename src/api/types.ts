@@ -30,11 +30,21 @@ export interface PinnedImage {
   name: string;
 }
 
+/** How a new or changed set reaches the nodes. */
+export interface RolloutSpec {
+  /**
+   * At most this many nodes download this set's images at a time (>= 1);
+   * absent means no limit. Enforced with Lease slots (src/rollout/).
+   */
+  maxConcurrentNodes?: number;
+}
+
 export interface PinnedImageSetSpec {
   nodeSelector?: LabelSelector;
   /** Passed as CRI ImageSpec.runtime_handler (KEP-4216). */
   runtimeHandler?: string;
   pinnedImages: PinnedImage[];
+  rollout?: RolloutSpec;
 }
 
 export interface ObjectMeta {

@@ -35,6 +35,25 @@ function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
 
+/** Upper bound of int32, the CRD's format for maxConcurrentNodes. */
+const MAX_INT32 = 2 ** 31 - 1;
+
+/**
+ * spec.rollout: absent, or {maxConcurrentNodes?: integer >= 1}. A null is
+ * absent, as the API server prunes nulls of fields that are not nullable.
+ */
+function rolloutErrors(rollout: unknown): string[] {
+  if (rollout === undefined || rollout === null) return [];
+  if (!isObject(rollout)) return ['spec.rollout: must be an object, e.g. {maxConcurrentNodes: 50}'];
+  const errors: string[] = [];
+  for (const k of Object.keys(rollout)) if (k !== 'maxConcurrentNodes') errors.push(`spec.rollout.${k}: unknown field (known: maxConcurrentNodes)`);
+  const n = rollout.maxConcurrentNodes;
+  if (n !== undefined && n !== null && (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > MAX_INT32)) {
+    errors.push(`spec.rollout.maxConcurrentNodes: ${quote(String(n))} must be an integer of at least 1 (leave it out for no limit)`);
+  }
+  return errors;
+}
+
 export function validateSet(obj: unknown): SetValidation {
   const errors: string[] = [];
   const imageProblems: ImageProblem[] = [];
@@ -64,6 +83,7 @@ export function validateSet(obj: unknown): SetValidation {
       errors.push(`spec.runtimeHandler: ${quote(String(spec.runtimeHandler))} must be a DNS label (a RuntimeClass handler name)`);
     }
   }
+  errors.push(...rolloutErrors(spec.rollout));
   const list = spec.pinnedImages;
   if (!Array.isArray(list)) {
     errors.push('spec.pinnedImages: required, a list of {name: <digest reference>}');

@@ -307,6 +307,9 @@ describe('corpora: the CRD and the TypeScript validator agree', async () => {
     'no-spec': { ts: 'spec', api: '/spec' },
     'notin-empty-values': requirement('values'),
     'other-algorithm': image0,
+    'rollout-not-integer': { ts: 'spec.rollout.maxConcurrentNodes', api: '/spec/rollout/maxConcurrentNodes' },
+    'rollout-unknown-field': { ts: 'spec.rollout.maxConcurrentNode', api: '/spec/rollout/maxConcurrentNode' },
+    'rollout-zero': { ts: 'spec.rollout.maxConcurrentNodes', api: '/spec/rollout/maxConcurrentNodes' },
     'runtime-handler': { ts: 'spec.runtimeHandler', api: '/spec/runtimeHandler' },
     'short-digest': image0,
     tag: image0,
@@ -597,5 +600,58 @@ describe('admission policy: with a node\'s own credentials (system:node:<name>),
     }
     // Another node's credentials on this Node: NodeRestriction's business, not this policy's, unless pinset.dev/ changes.
     assert.deepEqual(admit(patchRequest('worker-1', nodeUser('worker-2')), old, edited(old, kubeletEdits[0]!)), { applies: false });
+  });
+});
+
+describe('CRD: spec.rollout.maxConcurrentNodes', () => {
+  const rollout: Obj = specSchema.properties.rollout;
+  const withRollout = (r: unknown) => setWith({ rollout: r, pinnedImages: [{ name: `quay.io/org/app@sha256:${H}` }] });
+
+  test('an int32 with a CEL rule (>= 1) whose message says how to have no limit', () => {
+    assert.equal(rollout.type, 'object');
+    assert.deepEqual(Object.keys(rollout.properties), ['maxConcurrentNodes']);
+    assert.equal(rollout.properties.maxConcurrentNodes.type, 'integer');
+    assert.equal(rollout.properties.maxConcurrentNodes.format, 'int32');
+    assert.equal(rollout['x-kubernetes-validations'].length, 1);
+    assert.match(rollout['x-kubernetes-validations'][0].message, /at least 1; leave it out for no limit/);
+    assert.equal(specSchema.required.includes('rollout'), false, 'optional');
+  });
+
+  const accepted: unknown[] = [{}, { maxConcurrentNodes: 1 }, { maxConcurrentNodes: 50 }, { maxConcurrentNodes: 2 ** 31 - 1 }];
+  for (const r of accepted) {
+    test(`accepted by both: rollout ${JSON.stringify(r)}`, () => {
+      assert.deepEqual(apiServerErrors(withRollout(r)), []);
+      assert.deepEqual(tsProblems(withRollout(r)), []);
+    });
+  }
+  const refused: [unknown, string][] = [
+    [{ maxConcurrentNodes: 0 }, '/spec/rollout/maxConcurrentNodes'],
+    [{ maxConcurrentNodes: -3 }, '/spec/rollout/maxConcurrentNodes'],
+    [{ maxConcurrentNodes: 2.5 }, '/spec/rollout/maxConcurrentNodes'],
+    [{ maxConcurrentNodes: 2 ** 31 }, '/spec/rollout/maxConcurrentNodes'],
+    [{ maxConcurrentNodes: '5' }, '/spec/rollout/maxConcurrentNodes'],
+    [{ maxNodes: 5 }, '/spec/rollout/maxNodes'],
+    [5, '/spec/rollout'],
+  ];
+  for (const [r, at] of refused) {
+    test(`refused by both: rollout ${JSON.stringify(r)}`, () => {
+      const api = apiServerErrors(withRollout(r));
+      assert.ok(api.some((e) => e.path === at), `API server model: expected an error at ${at}, got ${JSON.stringify(api)}`);
+      const ts = tsProblems(withRollout(r));
+      const field = at.slice(1).replaceAll('/', '.');
+      assert.ok(ts.some((p) => p.startsWith(`${field}:`)), `validateSet: expected a problem at ${field}, got ${JSON.stringify(ts)}`);
+    });
+  }
+
+  test('a null is no limit for the agent, as the API server prunes it (the field is not nullable)', () => {
+    assert.deepEqual(tsProblems(withRollout({ maxConcurrentNodes: null })), []);
+    assert.deepEqual(tsProblems(withRollout(null)), []);
+  });
+
+  test('the CEL rule on its own: 0 is refused with its message, 1 and an absent field pass', () => {
+    const rule = rollout['x-kubernetes-validations'][0].rule as string;
+    assert.equal(celTrue(rule, { self: {} }), true);
+    assert.equal(celTrue(rule, { self: { maxConcurrentNodes: 1 } }), true);
+    assert.equal(celTrue(rule, { self: { maxConcurrentNodes: 0 } }), false);
   });
 });

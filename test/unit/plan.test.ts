@@ -240,6 +240,24 @@ describe('planReconcile', () => {
     assert.equal(p.sets.find((s) => s.source === 'static')!.generation, 1);
   });
 
+  test('spec.rollout.maxConcurrentNodes is carried into the plan; a bad one makes the set invalid, not unlimited', () => {
+    const p = planReconcile(
+      input({
+        apiSets: [
+          observed('limited', [A], { spec: { rollout: { maxConcurrentNodes: 50 } } }),
+          observed('open', [B], { spec: { rollout: {} } }),
+          observed('zero', [C], { spec: { rollout: { maxConcurrentNodes: 0 } } }),
+        ],
+      }),
+    );
+    const by = (n: string) => p.sets.find((s) => s.name === n)!;
+    assert.equal(by('limited').maxConcurrentNodes, 50);
+    assert.equal(by('open').maxConcurrentNodes, undefined);
+    assert.equal(by('zero').maxConcurrentNodes, undefined);
+    assert.match(by('zero').specErrors[0]!, /^spec\.rollout\.maxConcurrentNodes: "0" must be an integer of at least 1/);
+    assert.deepEqual(p.pins, [A, B], 'the invalid set is not applied');
+  });
+
   test('an object that is not a set at all is reported, not applied, and does not throw', () => {
     const p = planReconcile(input({ staticSets: [{ source: 'static', origin: 'x.yaml#0', object: 'just a string' }], currentPins: [A] }));
     assert.equal(p.sets.length, 1);
