@@ -1,0 +1,55 @@
+// LeaseApi (./lease-slots.ts) on @kubernetes/client-node's CoordinationV1Api,
+// with the KubeConfig's credentials. Loaded only where an API is configured.
+import { CoordinationV1Api, type KubeConfig, type V1Lease } from '@kubernetes/client-node';
+import { LeaseApiError, type LeaseApi, type LeaseObject } from './lease-slots.ts';
+
+function apiError(e: unknown): unknown {
+  const code = (e as { code?: unknown } | null)?.code;
+  if (typeof code !== 'number') return e;
+  const body = (e as { body?: unknown }).body;
+  let message = '';
+  try {
+    const parsed = typeof body === 'string' ? JSON.parse(body) : body;
+    if (parsed && typeof parsed.message === 'string') message = parsed.message;
+  } catch {
+    // not a Status object
+  }
+  return new LeaseApiError(code, `HTTP ${code}${message ? `: ${message}` : ''}`);
+}
+
+async function call<T>(f: () => Promise<T>): Promise<T> {
+  try {
+    return await f();
+  } catch (e) {
+    throw apiError(e);
+  }
+}
+
+// client-node hands MicroTime fields through as the JSON strings they are
+// (V1MicroTime is not in its type map), so the shapes match LeaseObject.
+const asObject = (l: V1Lease): LeaseObject => l as unknown as LeaseObject;
+const asLease = (l: LeaseObject): V1Lease => l as unknown as V1Lease;
+
+export function clientNodeLeaseApi(kc: KubeConfig): LeaseApi {
+  const api = kc.makeApiClient(CoordinationV1Api);
+  return {
+    list: (namespace, labelSelector) =>
+      call(async () => (await api.listNamespacedLease({ namespace, labelSelector, resourceVersion: '0' })).items.map(asObject)),
+    get: async (namespace, name) => {
+      try {
+        return asObject(await api.readNamespacedLease({ namespace, name }));
+      } catch (e) {
+        const err = apiError(e);
+        if (err instanceof LeaseApiError && err.code === 404) return null;
+        throw err;
+      }
+    },
+    create: (namespace, lease, fieldManager) => call(async () => asObject(await api.createNamespacedLease({ namespace, body: asLease(lease), fieldManager }))),
+    replace: (namespace, lease, fieldManager) =>
+      call(async () => asObject(await api.replaceNamespacedLease({ namespace, name: lease.metadata.name, body: asLease(lease), fieldManager }))),
+    delete: (namespace, name, preconditions) =>
+      call(async () => {
+        await api.deleteNamespacedLease({ namespace, name, body: { preconditions } });
+      }),
+  };
+}
