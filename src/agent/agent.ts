@@ -25,6 +25,8 @@ import type { KubeObserver } from './kube.ts';
 import type { EventRecorder } from './node-sinks.ts';
 import { planReconcile, type ObservedSet, type Plan, type WantedImage } from './plan.ts';
 import type { ImagePuller, PullResult } from './puller.ts';
+import type { RolloutGate } from '../rollout/gate.ts';
+import { admitDownloads } from './rollout-hook.ts';
 import { StaticSource } from './static.ts';
 import { computeSetStatuses, historyFromStatus, makeNodeStatus, type SetHistory, type StatusReporter } from './status.ts';
 
@@ -49,6 +51,8 @@ export interface AgentOptions {
   sizeEstimator?: SizeEstimator | null;
   /** Estimated disk = compressed download x this (default 2). */
   diskEstimateFactor?: number;
+  /** Rollout slots: downloads of sets with spec.rollout.maxConcurrentNodes wait for one (src/rollout/gate.ts). */
+  rolloutGate?: RolloutGate | null;
   resyncIntervalMs?: number;
   /** Settle time before a triggered reconcile starts, to batch bursts of events. */
   debounceMs?: number;
@@ -319,6 +323,10 @@ export class Agent {
       }
     }
 
+    // Rollout slots: a download of a set limited by spec.rollout.maxConcurrentNodes waits for the set's slot.
+    const heldContent = new Set(images.flatMap((i) => i.repoDigests.map((d) => d.slice(d.lastIndexOf('@') + 1))));
+    const admitted = await admitDownloads(this.opts.rolloutGate, plan, diskProblem ? [] : missing, (w) => puller.isDue(w.key) && !heldContent.has(w.reference.digest));
+
     // 7. Report (also while pulls run, so a long pull shows its progress).
     const report = (): NodeSetStatus[] => {
       const { sets, history } = computeSetStatuses({
@@ -334,6 +342,7 @@ export class Agent {
         pinFile: pinFile.name,
         history: this.history,
         estimates: this.setEstimates,
+        rolloutWaits: admitted.waits,
       });
       this.history = history;
       this.opts.reporter.report(makeNodeStatus(this.opts.nodeName, pinFile.name, sets, new Date(this.now()).toISOString(), { imageFilesystemError: this.opts.diskCheck?.unmeasured }));
@@ -342,9 +351,9 @@ export class Agent {
       return sets;
     };
 
-    if (!diskProblem && missing.length > 0) {
-      log.info({ missing: missing.length, due: due.length }, 'pulling missing images');
-      const missingByKey = new Map(missing.map((m) => [m.key, m]));
+    if (!diskProblem && admitted.pulls.length > 0) {
+      log.info({ missing: missing.length, due: due.length, waitingForSlot: missing.length - admitted.pulls.length || undefined }, 'pulling missing images');
+      const missingByKey = new Map(admitted.pulls.map((m) => [m.key, m]));
       // Until verified, a pulled image counts as present with the runtime's
       // answer to PullImage (progress reports while the others still pull).
       const landed = (r: PullResult) => {
@@ -358,13 +367,14 @@ export class Agent {
       const progress = setInterval(report, PROGRESS_REPORT_MS);
       let results: PullResult[];
       try {
-        results = await puller.pull(missing, signal, landed).catch((e) => {
+        results = await puller.pull(admitted.pulls, signal, landed).catch((e) => {
           if (signal.aborted) throw new Cancelled('superseded');
           throw e;
         });
       } finally {
         clearInterval(progress);
       }
+      await this.opts.rolloutGate?.releaseAll();
       pullsAttempted = results.length;
       // 6. Verify the pulled images with ImageStatus, once the pulls are done
       // (so verification never competes with them).
@@ -508,6 +518,8 @@ export class Agent {
     let at = now + (this.opts.resyncIntervalMs ?? 300_000);
     const pull = this.opts.puller.nextAttemptAt();
     if (pull !== undefined) at = Math.min(at, pull);
+    const slot = this.opts.rolloutGate?.nextAttemptAt();
+    if (slot !== undefined) at = Math.min(at, slot);
     if (this.reloadNeeded) at = Math.min(at, this.reloadNextAt);
     if (this.lastResult && !this.lastResult.runtimeReachable) at = Math.min(at, now + 2_000);
     return Math.max(50, at - now);

@@ -21,15 +21,19 @@ import { DiskCheck } from './disk.ts';
 import { DEFAULT_DISK_ESTIMATE_FACTOR, lazyRegistrySizeEstimator } from './estimate.ts';
 import { describeHolder, lockPathFor, NodeLock } from './node-lock.ts';
 import { ImagePuller } from './puller.ts';
+import { RolloutGate } from '../rollout/gate.ts';
+import { DEFAULT_SLOT_NAMESPACE } from '../rollout/slots.ts';
 import { LogStatusSink, StatusReporter } from './status.ts';
 
 async function loadKubeModules() {
-  const [{ loadAgentKubeConfig }, { KubeObserver }, { NodeAnnotationSink, NodeEventRecorder }] = await Promise.all([
+  const [{ loadAgentKubeConfig }, { KubeObserver }, { NodeAnnotationSink, NodeEventRecorder }, { clientNodeLeaseApi }, { LeaseRolloutSlots }] = await Promise.all([
     import('../api/kubeconfig.ts'),
     import('./kube.ts'),
     import('./node-sinks.ts'),
+    import('../rollout/lease-api.ts'),
+    import('../rollout/lease-slots.ts'),
   ]);
-  return { loadAgentKubeConfig, KubeObserver, NodeAnnotationSink, NodeEventRecorder };
+  return { loadAgentKubeConfig, KubeObserver, NodeAnnotationSink, NodeEventRecorder, clientNodeLeaseApi, LeaseRolloutSlots };
 }
 
 /**
@@ -60,6 +64,8 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
   { name: 'disk-estimate-factor', env: 'PINSET_DISK_ESTIMATE_FACTOR', type: 'number', default: DEFAULT_DISK_ESTIMATE_FACTOR, help: 'before pulling, estimated disk = compressed size of the images to download (from the registry) x this; a batch that would not fit below the watermark waits; 0 disables the estimate' },
   { name: 'registries-conf', env: 'CONTAINERS_REGISTRIES_CONF', type: 'string', help: 'registries.conf with the node\'s mirrors, for the size estimate (default /etc/containers/registries.conf)' },
   { name: 'registries-conf-dir', env: 'PINSET_REGISTRIES_CONF_DIR', type: 'string', default: '/etc/containers/registries.conf.d', help: 'drop-in folder of registries.conf' },
+  { name: 'lease-namespace', env: 'POD_NAMESPACE', type: 'string', default: DEFAULT_SLOT_NAMESPACE, help: 'namespace of the rollout slot Leases (spec.rollout.maxConcurrentNodes); the DaemonSet sets it to its own' },
+  { name: 'rollout-lease-duration', env: 'PINSET_ROLLOUT_LEASE_DURATION', type: 'duration', default: '60s', help: 'a rollout slot not renewed for this long is free again (a node that died); renewed every third of it' },
   { name: 'status-progress-interval', env: 'PINSET_STATUS_PROGRESS_INTERVAL', type: 'duration', default: '1m', help: 'progress alone (image counts) is written to the Node this long after the last write, then twice as long each time up to 5m; a change of phase is written at once' },
   { name: 'resync-interval', env: 'PINSET_RESYNC_INTERVAL', type: 'duration', default: '5m', help: 'full reconcile at least this often' },
   {
@@ -131,8 +137,13 @@ export async function run(argv: string[]): Promise<number> {
   const maxParallel = Number(f['max-parallel-pulls']);
   if (maxParallel < 1) throw new UsageError('--max-parallel-pulls must be at least 1');
   if (Number(f['min-watch-timeout']) < 1000) throw new UsageError('--min-watch-timeout must be at least 1s');
+  const slotLeaseMs = Number(f['rollout-lease-duration']);
+  // A Lease stores whole seconds, and the slot is renewed every third of it.
+  if (slotLeaseMs < 3_000) throw new UsageError('--rollout-lease-duration must be at least 3s');
   const progressIntervalMs = Number(f['status-progress-interval']);
   if (progressIntervalMs < 1_000) throw new UsageError('--status-progress-interval must be at least 1s');
+  const leaseNamespace = String(f['lease-namespace']);
+  if (!leaseNamespace) throw new UsageError('--lease-namespace (or POD_NAMESPACE) must not be empty');
 
   // The Kubernetes client is large (about 80 MB resident): a node that runs on
   // static sets alone never loads it.
@@ -182,12 +193,15 @@ export async function run(argv: string[]): Promise<number> {
   let kube: KubeObserver | null = null;
   let events: EventRecorder | null = null;
   let reporter: StatusReporter;
+  let rolloutGate: RolloutGate | null = null;
   if (kc && kubeModules) {
-    const { KubeObserver, NodeAnnotationSink, NodeEventRecorder } = kubeModules;
+    const { KubeObserver, NodeAnnotationSink, NodeEventRecorder, clientNodeLeaseApi, LeaseRolloutSlots } = kubeModules;
     const observer = new KubeObserver(kc, nodeName, logger, (why) => agent?.trigger(why, true), { minWatchTimeoutMs: Number(f['min-watch-timeout']) });
     kube = observer;
     reporter = new StatusReporter(new NodeAnnotationSink(kc, nodeName), { logger, progressIntervalMs });
     events = new NodeEventRecorder(kc, nodeName, () => observer.currentNode()?.metadata?.uid, logger);
+    const slots = new LeaseRolloutSlots({ api: clientNodeLeaseApi(kc), namespace: leaseNamespace, identity: nodeName, leaseDurationMs: slotLeaseMs });
+    rolloutGate = new RolloutGate({ slots, logger, onLost: () => agent?.trigger('rollout slot lost') });
   } else {
     reporter = new StatusReporter(new LogStatusSink(logger), { logger, progressIntervalMs });
   }
@@ -200,6 +214,8 @@ export async function run(argv: string[]): Promise<number> {
       : null;
   const shutdown = async () => {
     await agent?.stop();
+    // Free any rollout slot now rather than keep other nodes waiting for it to expire.
+    await Promise.race([rolloutGate?.close(), new Promise((r) => setTimeout(r, 2_000).unref())]);
     await kube?.stop();
     // The last status goes out if the API answers within 2 s; the timer must
     // not hold the process open once it has.
@@ -309,6 +325,7 @@ export async function run(argv: string[]): Promise<number> {
     diskCheck: new DiskCheck(runtime, { highWatermarkPercent: Number(f['image-fs-high-watermark']), logger }),
     sizeEstimator,
     diskEstimateFactor: factor,
+    rolloutGate,
     resyncIntervalMs: Number(f['resync-interval']),
   });
 

@@ -15,6 +15,7 @@ import {
 } from '../api/types.ts';
 import type { FailureKind } from '../cri/runtime.ts';
 import type { DropinPins } from '../crio/pinfile.ts';
+import type { SlotWait } from '../rollout/gate.ts';
 import { sameJson } from '../util/json.ts';
 import { Backoff } from './backoff.ts';
 import type { Plan, PlannedSet, WantedImage } from './plan.ts';
@@ -48,6 +49,8 @@ export interface StatusFacts {
   history: ReadonlyMap<string, SetHistory>;
   /** Per set key: the disk estimate of its images still to download (see ./estimate.ts). */
   estimates?: ReadonlyMap<string, SetEstimate>;
+  /** Per set key: the set's downloads wait for a rollout slot (spec.rollout.maxConcurrentNodes, src/rollout/gate.ts). */
+  rolloutWaits?: ReadonlyMap<string, SlotWait>;
 }
 
 const PULL_REASON: Record<FailureKind, string> = {
@@ -157,6 +160,13 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
     return { phase: 'Degraded', reason: m.reason, message: m.message + tail, counts };
   }
   if (counts.present < counts.wanted) {
+    const wait = facts.rolloutWaits?.get(s.key);
+    if (wait) {
+      const why = wait.error
+        ? `the rollout slots cannot be taken (retrying): ${wait.error}`
+        : `waiting for a rollout slot: at most ${wait.maxConcurrentNodes} node(s) download this set at a time`;
+      return { phase: 'Progressing', reason: 'WaitingForRolloutSlot', message: `${why}; ${counts.present} of ${counts.wanted} images present`, counts };
+    }
     const unknown = facts.estimates?.get(s.key)?.unknown;
     const note = unknown ? `; size estimate unknown, so only the watermark was checked: ${unknown}` : '';
     return { phase: 'Progressing', reason: 'Pulling', message: `${counts.present} of ${counts.wanted} images present${note}`, counts };

@@ -197,6 +197,22 @@ describe('computeSetStatuses: phases and reasons', () => {
     for (const s of [over, invalid]) assert.ok(Buffer.byteLength(s.message!) <= STATUS_MAX_MESSAGE_BYTES);
   });
 
+  test('WaitingForRolloutSlot: downloads wait for a slot, the set is Progressing with counts', () => {
+    const p = plan([observed('web', [A, B])]);
+    const waiting = only(facts(p, { present: (w) => isA(w), rolloutWaits: new Map([['api/web', { maxConcurrentNodes: 50 }]]) }));
+    assert.equal(waiting.phase, 'Progressing');
+    assert.equal(waiting.reason, 'WaitingForRolloutSlot');
+    assert.equal(waiting.message, 'waiting for a rollout slot: at most 50 node(s) download this set at a time; 1 of 2 images present');
+    const unreachable = only(facts(p, { present: () => false, rolloutWaits: new Map([['api/web', { maxConcurrentNodes: 5, error: 'connect ECONNREFUSED 10.0.0.1:443' }]]) }));
+    assert.equal(unreachable.reason, 'WaitingForRolloutSlot');
+    assert.match(unreachable.message!, /^the rollout slots cannot be taken \(retrying\): connect ECONNREFUSED 10\.0\.0\.1:443; 0 of 2 images present$/);
+    // Everything present: the wait is over, whatever the gate said last.
+    assert.equal(only(facts(p, { rolloutWaits: new Map([['api/web', { maxConcurrentNodes: 5 }]]) })).phase, 'Ready');
+    // A failing image outranks the wait.
+    const failing = only(facts(p, { present: () => false, failure: () => failure('NotFound', 'manifest unknown'), rolloutWaits: new Map([['api/web', { maxConcurrentNodes: 5 }]]) }));
+    assert.equal(failing.reason, 'ImageNotFound');
+  });
+
   test('ReloadFailed, PinFileWriteFailed and RuntimeUnavailable carry the cause', () => {
     const p = plan([observed('web', [A])]);
     const reload = only(facts(p, { reloadError: 'ReloadUnit: unit crio.service not loaded' }));

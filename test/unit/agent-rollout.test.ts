@@ -1,0 +1,208 @@
+// Rollout slots in the reconcile: two nodes (two agents with in-memory
+// runtimes) share one set of in-memory slots, as nodes share Leases. The
+// set allows one node at a time: the first downloads, the second says
+// WaitingForRolloutSlot until the first is done. Content already on a node
+// (a name-only pull) and sets without a limit never wait. The status the
+// reporter writes shows a phase change before any progress timer fires.
+import assert from 'node:assert/strict';
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { afterEach, beforeEach, describe, mock, test } from 'node:test';
+import { Agent } from '../../src/agent/agent.ts';
+import type { KubeObserver } from '../../src/agent/kube.ts';
+import { ImagePuller } from '../../src/agent/puller.ts';
+import { StatusReporter, type StatusSink } from '../../src/agent/status.ts';
+import type { NodeStatus, PinnedImageSet } from '../../src/api/types.ts';
+import type { ImageFilesystem, ImageRuntime, RuntimeImage, RuntimeInfo } from '../../src/cri/runtime.ts';
+import { PinFile } from '../../src/crio/pinfile.ts';
+import { createReloader } from '../../src/crio/reload.ts';
+import { RolloutGate } from '../../src/rollout/gate.ts';
+import { MemoryRolloutSlots, MemorySlotStore } from '../../src/rollout/memory-slots.ts';
+import { silentLogger } from '../../src/util/log.ts';
+
+const D = (c: string) => `sha256:${c.repeat(64)}`;
+const APP = `registry.test/org/app@${D('a')}`;
+const DB = `registry.test/org/db@${D('b')}`;
+const TOOL = `registry.test/org/tool@${D('c')}`;
+
+/** A runtime whose downloads wait until released; what was downloaded is listed. */
+class HeldRuntime implements ImageRuntime {
+  images: RuntimeImage[] = [];
+  downloads: string[] = [];
+  #release: (() => void) | undefined;
+  #gate: Promise<void> | undefined;
+  hold(): void {
+    this.#gate = new Promise((r) => (this.#release = r));
+  }
+  release(): void {
+    this.#release?.();
+    this.#gate = undefined;
+  }
+  async version(): Promise<RuntimeInfo> {
+    return { runtimeName: 'memory', runtimeVersion: '0', runtimeApiVersion: 'v1' };
+  }
+  async listImages(): Promise<RuntimeImage[]> {
+    return this.images.map((i) => ({ ...i, repoDigests: [...i.repoDigests] }));
+  }
+  async imageStatus(ref: string): Promise<RuntimeImage | null> {
+    return this.images.find((i) => i.repoDigests.includes(ref)) ?? null;
+  }
+  async pullImage(ref: string): Promise<string> {
+    const id = `id-${ref.split('@')[1]}`;
+    const existing = this.images.find((i) => i.id === id);
+    if (existing) {
+      existing.repoDigests.push(ref); // content held: a new name only
+      return id;
+    }
+    this.downloads.push(ref);
+    await this.#gate;
+    this.images.push({ id, repoTags: [], repoDigests: [ref], size: 1, pinned: false, runtimeHandler: '' });
+    return id;
+  }
+  async imageFsInfo(): Promise<ImageFilesystem[]> {
+    return [{ mountpoint: '/var/lib/containers/storage', usedBytes: 0 }];
+  }
+  close(): void {}
+}
+
+class MemorySink implements StatusSink {
+  written: NodeStatus[] = [];
+  async write(s: NodeStatus): Promise<void> {
+    this.written.push(structuredClone(s));
+  }
+  last(set: string) {
+    return this.written.at(-1)?.sets.find((s) => s.name === set);
+  }
+}
+
+function apiSet(name: string, images: string[], maxConcurrentNodes?: number): PinnedImageSet {
+  return {
+    apiVersion: 'pinset.dev/v1alpha1',
+    kind: 'PinnedImageSet',
+    metadata: { name, uid: `uid-${name}`, generation: 1 },
+    spec: { pinnedImages: images.map((n) => ({ name: n })), ...(maxConcurrentNodes ? { rollout: { maxConcurrentNodes } } : {}) },
+  };
+}
+
+interface Node {
+  agent: Agent;
+  runtime: HeldRuntime;
+  sink: MemorySink;
+  gate: RolloutGate;
+}
+
+let dir: string;
+let store: MemorySlotStore;
+let sets: PinnedImageSet[];
+
+async function node(name: string): Promise<Node> {
+  const logger = silentLogger();
+  const runtime = new HeldRuntime();
+  const sink = new MemorySink();
+  const staticDir = path.join(dir, name, 'sets');
+  await mkdir(staticDir, { recursive: true });
+  const kube = { currentNode: () => ({ metadata: { name, labels: {} } }), currentSets: () => sets } as unknown as KubeObserver;
+  const gate = new RolloutGate({ slots: new MemoryRolloutSlots(store, name), logger, firstAttemptSpreadMs: 0, retry: { baseMs: 1, capMs: 1 } });
+  const agent = new Agent({
+    nodeName: name,
+    runtime,
+    pinFile: await PinFile.open(path.join(dir, name, 'crio.conf.d'), { mainConfig: path.join(dir, name, 'crio.conf') }),
+    reloader: createReloader('none'),
+    puller: new ImagePuller({ runtime, maxParallel: 4, logger }),
+    reporter: new StatusReporter(sink, { logger }),
+    logger,
+    kube,
+    staticDir,
+    rolloutGate: gate,
+  });
+  return { agent, runtime, sink, gate };
+}
+
+beforeEach(async () => {
+  dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-rollout-'));
+  store = new MemorySlotStore();
+});
+afterEach(async () => {
+  mock.timers.reset();
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe('the reconcile takes a rollout slot before it downloads', () => {
+  test('maxConcurrentNodes 1: the first node downloads, the second waits (WaitingForRolloutSlot), then downloads once the slot is free', async () => {
+    sets = [apiSet('web', [APP, DB], 1)];
+    const [n1, n2] = [await node('n1'), await node('n2')];
+    n1.runtime.hold();
+    // No interval timer fires in this test: what is written, is written without one.
+    mock.timers.enable({ apis: ['setInterval'] });
+    const first = n1.agent.reconcile();
+    // Progressing is written as the pulls start, not when the progress timer fires.
+    await waitFor(() => n1.runtime.downloads.length === 2 && n1.sink.last('web')?.phase === 'Progressing');
+    assert.equal(n1.sink.last('web')?.reason, 'Pulling');
+    assert.deepEqual(n1.gate.held(), ['api/web']);
+
+    const waiting = await n2.agent.reconcile();
+    assert.deepEqual(n2.runtime.downloads, [], 'nothing downloaded without a slot');
+    const s = waiting.sets.find((x) => x.name === 'web')!;
+    assert.equal(s.phase, 'Progressing');
+    assert.equal(s.reason, 'WaitingForRolloutSlot');
+    assert.match(s.message!, /^waiting for a rollout slot: at most 1 node\(s\) download this set at a time; 0 of 2 images present$/);
+    assert.equal(waiting.pullsAttempted, 0);
+    await n2.agent.opts.reporter.flush();
+    assert.equal(n2.sink.last('web')?.reason, 'WaitingForRolloutSlot', 'written to the Node');
+
+    n1.runtime.release();
+    const done = await first;
+    assert.equal(done.sets[0]!.phase, 'Ready');
+    assert.deepEqual(n1.gate.held(), [], 'freed when the downloads ended');
+
+    await new Promise((r) => setTimeout(r, 5));
+    const after = await n2.agent.reconcile();
+    assert.equal(after.sets[0]!.phase, 'Ready');
+    assert.deepEqual(n2.runtime.downloads.sort(), [APP, DB].sort());
+    assert.equal(store.slots.size, 0);
+  });
+
+  test('content already on the node (a name-only pull) and sets without a limit never wait for a slot', async () => {
+    sets = [apiSet('web', [APP, DB], 1), apiSet('tools', [TOOL])];
+    const [n1, n2] = [await node('n1'), await node('n2')];
+    n1.runtime.hold();
+    const first = n1.agent.reconcile();
+    await waitFor(() => n1.runtime.downloads.length === 3);
+    // n2 holds DB's content under another name already.
+    n2.runtime.images.push({ id: `id-${D('b')}`, repoTags: [], repoDigests: [`mirror.test/org/db@${D('b')}`], size: 1, pinned: false, runtimeHandler: '' });
+    const r = await n2.agent.reconcile();
+    assert.deepEqual(n2.runtime.downloads, [TOOL], 'the unlimited set downloads; the limited one waits');
+    assert.ok(n2.runtime.images.find((i) => i.id === `id-${D('b')}`)!.repoDigests.includes(DB), 'DB got its name without a slot');
+    assert.equal(r.sets.find((s) => s.name === 'tools')!.phase, 'Ready');
+    const web = r.sets.find((s) => s.name === 'web')!;
+    assert.equal(web.reason, 'WaitingForRolloutSlot');
+    assert.equal(web.images.present, 1);
+    n1.runtime.release();
+    await first;
+  });
+
+  test('a set removed while its node holds the slot gives the slot back at the next reconcile', async () => {
+    sets = [apiSet('web', [APP], 1)];
+    const n1 = await node('n1');
+    n1.runtime.hold();
+    const ac = new AbortController();
+    const running = n1.agent.reconcile(ac.signal).catch(() => undefined);
+    await waitFor(() => n1.runtime.downloads.length === 1);
+    assert.equal(store.slots.size, 1);
+    sets = [];
+    ac.abort(); // the desired state changed: the reconcile is cancelled, its pull goes on
+    await running;
+    await n1.agent.reconcile();
+    assert.equal(store.slots.size, 0, 'freed: the set has nothing left to download here');
+    n1.runtime.release();
+  });
+});
+
+async function waitFor(pred: () => boolean, timeoutMs = 5_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!pred()) {
+    if (Date.now() > deadline) throw new Error('condition not reached');
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
