@@ -87,13 +87,17 @@ describe('kubectl kustomize deploy', { skip }, () => {
       'Deployment pinset-system/pinset-controller',
       'Namespace -/pinset-system',
       'Role default/pinset-agent-events',
+      'Role pinset-system/pinset-agent-rollout-slots',
       'Role pinset-system/pinset-controller',
       'RoleBinding default/pinset-agent-events',
+      'RoleBinding pinset-system/pinset-agent-rollout-slots',
       'RoleBinding pinset-system/pinset-controller',
       'ServiceAccount pinset-system/pinset-agent',
       'ServiceAccount pinset-system/pinset-controller',
       'ValidatingAdmissionPolicy -/pinset-agent-node-scope',
+      'ValidatingAdmissionPolicy -/pinset-agent-rollout-slots',
       'ValidatingAdmissionPolicyBinding -/pinset-agent-node-scope',
+      'ValidatingAdmissionPolicyBinding -/pinset-agent-rollout-slots',
     ]);
   });
 
@@ -242,7 +246,7 @@ describe('kubectl kustomize deploy', { skip }, () => {
       return [...out].sort();
     }
 
-    test('the agent: read sets; read and patch Nodes; core Events in "default" only', () => {
+    test('the agent: read sets; read and patch Nodes; core Events in "default" only; rollout slot Leases in its namespace only', () => {
       assert.deepEqual(grants(AGENT_SA), [
         'cluster core/nodes get',
         'cluster core/nodes list',
@@ -253,6 +257,11 @@ describe('kubectl kustomize deploy', { skip }, () => {
         'cluster pinset.dev/pinnedimagesets watch',
         'default core/events create',
         'default core/events patch',
+        'pinset-system coordination.k8s.io/leases create',
+        'pinset-system coordination.k8s.io/leases delete',
+        'pinset-system coordination.k8s.io/leases get',
+        'pinset-system coordination.k8s.io/leases list',
+        'pinset-system coordination.k8s.io/leases update',
       ]);
     });
 
@@ -321,14 +330,27 @@ describe('kubectl kustomize deploy', { skip }, () => {
     });
   });
 
-  test('the admission policy names the agent\'s service account as built here', () => {
+  test('the admission policies name the agent\'s service account as built here', () => {
     one('ServiceAccount', AGENT_SA, NS);
     const policy = one('ValidatingAdmissionPolicy', 'pinset-agent-node-scope');
     const [identity] = policy.spec.matchConditions.map((c: Obj) => c.expression as string);
     assert.ok(identity!.startsWith(`request.userInfo.username == 'system:serviceaccount:${NS}:${AGENT_SA}' ||`), identity);
-    const binding = one('ValidatingAdmissionPolicyBinding', 'pinset-agent-node-scope');
-    assert.equal(binding.spec.policyName, policy.metadata.name);
-    assert.deepEqual(binding.spec.validationActions, ['Deny']);
+    const slots = one('ValidatingAdmissionPolicy', 'pinset-agent-rollout-slots');
+    assert.deepEqual(slots.spec.matchConditions.map((c: Obj) => c.expression), [`request.userInfo.username == 'system:serviceaccount:${NS}:${AGENT_SA}'`]);
+    for (const p of [policy, slots]) {
+      const binding = one('ValidatingAdmissionPolicyBinding', p.metadata.name);
+      assert.equal(binding.spec.policyName, p.metadata.name);
+      assert.deepEqual(binding.spec.validationActions, ['Deny']);
+    }
+  });
+
+  test('the agent finds its slot Leases where its Role lets it write them: POD_NAMESPACE is the pod\'s namespace', async () => {
+    const c = one('DaemonSet', 'pinset-agent', NS).spec.template.spec.containers[0] as Obj;
+    const env = (c.env as Obj[]).find((e) => e.name === 'POD_NAMESPACE');
+    assert.deepEqual(env?.valueFrom, { fieldRef: { fieldPath: 'metadata.namespace' } });
+    const help = await helpOf('agent');
+    assert.match(help.text, /--lease-namespace .*\(env POD_NAMESPACE/);
+    assert.equal(one('Role', 'pinset-agent-rollout-slots', NS).metadata.namespace, one('DaemonSet', 'pinset-agent', NS).metadata.namespace);
   });
 
   test('the Namespace admits the agent\'s host access', () => {
