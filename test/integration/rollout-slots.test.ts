@@ -162,6 +162,21 @@ describe('rollout slots: the Leases as the API server stores them', () => {
     assert.equal(api.list('leases', { namespace: NS }).length, 1);
   });
 
+  test('two nodes taking over one expired slot at once: the update carries the version read, one gets 409', async () => {
+    let now = Date.now();
+    const at = (identity: string) => new LeaseRolloutSlots({ api: leaseApi, namespace: NS, identity, leaseDurationMs: LEASE_MS, now: () => now });
+    const s = set('expired', 1);
+    assert.ok(await at('dead').tryAcquire(s));
+    now += LEASE_MS + 1_000;
+    const results = await Promise.all(['node-a', 'node-b', 'node-c'].map((n) => at(n).tryAcquire(s)));
+    const winners = results.filter((r) => r !== null);
+    assert.equal(winners.length, 1);
+    const holder = (api.get('leases', slotName('expired', 0), NS)!.spec as { holderIdentity: string; leaseTransitions: number });
+    assert.equal(holder.leaseTransitions, 1);
+    assert.ok(['node-a', 'node-b', 'node-c'].includes(holder.holderIdentity));
+    assert.ok(api.requests.some((r) => r.method === 'PUT' && r.status === 409), 'the others got 409 Conflict');
+  });
+
   test('a long set name: the Lease name and the label value stay within their limits', async () => {
     const name = `${'x'.repeat(120)}.${'y'.repeat(132)}`;
     assert.equal(name.length, 253);
