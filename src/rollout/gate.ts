@@ -23,9 +23,9 @@
 // node (maxConcurrentNodes / 20 s renewals x 5000 watchers) and wake all of
 // them at once whenever a slot frees, a herd of conflicting writes for one
 // slot. A waiting node instead sends one LIST from the watch cache per
-// attempt (about one per lease duration once it has waited a while: ~80/s
-// from 5000 waiting nodes, against the 500 node-Lease writes/s the kubelets
-// of 5000 nodes make anyway) and writes only when a slot looks free.
+// attempt (one per 30 to 60 s once it has waited a while: about 110/s from
+// 5000 waiting nodes, against the 500 node-Lease writes/s the kubelets of
+// 5000 nodes make anyway) and writes only when a slot looks free.
 import type { Logger } from 'pino';
 import { Backoff, type BackoffPolicy } from '../agent/backoff.ts';
 import type { HeldSlot, RolloutSet, RolloutSlots } from './slots.ts';
