@@ -201,7 +201,7 @@ export class RolloutGate {
         if (ok || this.#held.get(k) !== h) return;
         clearInterval(h.timer);
         this.#held.delete(k);
-        this.#log.warn({ set: h.set.name, slot: h.slot.name }, 'lost the rollout slot (not renewed in time, another node took it); downloads already started finish, new ones wait for a slot');
+        this.#log.warn({ set: h.set.name, slot: h.slot.name }, 'lost the rollout slot (not renewed in time, another node took it); the pulls already queued finish, the next round waits for a slot');
         this.#onLost?.(k);
       } catch (e) {
         // Kept: nobody else can take it while the API is unreachable for
