@@ -239,7 +239,11 @@ function shortened(s: NodeSetStatus): NodeSetStatus {
 export function boundedNodeStatus(status: NodeStatus, maxBytes = STATUS_MAX_BYTES): NodeStatus {
   const size = encodedSize;
   if (size(status) <= maxBytes) return status;
-  const short: NodeStatus = { ...status, sets: status.sets.map(shortened) };
+  const short: NodeStatus = {
+    ...status,
+    sets: status.sets.map(shortened),
+    ...(status.imageFilesystemError ? { imageFilesystemError: cutBytes(status.imageFilesystemError, SHORT_MESSAGE_BYTES) } : {}),
+  };
   if (size(short) <= maxBytes) return short;
   // Keep the sets an operator must look at: Degraded, then Progressing, then Ready.
   const order: Record<SetPhase, number> = { Degraded: 0, Progressing: 1, Ready: 2 };
@@ -309,7 +313,8 @@ function comparable(s: NodeStatus): unknown {
  * changed) is news an operator and the controller wait for.
  */
 export function progressOnly(prev: NodeStatus | undefined, next: NodeStatus): boolean {
-  if (!prev || prev.pinFile !== next.pinFile || Boolean(prev.truncated) !== Boolean(next.truncated) || prev.sets.length !== next.sets.length) return false;
+  if (!prev || prev.pinFile !== next.pinFile || prev.imageFilesystemError !== next.imageFilesystemError) return false;
+  if (Boolean(prev.truncated) !== Boolean(next.truncated) || prev.sets.length !== next.sets.length) return false;
   const key = (s: NodeSetStatus) => `${s.source}/${s.name}`;
   const before = new Map(prev.sets.map((s) => [key(s), s]));
   return next.sets.every((n) => {

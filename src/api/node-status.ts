@@ -22,8 +22,8 @@
 //   a Degraded set they default to gen and "<reason>: <message>" (what a set
 //   failing now has), so a failing set does not carry its message twice.
 // The document: {"version": 2, "pinFile": …, "updatedAt": …, "sets": […],
-// "truncated": true}; updatedAt in whole seconds; no node name (the
-// annotation is on that Node).
+// "imageFilesystemError": …, "truncated": true}; updatedAt in whole
+// seconds; no node name (the annotation is on that Node).
 import {
   STATUS_ANNOTATION,
   STATUS_FORMAT_VERSION,
@@ -101,6 +101,7 @@ export function encodeNodeStatus(status: NodeStatus): string {
     updatedAt: wholeSeconds(status.updatedAt),
     sets: status.sets.map(encodeSet),
   };
+  if (status.imageFilesystemError) doc.imageFilesystemError = status.imageFilesystemError;
   if (status.truncated) doc.truncated = true;
   return JSON.stringify(doc);
 }

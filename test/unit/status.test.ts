@@ -313,7 +313,9 @@ describe('computeSetStatuses: generation history', () => {
     const st = makeNodeStatus('node-1', PIN_FILE, [], '2025-01-01T00:00:00Z', { imageFilesystemError: why });
     assert.ok(st.imageFilesystemError!.startsWith('the image filesystem /var/lib/containers/storage/overlay-images'));
     assert.ok(Buffer.byteLength(st.imageFilesystemError!) <= 1024);
-    assert.equal(readAnnotation(JSON.stringify(st)).status?.imageFilesystemError, st.imageFilesystemError);
+    assert.equal(readAnnotation(encodeNodeStatus(st)).status?.imageFilesystemError, st.imageFilesystemError, 'written and read in version 2');
+    assert.equal(readAnnotation(JSON.stringify({ ...st, version: 1 })).status?.imageFilesystemError, st.imageFilesystemError, 'and read in version 1');
+    assert.equal(progressOnly(makeNodeStatus('node-1', PIN_FILE, [], 'x'), st), false, 'news: written at once');
     assert.equal(makeNodeStatus('node-1', PIN_FILE, [], '2025-01-01T00:00:00Z', { imageFilesystemError: null }).imageFilesystemError, undefined);
   });
 
