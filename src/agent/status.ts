@@ -308,9 +308,12 @@ function comparable(s: NodeStatus): unknown {
 
 /**
  * True when `next` differs from `prev` in progress only: the same sets, each
- * in the same phase and generations, with other counts, reasons, messages
- * or estimates. Anything else (a set added or gone, a phase or a generation
- * changed) is news an operator and the controller wait for.
+ * in the same phase and generations, with other counts, messages or
+ * estimates, or a Progressing set with another reason (Pulling after
+ * WaitingForRolloutSlot). Anything else is news an operator and the
+ * controller wait for: a set added or gone, a phase or a generation
+ * changed, a Degraded set failing for another reason, or with another
+ * error while its counts stand still (the cause changed, not the progress).
  */
 export function progressOnly(prev: NodeStatus | undefined, next: NodeStatus): boolean {
   if (!prev || prev.pinFile !== next.pinFile || prev.imageFilesystemError !== next.imageFilesystemError) return false;
@@ -319,14 +322,18 @@ export function progressOnly(prev: NodeStatus | undefined, next: NodeStatus): bo
   const before = new Map(prev.sets.map((s) => [key(s), s]));
   return next.sets.every((n) => {
     const p = before.get(key(n));
-    return (
-      p !== undefined &&
-      p.uid === n.uid &&
-      p.phase === n.phase &&
-      p.desiredGeneration === n.desiredGeneration &&
-      p.currentGeneration === n.currentGeneration &&
-      p.lastFailedGeneration === n.lastFailedGeneration
-    );
+    if (
+      p === undefined ||
+      p.uid !== n.uid ||
+      p.phase !== n.phase ||
+      p.desiredGeneration !== n.desiredGeneration ||
+      p.currentGeneration !== n.currentGeneration ||
+      p.lastFailedGeneration !== n.lastFailedGeneration
+    ) {
+      return false;
+    }
+    if (n.phase !== 'Degraded') return true;
+    return p.reason === n.reason && (p.message === n.message || !sameJson(p.images, n.images));
   });
 }
 

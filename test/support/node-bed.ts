@@ -6,6 +6,7 @@ import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus } from '../../src/api/types.ts';
+import { parseNodeStatus } from '../../src/api/node-status.ts';
 import { AgentProcess } from './agent-process.ts';
 import { ApiServer } from './apiserver.ts';
 import { startCrioNode, type CrioNode } from './crio-node.ts';
@@ -73,7 +74,7 @@ export async function makeNodeBed(opts: { catalogue: Record<string, CatalogueIma
     status() {
       const n = api.get('nodes', NODE);
       const raw = (n?.metadata as { annotations?: Record<string, string> } | undefined)?.annotations?.[STATUS_ANNOTATION];
-      return raw ? (JSON.parse(raw) as NodeStatus) : null;
+      return parseNodeStatus(raw).status ?? null;
     },
     setStatus(name) {
       return b.status()?.sets.find((s) => s.name === name);

@@ -562,16 +562,20 @@ describe('StatusReporter', () => {
 
   test('a new set, a generation change or a set gone is news too; a reason or message change inside a phase is progress', () => {
     const base = nodeStatus([entry('web', 'Progressing', 'a')]);
+    const failing = nodeStatus([entry('web', 'Degraded', 'registry quay.io could not be reached (2 of 40 images failing; retrying)')]);
     const changes: [string, NodeStatus, boolean][] = [
       ['reason', nodeStatus([{ ...entry('web', 'Progressing', 'a'), reason: 'WaitingForRolloutSlot' }]), false],
       ['message', nodeStatus([entry('web', 'Progressing', 'b')]), false],
+      ['Degraded: counts and message move together (pulls go on beside a failing image)', nodeStatus([{ ...entry('web', 'Degraded', 'registry quay.io could not be reached (1 of 40 images failing; retrying)'), images: { wanted: 40, present: 39, pinned: 40, failed: 1, invalid: 0 } }]), false],
+      ['Degraded: another error, counts standing still', nodeStatus([entry('web', 'Degraded', 'registry quay.io refused the credentials')]), true],
+      ['Degraded: another reason', nodeStatus([{ ...entry('web', 'Degraded', 'registry quay.io could not be reached (2 of 40 images failing; retrying)'), reason: 'Unauthorized' }]), true],
       ['a set added', nodeStatus([entry('web', 'Progressing', 'a'), entry('db', 'Ready')]), true],
       ['a set gone', nodeStatus([]), true],
       ['a new generation', nodeStatus([{ ...entry('web', 'Progressing', 'a'), desiredGeneration: 2 }]), true],
       ['the set recreated (new uid)', nodeStatus([{ ...entry('web', 'Progressing', 'a'), uid: 'other' }]), true],
     ];
     for (const [what, next, news] of changes) {
-      assert.equal(!progressOnly(base, next), news, what);
+      assert.equal(!progressOnly(next.sets[0]?.phase === 'Degraded' ? failing : base, next), news, what);
     }
     assert.equal(progressOnly(undefined, base), false, 'the first write is news');
   });
