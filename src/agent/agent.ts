@@ -315,17 +315,23 @@ export class Agent {
     if (diskProblem) {
       log.warn({ missing: missing.length, err: diskProblem }, 'image filesystem above its high watermark; not pulling');
       for (const w of due) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
-    } else if (due.length > 0 && this.opts.sizeEstimator) {
-      diskProblem = await this.estimateFits(due, images, problems, signal);
-      if (diskProblem) {
-        log.warn({ missing: missing.length, err: diskProblem }, 'the images to pull would not fit below the high watermark; not pulling this batch');
-        for (const w of due) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
-      }
     }
 
-    // Rollout slots: a download of a set limited by spec.rollout.maxConcurrentNodes waits for the set's slot.
+    // Rollout slots: a download of a set limited by spec.rollout.maxConcurrentNodes
+    // waits for the set's slot. Before the size estimate, so only nodes about to
+    // download a set ask the registry about its images.
     const heldContent = new Set(images.flatMap((i) => i.repoDigests.map((d) => d.slice(d.lastIndexOf('@') + 1))));
     const admitted = await admitDownloads(this.opts.rolloutGate, plan, diskProblem ? [] : missing, (w) => puller.isDue(w.key) && !heldContent.has(w.reference.digest));
+    const mayPull = new Set(admitted.pulls);
+    const dueNow = due.filter((w) => mayPull.has(w));
+    if (!diskProblem && dueNow.length > 0 && this.opts.sizeEstimator) {
+      diskProblem = await this.estimateFits(dueNow, images, problems, signal);
+      if (diskProblem) {
+        log.warn({ missing: missing.length, err: diskProblem }, 'the images to pull would not fit below the high watermark; not pulling this batch');
+        for (const w of dueNow) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
+        await this.opts.rolloutGate?.releaseAll('no room below the watermark');
+      }
+    }
 
     // 7. Report (also while pulls run, so a long pull shows its progress).
     const report = (): NodeSetStatus[] => {

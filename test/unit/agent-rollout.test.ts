@@ -10,6 +10,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, mock, test } from 'node:test';
 import { Agent } from '../../src/agent/agent.ts';
+import { DiskCheck } from '../../src/agent/disk.ts';
+import { MemorySizeEstimator } from '../../src/agent/estimate.ts';
 import type { KubeObserver } from '../../src/agent/kube.ts';
 import { ImagePuller } from '../../src/agent/puller.ts';
 import { StatusReporter, type StatusSink } from '../../src/agent/status.ts';
@@ -96,7 +98,7 @@ let dir: string;
 let store: MemorySlotStore;
 let sets: PinnedImageSet[];
 
-async function node(name: string): Promise<Node> {
+async function node(name: string, sizeEstimator?: MemorySizeEstimator): Promise<Node> {
   const logger = silentLogger();
   const runtime = new HeldRuntime();
   const sink = new MemorySink();
@@ -115,6 +117,7 @@ async function node(name: string): Promise<Node> {
     kube,
     staticDir,
     rolloutGate: gate,
+    ...(sizeEstimator ? { sizeEstimator, diskCheck: new DiskCheck(runtime, { highWatermarkPercent: 85, usageOf: async () => ({ size: 100 * 2 ** 30, available: 90 * 2 ** 30 }) }) } : {}),
   });
   return { agent, runtime, sink, gate };
 }
@@ -180,6 +183,25 @@ describe('the reconcile takes a rollout slot before it downloads', () => {
     assert.equal(web.images.present, 1);
     n1.runtime.release();
     await first;
+  });
+
+  test('only a node about to download asks the registry for sizes: a waiting node does not', async () => {
+    sets = [apiSet('web', [APP, DB], 1)];
+    const [e1, e2] = [new MemorySizeEstimator(), new MemorySizeEstimator()];
+    for (const e of [e1, e2]) for (const r of [APP, DB]) e.set(r, { [r]: 1000 });
+    const [n1, n2] = [await node('n1', e1), await node('n2', e2)];
+    n1.runtime.hold();
+    const first = n1.agent.reconcile();
+    await waitFor(() => n1.runtime.downloads.length === 2);
+    assert.deepEqual(e1.asked.flat().sort(), [APP, DB].sort(), 'the slot holder estimated its batch');
+    const waiting = await n2.agent.reconcile();
+    assert.equal(waiting.sets[0]!.reason, 'WaitingForRolloutSlot');
+    assert.deepEqual(e2.asked, [], 'the waiting node asked the registry nothing');
+    n1.runtime.release();
+    await first;
+    await new Promise((r) => setTimeout(r, 5));
+    assert.equal((await n2.agent.reconcile()).sets[0]!.phase, 'Ready');
+    assert.deepEqual(e2.asked.flat().sort(), [APP, DB].sort());
   });
 
   test('a set removed while its node holds the slot gives the slot back at the next reconcile', async () => {
