@@ -349,6 +349,7 @@ export class Agent {
         history: this.history,
         estimates: this.setEstimates,
         rolloutWaits: admitted.waits,
+        rolloutUnenforced: admitted.unenforced,
       });
       this.history = history;
       this.opts.reporter.report(makeNodeStatus(this.opts.nodeName, pinFile.name, sets, new Date(this.now()).toISOString(), { imageFilesystemError: this.opts.diskCheck?.unmeasured }));

@@ -26,14 +26,14 @@ import { DEFAULT_SLOT_NAMESPACE } from '../rollout/slots.ts';
 import { LogStatusSink, StatusReporter } from './status.ts';
 
 async function loadKubeModules() {
-  const [{ loadAgentKubeConfig }, { KubeObserver }, { NodeAnnotationSink, NodeEventRecorder }, { clientNodeLeaseApi }, { LeaseRolloutSlots }] = await Promise.all([
+  const [{ loadAgentKubeConfig }, { KubeObserver }, { AGENT_FIELD_MANAGER, NodeAnnotationSink, NodeEventRecorder }, { clientNodeLeaseApi }, { LeaseRolloutSlots }] = await Promise.all([
     import('../api/kubeconfig.ts'),
     import('./kube.ts'),
     import('./node-sinks.ts'),
     import('../rollout/lease-api.ts'),
     import('../rollout/lease-slots.ts'),
   ]);
-  return { loadAgentKubeConfig, KubeObserver, NodeAnnotationSink, NodeEventRecorder, clientNodeLeaseApi, LeaseRolloutSlots };
+  return { loadAgentKubeConfig, KubeObserver, AGENT_FIELD_MANAGER, NodeAnnotationSink, NodeEventRecorder, clientNodeLeaseApi, LeaseRolloutSlots };
 }
 
 /**
@@ -195,12 +195,12 @@ export async function run(argv: string[]): Promise<number> {
   let reporter: StatusReporter;
   let rolloutGate: RolloutGate | null = null;
   if (kc && kubeModules) {
-    const { KubeObserver, NodeAnnotationSink, NodeEventRecorder, clientNodeLeaseApi, LeaseRolloutSlots } = kubeModules;
+    const { KubeObserver, AGENT_FIELD_MANAGER, NodeAnnotationSink, NodeEventRecorder, clientNodeLeaseApi, LeaseRolloutSlots } = kubeModules;
     const observer = new KubeObserver(kc, nodeName, logger, (why) => agent?.trigger(why, true), { minWatchTimeoutMs: Number(f['min-watch-timeout']) });
     kube = observer;
     reporter = new StatusReporter(new NodeAnnotationSink(kc, nodeName), { logger, progressIntervalMs });
     events = new NodeEventRecorder(kc, nodeName, () => observer.currentNode()?.metadata?.uid, logger);
-    const slots = new LeaseRolloutSlots({ api: clientNodeLeaseApi(kc), namespace: leaseNamespace, identity: nodeName, leaseDurationMs: slotLeaseMs });
+    const slots = new LeaseRolloutSlots({ api: clientNodeLeaseApi(kc), namespace: leaseNamespace, identity: nodeName, fieldManager: AGENT_FIELD_MANAGER, leaseDurationMs: slotLeaseMs });
     rolloutGate = new RolloutGate({ slots, logger, onLost: () => agent?.trigger('rollout slot lost') });
   } else {
     reporter = new StatusReporter(new LogStatusSink(logger), { logger, progressIntervalMs });

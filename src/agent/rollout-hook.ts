@@ -25,6 +25,8 @@ export interface AdmittedPulls {
   pulls: WantedImage[];
   /** By set key, the sets whose downloads wait for a slot (for the status). */
   waits?: ReadonlyMap<string, SlotWait>;
+  /** By set key, the sets downloading without a slot: this node may not hold one (for the status). */
+  unenforced?: ReadonlyMap<string, string>;
 }
 
 /**
@@ -39,6 +41,6 @@ export async function admitDownloads(
   downloads: (w: WantedImage) => boolean,
 ): Promise<AdmittedPulls> {
   if (!gate) return { pulls };
-  const { allowed, waits } = await gate.admit(pulls, rolloutLimits(plan.sets), downloads);
-  return { pulls: allowed, waits };
+  const { allowed, waits, unenforced } = await gate.admit(pulls, rolloutLimits(plan.sets), downloads);
+  return { pulls: allowed, waits, unenforced };
 }

@@ -51,6 +51,8 @@ export interface StatusFacts {
   estimates?: ReadonlyMap<string, SetEstimate>;
   /** Per set key: the set's downloads wait for a rollout slot (spec.rollout.maxConcurrentNodes, src/rollout/gate.ts). */
   rolloutWaits?: ReadonlyMap<string, SlotWait>;
+  /** Per set key: the set downloads without a rollout slot because this node may not hold one, and why. */
+  rolloutUnenforced?: ReadonlyMap<string, string>;
 }
 
 const PULL_REASON: Record<FailureKind, string> = {
@@ -168,7 +170,10 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
       return { phase: 'Progressing', reason: 'WaitingForRolloutSlot', message: `${why}; ${counts.present} of ${counts.wanted} images present`, counts };
     }
     const unknown = facts.estimates?.get(s.key)?.unknown;
-    const note = unknown ? `; size estimate unknown, so only the watermark was checked: ${unknown}` : '';
+    const unenforced = facts.rolloutUnenforced?.get(s.key);
+    const note =
+      (unenforced ? `; downloading without a rollout slot, this node may not hold one: ${unenforced}` : '') +
+      (unknown ? `; size estimate unknown, so only the watermark was checked: ${unknown}` : '');
     return { phase: 'Progressing', reason: 'Pulling', message: `${counts.present} of ${counts.wanted} images present${note}`, counts };
   }
   if (notInFile > 0) {

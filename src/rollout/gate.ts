@@ -48,6 +48,8 @@ export interface Admission<T> {
   allowed: T[];
   /** By set key: the sets whose downloads wait for a slot. */
   waits: Map<string, SlotWait>;
+  /** By set key: the sets downloading without a slot because this node may not hold one (403), and the API's answer. */
+  unenforced: Map<string, string>;
 }
 
 export interface RolloutGateOptions {
@@ -78,6 +80,8 @@ interface Waiting {
   error?: string;
   /** The wait was logged (once per wait). */
   logged?: boolean;
+  /** The last attempt was refused with 403. */
+  forbidden?: boolean;
 }
 
 function errText(e: unknown): string {
@@ -137,7 +141,9 @@ export class RolloutGate {
     for (const k of [...this.#held.keys()]) if (!wanted.has(k) || !limits.has(k)) await this.#release(k, 'nothing left to download');
     for (const k of [...this.#waiting.keys()]) if (!wanted.has(k)) this.#waiting.delete(k);
 
-    const covered = (w: T) => w.sets.some((k) => this.#held.has(k));
+    // Sets this node may not take slots of (403): their downloads go without one.
+    const unlimited = new Map<string, string>();
+    const covered = (w: T) => w.sets.some((k) => this.#held.has(k) || unlimited.has(k));
     const waits = new Map<string, SlotWait>();
     // Sets with the most images waiting first: fewer slots cover more.
     const bySet = new Map<string, number>();
@@ -147,36 +153,51 @@ export class RolloutGate {
       // An image wanted by several sets counts under whichever set holds a slot.
       if (!gated.some((w) => w.sets.includes(k) && !covered(w))) continue;
       const set = limits.get(k)!;
-      if (await this.#attempt(k, set)) continue;
+      const r = await this.#attempt(k, set);
+      if (r === 'held') continue;
       const w = this.#waiting.get(k)!;
-      waits.set(k, { maxConcurrentNodes: set.maxConcurrentNodes, ...(w.error ? { error: w.error } : {}) });
+      if (r === 'forbidden') unlimited.set(k, w.error ?? 'forbidden');
+      else waits.set(k, { maxConcurrentNodes: set.maxConcurrentNodes, ...(w.error ? { error: w.error } : {}) });
     }
-    for (const k of [...this.#waiting.keys()]) if (!waits.has(k)) this.#waiting.delete(k);
-    return { allowed: images.filter((w) => !limitedOnly(w) || covered(w)), waits };
+    for (const k of [...this.#waiting.keys()]) if (!waits.has(k) && !unlimited.has(k)) this.#waiting.delete(k);
+    return { allowed: images.filter((w) => !limitedOnly(w) || covered(w)), waits, unenforced: unlimited };
   }
 
-  /** One attempt for set `k` if it is due; true when this node holds a slot of it afterwards. */
-  async #attempt(k: string, set: RolloutSet): Promise<boolean> {
+  /**
+   * One attempt for set `k` if it is due. "held": this node holds a slot of
+   * it now; "forbidden": the API refused this node slots (403: its
+   * credentials may not write Leases there, as a node's own credentials may
+   * not outside kube-node-lease), so its downloads go without one rather
+   * than never, and the next attempt is paced as a wait's.
+   */
+  async #attempt(k: string, set: RolloutSet): Promise<'held' | 'waiting' | 'forbidden'> {
     const now = this.#now();
     let w = this.#waiting.get(k);
     if (!w) {
       w = { backoff: new Backoff(this.#retry, this.#random), nextAttemptAt: now + Math.floor(this.#random() * this.#spreadMs) };
       this.#waiting.set(k, w);
     }
-    if (this.#closed || now < w.nextAttemptAt) return false;
+    if (this.#closed || now < w.nextAttemptAt) return w.forbidden ? 'forbidden' : 'waiting';
     let slot: HeldSlot | null = null;
+    const wasForbidden = w.forbidden;
+    w.forbidden = false;
     try {
       slot = await this.slots.tryAcquire(set);
       w.error = undefined;
     } catch (e) {
       w.error = errText(e);
-      this.#log.warn({ set: set.name, err: w.error }, 'rollout slots could not be read or taken; retrying');
+      w.forbidden = (e as { code?: unknown } | null)?.code === 403;
+      if (w.forbidden && !wasForbidden) {
+        this.#log.warn({ set: set.name, err: w.error }, 'this node may not hold rollout slots; downloading the set without one (grant it the Role of deploy/agent/rbac.yaml)');
+      } else if (!w.forbidden) {
+        this.#log.warn({ set: set.name, err: w.error }, 'rollout slots could not be read or taken; retrying');
+      }
     }
     if (slot && !this.#closed) {
       this.#waiting.delete(k);
       this.#hold(k, set, slot);
       this.#log.info({ set: set.name, slot: slot.name, maxConcurrentNodes: set.maxConcurrentNodes }, 'took a rollout slot');
-      return true;
+      return 'held';
     }
     if (slot) await this.slots.release(slot).catch(() => {});
     w.nextAttemptAt = this.#now() + w.backoff.fail();
@@ -184,7 +205,7 @@ export class RolloutGate {
       w.logged = true;
       this.#log.info({ set: set.name, maxConcurrentNodes: set.maxConcurrentNodes, retryInMs: w.nextAttemptAt - this.#now() }, 'every rollout slot of the set is held; waiting for one');
     }
-    return false;
+    return w.forbidden ? 'forbidden' : 'waiting';
   }
 
   #hold(k: string, set: RolloutSet, slot: HeldSlot): void {

@@ -14,7 +14,7 @@
 //   slot another node has taken since.
 // - a Lease names its set as owner (ownerReferences), so the garbage
 //   collector removes the slots of a deleted set.
-// Every write carries the field manager `pinset-agent`.
+// Every write carries the caller's field manager (the agent's: `pinset-agent`).
 import { API_VERSION, KIND } from '../api/types.ts';
 import {
   candidateSlots,
@@ -30,9 +30,6 @@ import {
   type RolloutSet,
   type RolloutSlots,
 } from './slots.ts';
-
-/** The field manager of every write the agent makes. */
-export const AGENT_FIELD_MANAGER = 'pinset-agent';
 
 /** A Lease as the API serves it (JSON); times are metav1.MicroTime strings. */
 export interface LeaseObject {
@@ -102,6 +99,8 @@ export interface LeaseRolloutSlotsOptions {
   namespace: string;
   /** The node's name. */
   identity: string;
+  /** Field manager of every write (the agent's is AGENT_FIELD_MANAGER, src/agent/node-sinks.ts). */
+  fieldManager: string;
   /** Whole seconds in the Lease; default DEFAULT_SLOT_LEASE_DURATION_MS. */
   leaseDurationMs?: number;
   now?: () => number;
@@ -119,6 +118,7 @@ export class LeaseRolloutSlots implements RolloutSlots {
   readonly #now: () => number;
   readonly #random: () => number;
   readonly #writes: number;
+  readonly #fieldManager: string;
 
   constructor(opts: LeaseRolloutSlotsOptions) {
     if (!opts.identity) throw new Error('rollout slots need a holder identity (the node name)');
@@ -130,6 +130,7 @@ export class LeaseRolloutSlots implements RolloutSlots {
     this.#now = opts.now ?? Date.now;
     this.#random = opts.random ?? Math.random;
     this.#writes = opts.writesPerAttempt ?? 2;
+    this.#fieldManager = opts.fieldManager;
   }
 
   #metadata(set: RolloutSet, name: string, base?: LeaseObject['metadata']): LeaseObject['metadata'] {
@@ -176,13 +177,13 @@ export class LeaseRolloutSlots implements RolloutSlots {
       try {
         if (!c.exists) {
           const body: LeaseObject = { apiVersion: 'coordination.k8s.io/v1', kind: 'Lease', metadata: this.#metadata(set, name), spec: { ...spec, leaseTransitions: 0 } };
-          return this.#held(set, c.index, await this.#api.create(this.namespace, body, AGENT_FIELD_MANAGER), now);
+          return this.#held(set, c.index, await this.#api.create(this.namespace, body, this.#fieldManager), now);
         }
         const old = byIndex.get(c.index)!;
         // The resourceVersion read above is the precondition: of two nodes
         // taking this expired slot, one gets 409.
         const body: LeaseObject = { ...old, metadata: this.#metadata(set, name, old.metadata), spec: { ...spec, leaseTransitions: (old.spec?.leaseTransitions ?? 0) + 1 } };
-        return this.#held(set, c.index, await this.#api.replace(this.namespace, body, AGENT_FIELD_MANAGER), now);
+        return this.#held(set, c.index, await this.#api.replace(this.namespace, body, this.#fieldManager), now);
       } catch (e) {
         if (code(e) === 409 || code(e) === 404) continue; // taken (or gone) since the list: try the next one
         throw e;
@@ -199,7 +200,7 @@ export class LeaseRolloutSlots implements RolloutSlots {
       const now = this.#now();
       const body: LeaseObject = { ...base, spec: { ...base.spec, holderIdentity: this.identity, leaseDurationSeconds: this.#seconds, renewTime: microTime(now) } };
       try {
-        const updated = await this.#api.replace(this.namespace, body, AGENT_FIELD_MANAGER);
+        const updated = await this.#api.replace(this.namespace, body, this.#fieldManager);
         this.#last.set(slot.name, updated);
         slot.version = updated.metadata.resourceVersion ?? '';
         slot.renewedAt = now;

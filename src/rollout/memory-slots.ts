@@ -22,6 +22,8 @@ export class MemorySlotStore {
   now: () => number;
   /** While set, every call fails with this message (an unreachable API). */
   unavailable: string | undefined;
+  /** While set, every call fails with this message and code 403 (credentials that may not write the Leases). */
+  forbidden: string | undefined;
   #version = 0;
 
   constructor(opts: { now?: () => number } = {}) {
@@ -42,6 +44,7 @@ export class MemorySlotStore {
 
   check(): void {
     if (this.unavailable !== undefined) throw new Error(this.unavailable);
+    if (this.forbidden !== undefined) throw Object.assign(new Error(this.forbidden), { code: 403 });
   }
 }
 

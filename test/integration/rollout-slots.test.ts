@@ -6,6 +6,7 @@ import { after, before, beforeEach, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ApiServer } from '../support/apiserver.ts';
 import { simulateRollout } from '../support/rollout-agents.ts';
+import { AGENT_FIELD_MANAGER } from '../../src/agent/node-sinks.ts';
 import { clientNodeLeaseApi } from '../../src/rollout/lease-api.ts';
 import { LeaseRolloutSlots, type LeaseApi } from '../../src/rollout/lease-slots.ts';
 import { MemoryRolloutSlots, MemorySlotStore } from '../../src/rollout/memory-slots.ts';
@@ -40,7 +41,7 @@ const implementations: [string, () => Env][] = [
     () => {
       let now = Date.parse('2026-01-01T00:00:00Z');
       return {
-        slots: (identity) => new LeaseRolloutSlots({ api: leaseApi, namespace: NS, identity, leaseDurationMs: LEASE_MS, now: () => now }),
+        slots: (identity) => new LeaseRolloutSlots({ api: leaseApi, namespace: NS, identity, fieldManager: AGENT_FIELD_MANAGER, leaseDurationMs: LEASE_MS, now: () => now }),
         advance: (ms) => (now += ms),
       };
     },
@@ -127,7 +128,7 @@ for (const [name, make] of implementations) {
 }
 
 describe('rollout slots: the Leases as the API server stores them', () => {
-  const slotsOf = (identity: string, leaseDurationMs = LEASE_MS) => new LeaseRolloutSlots({ api: leaseApi, namespace: NS, identity, leaseDurationMs });
+  const slotsOf = (identity: string, leaseDurationMs = LEASE_MS) => new LeaseRolloutSlots({ api: leaseApi, namespace: NS, identity, fieldManager: AGENT_FIELD_MANAGER, leaseDurationMs });
 
   test('a slot is a Lease <set>-<i> in the agents\' namespace: holder, duration, labels, owner; every write as pinset-agent', async () => {
     const held = (await slotsOf('worker-1').tryAcquire(set('upgrade-workers', 5, '0b6e1c2a-0d7b-4c56-9a51-3e8f0b2d7c11')))!;
@@ -139,6 +140,7 @@ describe('rollout slots: the Leases as the API server stores them', () => {
     assert.match(String(spec.renewTime), /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/);
     assert.deepEqual(lease.metadata.labels, { [SLOT_SET_LABEL]: 'upgrade-workers', 'app.kubernetes.io/managed-by': 'pinset-agent' });
     assert.deepEqual(lease.metadata.ownerReferences, [{ apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', name: 'upgrade-workers', uid: '0b6e1c2a-0d7b-4c56-9a51-3e8f0b2d7c11' }]);
+    assert.deepEqual((lease.metadata.managedFields as { manager: string }[]).map((m) => m.manager), ['pinset-agent']);
     const s2 = slotsOf('worker-1');
     const again = (await s2.tryAcquire(set('upgrade-workers', 5)))!;
     assert.ok(await s2.renew(again));
@@ -164,7 +166,7 @@ describe('rollout slots: the Leases as the API server stores them', () => {
 
   test('two nodes taking over one expired slot at once: the update carries the version read, one gets 409', async () => {
     let now = Date.now();
-    const at = (identity: string) => new LeaseRolloutSlots({ api: leaseApi, namespace: NS, identity, leaseDurationMs: LEASE_MS, now: () => now });
+    const at = (identity: string) => new LeaseRolloutSlots({ api: leaseApi, namespace: NS, identity, fieldManager: AGENT_FIELD_MANAGER, leaseDurationMs: LEASE_MS, now: () => now });
     const s = set('expired', 1);
     assert.ok(await at('dead').tryAcquire(s));
     now += LEASE_MS + 1_000;

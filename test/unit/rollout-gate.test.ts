@@ -150,6 +150,29 @@ describe('RolloutGate: which downloads go', () => {
   });
 });
 
+describe('RolloutGate: a node that may not hold slots', () => {
+  test('403 (a node\'s own credentials may not write Leases outside kube-node-lease): the set downloads without a slot, says so, and tries again at a pace', async () => {
+    store.forbidden = 'HTTP 403: leases.coordination.k8s.io is forbidden: User "system:node:worker-1" cannot list resource "leases" in the namespace "pinset-system"';
+    const g = gate('worker-1');
+    const limits = new Map([limited('web', 1)]);
+    const r = await g.admit([img('x', 'web'), img('open', 'api/unlimited')], limits, all);
+    assert.deepEqual(keys(r.allowed), ['x', 'open'], 'not waiting for ever');
+    assert.equal(r.waits.size, 0);
+    assert.match(r.unenforced.get('api/web')!, /^HTTP 403: .* cannot list resource "leases"/);
+    const next = g.nextAttemptAt()!;
+    assert.ok(next > now, 'the next attempt is paced');
+    // Not due yet: still downloading without a slot, and nothing asked.
+    assert.deepEqual(keys((await g.admit([img('x', 'web')], limits, all)).allowed), ['x']);
+    // Access granted later: the next attempt takes a slot.
+    store.forbidden = undefined;
+    now = next;
+    const later = await g.admit([img('x', 'web')], limits, all);
+    assert.deepEqual(keys(later.allowed), ['x']);
+    assert.equal(later.unenforced.size, 0);
+    assert.deepEqual(g.held(), ['api/web']);
+  });
+});
+
 describe('RolloutGate: pacing', () => {
   test('a waiting set is retried at a capped exponential pace with jitter, not before it is due', async () => {
     // A holder that keeps its slot for the whole test.

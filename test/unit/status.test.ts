@@ -208,6 +208,10 @@ describe('computeSetStatuses: phases and reasons', () => {
     assert.match(unreachable.message!, /^the rollout slots cannot be taken \(retrying\): connect ECONNREFUSED 10\.0\.0\.1:443; 0 of 2 images present$/);
     // Everything present: the wait is over, whatever the gate said last.
     assert.equal(only(facts(p, { rolloutWaits: new Map([['api/web', { maxConcurrentNodes: 5 }]]) })).phase, 'Ready');
+    // A node that may not hold slots downloads without one, and says so.
+    const unenforced = only(facts(p, { present: () => false, rolloutUnenforced: new Map([['api/web', 'HTTP 403: forbidden']]) }));
+    assert.equal(unenforced.reason, 'Pulling');
+    assert.equal(unenforced.message, '0 of 2 images present; downloading without a rollout slot, this node may not hold one: HTTP 403: forbidden');
     // A failing image outranks the wait.
     const failing = only(facts(p, { present: () => false, failure: () => failure('NotFound', 'manifest unknown'), rolloutWaits: new Map([['api/web', { maxConcurrentNodes: 5 }]]) }));
     assert.equal(failing.reason, 'ImageNotFound');
