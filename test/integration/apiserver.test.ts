@@ -409,9 +409,11 @@ describe('in-process API server through @kubernetes/client-node', () => {
     );
     assert.deepEqual(names(log.deleted), ['node-b']);
     // list, watch, (server away), watch from the old resourceVersion -> 410, list, watch.
-    const nodeRequests = server.requests.filter((r) => r.path === '/api/v1/nodes');
+    // The informer converges on the relist; its next watch follows a moment later.
+    const nodeRequests = () => server.requests.filter((r) => r.path === '/api/v1/nodes');
+    await server.waitFor(() => nodeRequests().length >= 5, 5000, 'the watch after the relist');
     assert.deepEqual(
-      nodeRequests.slice(0, 5).map((r) => (r.query.watch ? `watch ${r.query.resourceVersion}` : 'list')),
+      nodeRequests().slice(0, 5).map((r) => (r.query.watch ? `watch ${r.query.resourceVersion}` : 'list')),
       ['list', `watch ${seenRv}`, `watch ${seenRv}`, 'list', `watch ${server.resourceVersion}`],
     );
   });
