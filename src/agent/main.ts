@@ -5,7 +5,7 @@ import { hostname } from 'node:os';
 import * as path from 'node:path';
 import { parseLabelList } from '../api/selector.ts';
 import type { NodeSetStatus } from '../api/types.ts';
-import { helpText, parseFlags, type FlagSpec, UsageError } from '../cli/flags.ts';
+import { helpText, parseFlags, type FlagSpec, UsageError } from '../util/flags.ts';
 import { CriImageRuntime } from '../cri/client.ts';
 import { PinFile, WRITE_STEPS, type PinFileHooks, type WriteStep } from '../crio/pinfile.ts';
 import { createReloader } from '../crio/reload.ts';

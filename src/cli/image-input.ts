@@ -5,7 +5,7 @@
 import { readFile } from 'node:fs/promises';
 import { API_VERSION, KIND } from '../api/types.ts';
 import { parseYamlDocuments } from '../api/yaml.ts';
-import { UsageError } from './flags.ts';
+import { UsageError } from '../util/flags.ts';
 
 export interface InputImage {
   /** As written. */

@@ -4,7 +4,7 @@
 //   0 success; 1 the work did not succeed (e.g. a set not Ready, a bad file);
 //   2 a usage or configuration error.
 // src/cli/kubectl-pinset.ts runs the same commands as a kubectl plugin.
-import { UsageError } from './flags.ts';
+import { UsageError } from '../util/flags.ts';
 
 export const commands: Record<string, { summary: string; load: () => Promise<{ run(argv: string[]): Promise<number> }> }> = {
   agent: { summary: 'pin and pre-load the images of the sets that select this node', load: () => import('../agent/main.ts') },

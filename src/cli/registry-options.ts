@@ -4,7 +4,7 @@
 import { RegistryClient } from '../registry/client.ts';
 import { authFilePaths, loadAuthFiles } from '../registry/credentials.ts';
 import { DEFAULT_REGISTRIES_CONF_DIR, loadRegistriesConf, RegistriesConfError } from '../registry/registries-conf.ts';
-import { UsageError, type FlagSpec, type FlagValues } from './flags.ts';
+import { UsageError, type FlagSpec, type FlagValues } from '../util/flags.ts';
 
 export const REGISTRY_FLAGS: readonly FlagSpec[] = [
   {

@@ -18,7 +18,7 @@ import { RegistryError, type RegistryClient } from '../registry/client.ts';
 import { hostPlatform, parsePlatform, selectPlatform, formatPlatform, platformsOf, ManifestError, type Platform } from '../registry/manifest.ts';
 import { formatImageName, parseImageName, pinnedReference, type ImageName } from '../registry/names.ts';
 import { ReleaseError, readReleaseImages } from '../registry/release.ts';
-import { helpText, parseFlags, UsageError, type FlagSpec, type FlagValues } from './flags.ts';
+import { helpText, parseFlags, UsageError, type FlagSpec, type FlagValues } from '../util/flags.ts';
 import { readInputs, STDIN_LABEL, type InputSet } from './image-input.ts';
 import { mapLimit, REGISTRY_FLAGS, registryClientFrom } from './registry-options.ts';
 

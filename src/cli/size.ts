@@ -8,7 +8,7 @@ import { RegistryError } from '../registry/client.ts';
 import { formatPlatform, hostPlatform, ManifestError, parsePlatform, type Platform } from '../registry/manifest.ts';
 import { formatImageName, parseImageName, type ImageName } from '../registry/names.ts';
 import { DEFAULT_DISK_ESTIMATE_FACTOR, distinctBytes, formatBytes, imageCost, PlatformNotFoundError, type ImageCost } from '../registry/size.ts';
-import { helpText, parseFlags, UsageError, type FlagSpec } from './flags.ts';
+import { helpText, parseFlags, UsageError, type FlagSpec } from '../util/flags.ts';
 import { readInputs } from './image-input.ts';
 import { mapLimit, REGISTRY_FLAGS, registryClientFrom } from './registry-options.ts';
 import type { CommandIO } from './resolve.ts';

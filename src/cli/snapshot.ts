@@ -13,7 +13,7 @@ import { parseReference } from '../api/reference.ts';
 import { parseLabelList } from '../api/selector.ts';
 import { API_VERSION, KIND } from '../api/types.ts';
 import { describeProblems, validateSet } from '../api/validate.ts';
-import { helpText, parseFlags, UsageError, type FlagSpec } from './flags.ts';
+import { helpText, parseFlags, UsageError, type FlagSpec } from '../util/flags.ts';
 import type { CommandIO } from './resolve.ts';
 
 export const SNAPSHOT_FLAGS: readonly FlagSpec[] = [

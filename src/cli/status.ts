@@ -6,7 +6,7 @@ import { GROUP, PLURAL, VERSION, type NodeSetStatus, type PinnedImageSet } from 
 import { loadClientKubeConfig } from '../api/kubeconfig.ts';
 import { readNodeStatus, type NodeStatusReading } from '../api/node-status.ts';
 import { formatBytes } from '../registry/size.ts';
-import { helpText, parseFlags, type FlagSpec } from './flags.ts';
+import { helpText, parseFlags, type FlagSpec } from '../util/flags.ts';
 
 export const STATUS_FLAGS: readonly FlagSpec[] = [
   { name: 'set', type: 'string', help: 'show only this PinnedImageSet' },

@@ -6,7 +6,7 @@ import { readFile } from 'node:fs/promises';
 import { clientSideApplyWarning } from '../api/apply-size.ts';
 import { describeProblems, validateSet } from '../api/validate.ts';
 import { parseYamlDocuments } from '../api/yaml.ts';
-import { helpText, parseFlags, UsageError, type FlagSpec } from './flags.ts';
+import { helpText, parseFlags, UsageError, type FlagSpec } from '../util/flags.ts';
 
 const FLAGS: readonly FlagSpec[] = [
   { name: 'output', type: 'string', choices: ['text', 'json'], default: 'text', help: 'report format', short: 'o' },

@@ -3,7 +3,7 @@
 import { hostname } from 'node:os';
 import type { KubeConfig } from '@kubernetes/client-node';
 import { loadClientKubeConfig } from '../api/kubeconfig.ts';
-import { helpText, parseFlags, UsageError, type FlagSpec } from '../cli/flags.ts';
+import { helpText, parseFlags, UsageError, type FlagSpec } from '../util/flags.ts';
 import { createLogger } from '../util/log.ts';
 import { SetStatusController } from './controller.ts';
 import { LeaderElector, leaderElectionConfigErrors } from './leader.ts';

@@ -1,6 +1,6 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { helpText, parseDuration, parseFlags, UsageError, type FlagSpec } from '../../src/cli/flags.ts';
+import { helpText, parseDuration, parseFlags, UsageError, type FlagSpec } from '../../src/util/flags.ts';
 
 const specs: FlagSpec[] = [
   { name: 'node-name', env: 'NODE_NAME', type: 'string', required: true, help: 'this node' },
