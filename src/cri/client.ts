@@ -7,7 +7,12 @@ import * as protoLoader from '@grpc/proto-loader';
 import { classifyGrpcError } from './classify.ts';
 import type { ImageFilesystem, ImageRuntime, PullAuth, PullOptions, RuntimeImage, RuntimeInfo } from './runtime.ts';
 
-export const PROTO_PATH = fileURLToPath(new URL('../../proto/cri-image.proto', import.meta.url));
+// In the sources proto/ is two folders up from this file; the bundle
+// (scripts/build.ts) copies it beside its own files and says so here.
+declare const PINSET_BUNDLE_PROTO_PATH: string | undefined;
+export const PROTO_PATH = fileURLToPath(
+  new URL(typeof PINSET_BUNDLE_PROTO_PATH === 'string' ? PINSET_BUNDLE_PROTO_PATH : '../../proto/cri-image.proto', import.meta.url),
+);
 export const LOADER_OPTIONS: protoLoader.Options = { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true };
 
 /** Deadlines for every call but PullImage, which has none (slow is not stuck). */

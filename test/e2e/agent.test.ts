@@ -2,7 +2,8 @@
 // would, against a real containerd (CRI) and real registries on loopback,
 // with sets from a static folder and from the in-process API server.
 // containerd is not CRI-O: there is no reload (--reload none) and no pin
-// report, so "pinned" here means "in the pin file".
+// report, so "pinned" here means "in the pin file". The agent is the bundle
+// as shipped (dist/, `npm run build`), checked to be built from these sources.
 import assert from 'node:assert/strict';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
@@ -17,7 +18,7 @@ import { Containerd, CriClient } from '../support/containerd.ts';
 import { CriProxy } from '../support/cri-proxy.ts';
 import { nodePlatform, pushMultiArch, pushMultiLayer, pushRandom, pushSingleLayer, unknownRef, type PushedImage } from '../support/images.ts';
 import { Registry } from '../support/registry.ts';
-import { AgentProcess, eventually, readPinFile, runAgentOnce } from '../support/agent-process.ts';
+import { AgentProcess, bundledCli, eventually, readPinFile, runAgentOnce } from '../support/agent-process.ts';
 
 const NEEDS: ComponentName[] = ['containerd', 'runc', 'docker-registry', 'htpasswd'];
 const NODE = 'e2e-node';
@@ -56,8 +57,10 @@ describe('pinset agent on containerd and a real registry', () => {
   let authFile: string;
   let agents: AgentProcess[] = [];
   let ready = false;
+  let cli: string;
 
   before(async () => {
+    cli = await bundledCli();
     if (missingComponents(NEEDS).length > 0 || process.getuid?.() !== 0) return; // each test reports it
     registry = await Registry.start();
     privateRegistry = await Registry.start({ auth: { username: USER, password: PASSWORD } });
@@ -118,7 +121,7 @@ describe('pinset agent on containerd and a real registry', () => {
   }
 
   function startAgent(extra: string[] = [], endpoint?: string): AgentProcess {
-    const agent = AgentProcess.start(flags(extra, endpoint));
+    const agent = AgentProcess.start(flags(extra, endpoint), { cli });
     agents.push(agent);
     return agent;
   }
@@ -136,7 +139,7 @@ describe('pinset agent on containerd and a real registry', () => {
     const big = await pushRandom(registry, 'e2e/big', 50 * 1000 * 1000);
     await writeStatic(set('base', { pinnedImages: images(single, layered, big) }));
 
-    const r = await runAgentOnce(flags());
+    const r = await runAgentOnce(flags(), { cli });
     assert.equal(r.code, 0, r.stderr);
     assert.equal(r.sets.length, 1);
     const s = r.sets[0];
@@ -161,7 +164,7 @@ describe('pinset agent on containerd and a real registry', () => {
     await writeStatic(set('present', { pinnedImages: images(a, b) }));
     proxy.clear();
 
-    const r = await runAgentOnce(flags());
+    const r = await runAgentOnce(flags(), { cli });
     assert.equal(r.code, 0, r.stderr);
     assert.equal(r.sets[0].phase, 'Ready');
     assert.deepEqual(r.sets[0].images, { wanted: 2, present: 2, pinned: 2, failed: 0, invalid: 0 });
@@ -175,7 +178,7 @@ describe('pinset agent on containerd and a real registry', () => {
     const index = await pushMultiArch(registry, 'e2e/multiarch');
     await writeStatic(set('multiarch', { pinnedImages: images(index) }));
 
-    const r = await runAgentOnce(flags());
+    const r = await runAgentOnce(flags(), { cli });
     assert.equal(r.code, 0, r.stderr);
     assert.equal(r.sets[0].phase, 'Ready');
 
@@ -196,7 +199,7 @@ describe('pinset agent on containerd and a real registry', () => {
     await writeAuthFile({ 'private.registry.test': { auth: basicAuth(USER, PASSWORD) } });
     await writeStatic(set('mixed', { pinnedImages: images(secret, open) }));
 
-    const r = await runAgentOnce(flags());
+    const r = await runAgentOnce(flags(), { cli });
     assert.equal(r.code, 0, `${JSON.stringify(r.sets)}\n${r.stderr}`);
     assert.equal(r.sets[0].phase, 'Ready');
     await assertPresent(secret);
@@ -337,7 +340,7 @@ describe('pinset agent on containerd and a real registry', () => {
     const missing = unknownRef('e2e/known');
     await writeStatic(set('typo', { pinnedImages: images(known, missing) }));
 
-    const r = await runAgentOnce(flags());
+    const r = await runAgentOnce(flags(), { cli });
     assert.equal(r.code, 1, 'not every set is Ready');
     const s = r.sets[0];
     assert.equal(s.phase, 'Degraded');
@@ -370,7 +373,7 @@ describe('pinset agent on containerd and a real registry', () => {
     const b = await pushSingleLayer(registry, 'e2e/handler-b');
     await writeStatic(set('runc-class', { runtimeHandler: 'runc', pinnedImages: images(a) }));
 
-    const ok = await runAgentOnce(flags());
+    const ok = await runAgentOnce(flags(), { cli });
     assert.equal(ok.code, 0, ok.stderr);
     assert.equal(ok.sets[0].phase, 'Ready');
     const pulls = proxy.callsOf('PullImage').filter((c) => c.image === a.ref);
@@ -381,7 +384,7 @@ describe('pinset agent on containerd and a real registry', () => {
     proxy.rejectHandler('kata', { code: 3, details: 'runtime handler kata not supported' });
     t.after(() => proxy.allowHandler('kata'));
     await writeStatic(set('kata-class', { runtimeHandler: 'kata', pinnedImages: images(b) }));
-    const rejected = await runAgentOnce(flags());
+    const rejected = await runAgentOnce(flags(), { cli });
     assert.equal(rejected.code, 1);
     const s = rejected.sets.find((x) => x.name === 'kata-class');
     assert.equal(s?.phase, 'Degraded');

@@ -3,15 +3,34 @@
 // environment that could point it elsewhere (KUBECONFIG, PINSET_*). Always
 // stopped by its own PID; a test process that dies without its after-hooks
 // still kills it (trackChild).
+//
+// Which program runs is chosen by the caller: the sources (SOURCE_CLI, the
+// default: unit and integration tests) or the bundle as shipped (`cli:
+// await bundledCli()`: the end-to-end tests and the benchmarks), which
+// bundledCli() first checks is built from the current sources.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parse as parseToml } from 'smol-toml';
 import type { NodeSetStatus } from '../../src/api/types.ts';
+import { BUNDLE_CLI, bundleProblem } from '../../scripts/build.ts';
 import { trackChild } from './components.ts';
 
-export const CLI = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+/** The CLI run from the TypeScript sources. */
+export const SOURCE_CLI = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+
+/**
+ * The CLI of the bundle in dist/ (what the image and the systemd unit run).
+ * Throws, saying to run `npm run build`, when dist/ is missing or was built
+ * from other sources: a stale bundle tested in place of the code would make
+ * a passing run mean nothing.
+ */
+export async function bundledCli(): Promise<string> {
+  const problem = await bundleProblem();
+  if (problem) throw new Error(problem);
+  return BUNDLE_CLI;
+}
 
 function cleanEnv(extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = {};
@@ -31,8 +50,8 @@ export interface OnceResult {
 }
 
 /** `pinset agent --once ...args`; resolves when it exits (killed after `timeoutMs`). */
-export function runAgentOnce(args: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv } = {}): Promise<OnceResult> {
-  const child = spawn(process.execPath, [CLI, 'agent', '--once', ...args], { env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] });
+export function runAgentOnce(args: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv; cli?: string } = {}): Promise<OnceResult> {
+  const child = spawn(process.execPath, [opts.cli ?? SOURCE_CLI, 'agent', '--once', ...args], { env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] });
   trackChild(child);
   let stdout = '';
   let stderr = '';
@@ -93,8 +112,9 @@ export class AgentProcess {
     );
   }
 
-  static start(args: string[], opts: { env?: NodeJS.ProcessEnv } = {}): AgentProcess {
-    return new AgentProcess(spawn(process.execPath, [CLI, 'agent', ...args], { env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] }));
+  /** `cli`: the program to run, SOURCE_CLI (the default) or bundledCli(). */
+  static start(args: string[], opts: { env?: NodeJS.ProcessEnv; cli?: string } = {}): AgentProcess {
+    return new AgentProcess(spawn(process.execPath, [opts.cli ?? SOURCE_CLI, 'agent', ...args], { env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] }));
   }
 
   #take(chunk: string): void {

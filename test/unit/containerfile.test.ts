@@ -1,9 +1,11 @@
 // No container engine runs on these machines, so the Containerfile is
 // replayed by hand: each stage gets a folder standing for its root file
 // system, COPY lines copy what they say (from the build context through
-// .dockerignore, or from an earlier stage), the npm ci line runs as written,
-// and ENTRYPOINT + CMD run with --help using this repository's Node.js 24 as
-// the image's `node`. An instruction this replay does not know fails the test
+// .dockerignore, or from an earlier stage), the npm lines (npm ci, npm run
+// build) run as written, and ENTRYPOINT + CMD run with this repository's
+// Node.js 24 as the image's `node`: with --help, and as `agent --once`
+// against a CRI socket that is not there, which loads the gRPC client and
+// proto/ from the image's files. An instruction this replay does not know fails the test
 // rather than being skipped.
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -114,25 +116,27 @@ describe('Containerfile', () => {
   const runtime = stages.at(-1)!;
   const only = (s: Stage, op: string) => s.instructions.filter((i) => i.op === op);
 
-  test('multi-stage: a Node.js 24 build stage installing production dependencies, a Node.js 24 runtime', () => {
+  test('multi-stage: a Node.js 24 build stage that installs from the lock file and bundles, a Node.js 24 runtime that installs nothing', () => {
     assert.ok(stages.length >= 2, 'at least a build and a runtime stage');
     assert.equal(build.from, 'node:24-bookworm-slim');
     assert.match(runtime.from, /^(node:24-bookworm-slim|gcr\.io\/distroless\/nodejs24-debian12(:nonroot)?)$/);
     const runs = only(build, 'RUN').map((i) => i.args);
-    assert.equal(runs.length, 1);
+    assert.equal(runs.length, 2);
     assert.match(runs[0]!, /^npm ci( |$)/);
-    assert.ok(words(runs[0]!).includes('--omit=dev'), 'production dependencies only');
+    assert.equal(words(runs[0]!).includes('--omit=dev'), false, 'the bundler is a devDependency');
+    assert.equal(runs[1], 'npm run build');
+    assert.deepEqual(only(runtime, 'RUN'), [], 'the runtime stage copies the bundle and runs nothing');
   });
 
-  test('`pinset agent` is the default command', () => {
-    assert.deepEqual(execForm(only(runtime, 'ENTRYPOINT').at(-1)!), ['node', '/app/src/cli/main.ts']);
+  test('`pinset agent` is the default command, run from the bundle', () => {
+    assert.deepEqual(execForm(only(runtime, 'ENTRYPOINT').at(-1)!), ['node', '/app/dist/pinset.mjs']);
     assert.deepEqual(execForm(only(runtime, 'CMD').at(-1)!), ['agent']);
     assert.equal(only(runtime, 'USER').length, 0, 'the agent runs as root (see the comment in the Containerfile); the controller Deployment sets its own uid');
   });
 
   test('.dockerignore keeps what the COPY lines need and drops local state', () => {
-    for (const p of ['package.json', 'package-lock.json', 'src/cli/main.ts', 'src/api/reference.ts', 'proto/cri-image.proto']) assert.equal(isIgnored(p), false, p);
-    for (const p of ['node_modules/ajv/package.json', '.git/config', 'test/unit/crd.test.ts', 'deploy/kustomization.yaml']) assert.equal(isIgnored(p), true, p);
+    for (const p of ['package.json', 'package-lock.json', 'src/cli/main.ts', 'src/api/reference.ts', 'proto/cri-image.proto', 'scripts/build.ts']) assert.equal(isIgnored(p), false, p);
+    for (const p of ['node_modules/ajv/package.json', 'dist/pinset.mjs', '.git/config', 'test/unit/crd.test.ts', 'deploy/kustomization.yaml']) assert.equal(isIgnored(p), true, p);
   });
 
   describe('replayed without a container engine', () => {
@@ -177,7 +181,7 @@ describe('Containerfile', () => {
       }
     }
 
-    test('every stage replays: COPY, WORKDIR, ENV and the npm ci line', { timeout: 300_000 }, async () => {
+    test('every stage replays: COPY, WORKDIR, ENV and the npm lines', { timeout: 300_000 }, async () => {
       for (const stage of stages) {
         roots.set(stage.name, path.join(tmp, `stage-${stage.name}`));
         await mkdir(roots.get(stage.name)!, { recursive: true });
@@ -199,11 +203,12 @@ describe('Containerfile', () => {
               break;
             case 'RUN': {
               const [cmd, ...args] = words(ins.args);
-              assert.equal(cmd, 'npm', `line ${ins.line}: only npm ci is replayed`);
-              assert.equal(args[0], 'ci', `line ${ins.line}: only npm ci is replayed`);
+              assert.equal(cmd, 'npm', `line ${ins.line}: only npm ci and npm run build are replayed`);
+              assert.ok(args[0] === 'ci' || (args[0] === 'run' && args[1] === 'build' && args.length === 2), `line ${ins.line}: only npm ci and npm run build are replayed`);
               // --prefer-offline: the npm cache of this machine serves what it holds.
               // Node.js 24 first on PATH, as in the node:24 image.
-              await promisify(execFile)('npm', [...args, '--prefer-offline', '--no-audit', '--no-fund'], {
+              const extra = args[0] === 'ci' ? ['--prefer-offline', '--no-audit', '--no-fund'] : [];
+              await promisify(execFile)('npm', [...args, ...extra], {
                 cwd: inStage(stage.name, cwd),
                 env: { ...process.env, PATH: `${path.dirname(NODE)}${path.delimiter}${process.env.PATH ?? ''}`, npm_config_update_notifier: 'false' },
                 maxBuffer: 16 << 20,
@@ -219,23 +224,20 @@ describe('Containerfile', () => {
         }
         workdirs.set(stage.name, cwd);
       }
-      const pkg = JSON.parse(await readFile(path.join(ROOT, 'package.json'), 'utf8')) as { dependencies: Record<string, string>; devDependencies: Record<string, string> };
-      const modules = inStage(runtime.name, '/app/node_modules');
-      for (const dep of Object.keys(pkg.dependencies)) assert.ok(existsSync(path.join(modules, dep, 'package.json')), `${dep} missing from the image`);
-      for (const dev of ['typescript', 'node', '@marcbachmann/cel-js', 'ajv']) {
-        assert.ok(pkg.devDependencies[dev], `${dev} is a devDependency`);
-        assert.equal(existsSync(path.join(modules, dev)), false, `${dev} is a devDependency and must not be in the image`);
-      }
-      assert.ok(existsSync(inStage(runtime.name, '/app/src/cli/main.ts')));
-      assert.ok(existsSync(inStage(runtime.name, '/app/proto/cri-image.proto')));
+      // The bundle inlines every dependency: nothing from npm is in the runtime image, nor the sources.
+      assert.equal(existsSync(inStage(runtime.name, '/app/node_modules')), false, 'no node_modules in the runtime image');
+      assert.equal(existsSync(inStage(runtime.name, '/app/src')), false, 'no sources in the runtime image');
+      assert.ok(existsSync(inStage(runtime.name, '/app/dist/pinset.mjs')));
+      assert.ok(existsSync(inStage(runtime.name, '/app/dist/proto/cri-image.proto')));
+      assert.ok(existsSync(inStage(runtime.name, '/app/dist/licenses.txt')));
     });
 
-    test('ENTRYPOINT + CMD --help: the agent starts and prints its help', { timeout: 60_000 }, async () => {
-      assert.ok(workdirs.has(runtime.name), 'the replay above must have run');
-      const argv = [...execForm(only(runtime, 'ENTRYPOINT').at(-1)!), ...execForm(only(runtime, 'CMD').at(-1)!), '--help'];
+    /** ENTRYPOINT + CMD (or `command` in place of CMD) in the replayed runtime stage. */
+    function runImage(command: string[] | null, extra: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+      const argv = [...execForm(only(runtime, 'ENTRYPOINT').at(-1)!), ...(command ?? execForm(only(runtime, 'CMD').at(-1)!)), ...extra];
       assert.equal(argv[0], 'node');
-      const args = argv.slice(1).map((a) => (a.startsWith('/') ? inStage(runtime.name, a) : a));
-      const result = await new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve, reject) => {
+      const args = argv.slice(1).map((a) => (a.startsWith('/app/') ? inStage(runtime.name, a) : a));
+      return new Promise((resolve, reject) => {
         const child = spawn(NODE, args, {
           cwd: inStage(runtime.name, workdirs.get(runtime.name)!),
           // The image's environment, not this machine's: no NODE_NAME, no KUBECONFIG.
@@ -249,9 +251,31 @@ describe('Containerfile', () => {
         child.on('error', reject);
         child.on('close', (code) => resolve({ code, stdout, stderr }));
       });
+    }
+
+    test('ENTRYPOINT + CMD --help: the agent starts and prints its help', { timeout: 60_000 }, async () => {
+      assert.ok(workdirs.has(runtime.name), 'the replay above must have run');
+      const result = await runImage(null, ['--help']);
       assert.equal(result.code, 0, result.stderr);
       assert.match(result.stdout, /^usage: pinset agent/);
       assert.match(result.stdout, /--node-name/);
+    });
+
+    test('the image\'s agent loads its CRI client and proto/ from the bundle (agent --once, no runtime there)', { timeout: 60_000 }, async () => {
+      assert.ok(workdirs.has(runtime.name), 'the replay above must have run');
+      const scratch = path.join(tmp, 'once');
+      await mkdir(path.join(scratch, 'sets.d'), { recursive: true });
+      await mkdir(path.join(scratch, 'crio.conf.d'));
+      const socket = path.join(scratch, 'no-runtime.sock');
+      const result = await runImage(['agent'], [
+        '--once', '--node-name', 'image-test', '--static-dir', path.join(scratch, 'sets.d'), '--cri-endpoint', `unix://${socket}`,
+        '--crio-dropin-dir', path.join(scratch, 'crio.conf.d'), '--reload', 'none', '--auth-file', path.join(scratch, 'none.json'),
+      ]);
+      assert.doesNotMatch(result.stderr, /ERR_MODULE_NOT_FOUND|Cannot find (module|package)|no such file.*\.proto/i, result.stderr);
+      assert.match(result.stderr, /"msg":"pinset agent starting"/, result.stderr);
+      // The gRPC client was made from the proto and tried the socket (gRPC's UNAVAILABLE, naming it).
+      assert.match(result.stderr, /UNAVAILABLE[^"\n]*no-runtime\.sock/, result.stderr);
+      assert.notEqual(result.code, null, 'the agent exits by itself');
     });
   });
 });
