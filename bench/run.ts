@@ -8,12 +8,20 @@
 //   3. a no-op resync with N images present (containerd with N real images,
 //      and the CRI-O stand-in whose reload goes through D-Bus), with the pin
 //      file writes and reloads it caused;
-//   4. agent memory: RSS idle, and peak while reconciling an N-image set.
+//   4. agent memory: RSS idle, and peak while reconciling an N-image set;
+//   5. footprint (BENCH_ONLY=memory): RSS idle watching the API, idle on the
+//      static folder with metrics served, peak and idle with an N-image set
+//      from the API, `--once` whole process with K images present, and the
+//      agent's own CPU time while K images are pulled, next to containerd's.
+//
+// The agent is the bundle as shipped (dist/, `npm run build`; refused when
+// built from other sources), or with BENCH_AGENT=sources the TypeScript
+// sources; BENCH_AGENT=bundle,sources measures section 5 for both.
 //
 // Every measurement is the median of BENCH_RUNS (default 5) runs, agent and
 // baseline alternating in order. Results: printed as Markdown and written to
 // bench/results.json.
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
@@ -22,7 +30,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { stringify as dumpYaml } from 'yaml';
 import type { PinnedImageSet } from '../src/api/types.ts';
-import { AgentProcess, readPinFile, runAgentOnce } from '../test/support/agent-process.ts';
+import { AgentProcess, bundledCli, readPinFile, runAgentOnce, SOURCE_CLI } from '../test/support/agent-process.ts';
 import { installCommand, missingComponents, type ComponentName } from '../test/support/components.ts';
 import { Containerd, CriClient } from '../test/support/containerd.ts';
 import { ApiServer, type KubeObject } from '../test/support/apiserver.ts';
@@ -39,13 +47,22 @@ const RESYNC_MS = 2000;
 const execFileAsync = promisify(execFile);
 const RESYNC_SAMPLES = 7;
 const NEEDS: ComponentName[] = ['containerd', 'runc', 'docker-registry', 'dbus-daemon'];
-// BENCH_ONLY=pulls or BENCH_ONLY=resync runs one half. BENCH_AGENT_NODE_OPTIONS
+// BENCH_ONLY=pulls, resync or memory runs one section. BENCH_AGENT_NODE_OPTIONS
 // is passed to the agent processes as NODE_OPTIONS (e.g. V8 heap limits).
 // The agent runs with the NODE_OPTIONS its Containerfile and systemd unit ship
 // (V8's young generation capped); BENCH_AGENT_NODE_OPTIONS="" measures Node's defaults.
 const AGENT_NODE_OPTIONS = process.env.BENCH_AGENT_NODE_OPTIONS ?? '--max-semi-space-size=1';
 const AGENT_ENV: NodeJS.ProcessEnv = AGENT_NODE_OPTIONS ? { NODE_OPTIONS: AGENT_NODE_OPTIONS } : {};
 const ONLY = process.env.BENCH_ONLY ?? '';
+type AgentBuild = 'bundle' | 'sources';
+const AGENT_BUILDS = (process.env.BENCH_AGENT ?? 'bundle').split(',').map((b) => {
+  if (b !== 'bundle' && b !== 'sources') throw new Error(`BENCH_AGENT: ${JSON.stringify(b)} is not bundle or sources`);
+  return b as AgentBuild;
+});
+/** Program per build, filled in by main() (the bundle checked to be current). */
+const CLI_OF: Partial<Record<AgentBuild, string>> = {};
+/** The program sections 1 to 4 run: the first of BENCH_AGENT. */
+let CLI = '';
 const RESULTS = fileURLToPath(new URL('./results.json', import.meta.url));
 
 function median(xs: number[]): number {
@@ -59,6 +76,19 @@ function say(line = ''): void {
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** utime + stime of a process in ms, from /proc/<pid>/stat (clock ticks of 10 ms, USER_HZ 100). */
+function cpuMs(pid: number | undefined): number {
+  if (!pid) return NaN;
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // Fields after the command name (which may hold spaces) in parentheses: state is field 3, utime 14, stime 15.
+    const rest = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return (Number(rest[11]) + Number(rest[12])) * 10;
+  } catch {
+    return NaN;
+  }
+}
 
 function procStatus(pid: number): { rssKb: number; hwmKb: number } {
   try {
@@ -142,6 +172,10 @@ interface PullRun {
   agentMs?: number;
   /** A running agent: start of the reconcile to its first PullImage (the agent's own work before pulling). */
   agentFirstPullMs?: number;
+  /** A running agent: its own CPU time (user + system) from writing the set to the reconcile's end. */
+  agentCpuMs?: number;
+  /** containerd's CPU time over the same window. */
+  containerdCpuMs?: number;
   /** `--once`, cold: "pinset agent starting" to the last image present. */
   agentOnceMs?: number;
   /** Start of the reconcile to its end (the status after the last pull). */
@@ -168,7 +202,7 @@ async function agentPullRun(mirrors: Record<string, string>, refs: string[], par
   try {
     await writeFile(path.join(s.staticDir, 'bench.yaml'), dumpYaml(setDoc('bench', refs)));
     const t0 = performance.now();
-    const r = await runAgentOnce(agentFlags(s, c.endpoint, ['--max-parallel-pulls', String(parallel)]), { env: AGENT_ENV });
+    const r = await runAgentOnce(agentFlags(s, c.endpoint, ['--max-parallel-pulls', String(parallel)]), { env: AGENT_ENV, cli: CLI });
     const processMs = performance.now() - t0;
     if (r.code !== 0) throw new Error(`agent --once exited ${r.code}:\n${r.stderr.slice(-3000)}`);
     const lines = parseLines(r.stderr);
@@ -192,25 +226,28 @@ async function agentPullRun(mirrors: Record<string, string>, refs: string[], par
  * its static folder. From the start of the reconcile that pulls them (its
  * "reconcile finished" time minus its durationMs) to the last "pulled image".
  */
-async function agentSteadyRun(mirrors: Record<string, string>, warmRef: string, refs: string[], parallel: number): Promise<PullRun> {
+async function agentSteadyRun(mirrors: Record<string, string>, warmRef: string, refs: string[], parallel: number, cli = CLI): Promise<PullRun> {
   const c = await Containerd.start({ mirrors });
   await settle();
   const s = await scratch();
-  const agent = AgentProcess.start(agentFlags(s, c.endpoint, ['--max-parallel-pulls', String(parallel), '--resync-interval', '10m']), { env: AGENT_ENV });
+  const agent = AgentProcess.start(agentFlags(s, c.endpoint, ['--max-parallel-pulls', String(parallel), '--resync-interval', '10m']), { env: AGENT_ENV, cli });
   try {
     await writeFile(path.join(s.staticDir, 'warm.yaml'), dumpYaml(setDoc('warm', [warmRef])));
     await agent.waitForLog((l) => l.msg === 'reconcile finished' && (l.phases as Record<string, number>)?.Ready === 1, 60_000, 'the warm-up set Ready');
     await sleep(500);
     const from = agent.mark();
+    const cpu0 = { agent: cpuMs(agent.child.pid), containerd: cpuMs(c.pid) };
     await writeFile(path.join(s.staticDir, 'bench.yaml'), dumpYaml(setDoc('bench', refs)));
     const done = await agent.waitForLog((l) => l.msg === 'reconcile finished' && l.pulls === refs.length, 120_000, 'the reconcile that pulls the set', from);
+    const agentCpuMs = cpuMs(agent.child.pid) - cpu0.agent;
+    const containerdCpuMs = cpuMs(c.pid) - cpu0.containerd;
     const pulled = agent.logs().slice(from).filter((l) => l.msg === 'pulled image');
     if (pulled.length !== refs.length) throw new Error(`expected ${refs.length} pulls, saw ${pulled.length}`);
     const present = new Set(await listRepoDigests(c.endpoint));
     for (const ref of refs) if (!present.has(ref)) throw new Error(`${ref} not present after the agent`);
     const start = logTime(done) - Number(done.durationMs);
     const firstPull = Math.min(...agent.logs().slice(from).filter((l) => l.msg === 'pulling image').map(logTime));
-    return { agentMs: Math.max(...pulled.map(logTime)) - start, agentFirstPullMs: firstPull - start };
+    return { agentMs: Math.max(...pulled.map(logTime)) - start, agentFirstPullMs: firstPull - start, agentCpuMs, containerdCpuMs };
   } finally {
     await agent.stop();
     await c.stop();
@@ -295,7 +332,7 @@ async function resyncRun(runtime: ResyncRun['runtime'], endpoint: string, s: Scr
   }
   const flags = agentFlags(s, endpoint, ['--resync-interval', `${RESYNC_MS / 1000}s`, '--metrics-addr', '127.0.0.1:0', ...extraFlags]);
   const t0 = Date.now();
-  const agent = AgentProcess.start(flags, { env: { ...env, ...AGENT_ENV } });
+  const agent = AgentProcess.start(flags, { env: { ...env, ...AGENT_ENV }, cli: CLI });
   let peakKb = 0;
   const sampler = setInterval(() => {
     const st = procStatus(agent.child.pid!);
@@ -381,14 +418,14 @@ async function crioResyncRun(refs: string[]): Promise<ResyncRun> {
   }
 }
 
-/** RSS of an agent with no sets, after it settled; with `api`, watching an API server. */
-async function idleEmptyRun(mirrors: Record<string, string>, withApi: boolean): Promise<number> {
+/** RSS of an agent with no sets and metrics served, 5 s after its first reconcile; with `withApi`, watching an API server. */
+async function idleEmptyRun(mirrors: Record<string, string>, withApi: boolean, cli = CLI): Promise<number> {
   const c = await Containerd.start({ mirrors });
   const s = await scratch();
   const api = withApi ? await ApiServer.start() : undefined;
   api?.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'bench-node', labels: {} } });
   const extra = api ? ['--kubeconfig', await api.writeKubeconfig(s.dir)] : [];
-  const agent = AgentProcess.start(agentFlags(s, c.endpoint, ['--metrics-addr', '127.0.0.1:0', ...extra]), { env: AGENT_ENV });
+  const agent = AgentProcess.start(agentFlags(s, c.endpoint, ['--metrics-addr', '127.0.0.1:0', ...extra]), { env: AGENT_ENV, cli });
   try {
     while (!agent.logs().some((l) => l.msg === 'reconcile finished')) {
       if (!agent.running) throw new Error(`agent exited:\n${agent.output()}`);
@@ -475,13 +512,6 @@ async function benchResync(registry: Registry, mirrors: Record<string, string>):
       say(`  ${r.runtime}: first reconcile ${r.convergeMs} ms, no-op ${r.noopMs.toFixed(0)} ms (${r.noopSamples.join(', ')}), writes ${r.fileWrites}, reloads ${r.reloads}, peak ${r.peakRssMb.toFixed(1)} MB, idle ${r.idleRssMb.toFixed(1)} MB`);
     }
   }
-  const idleEmpty: number[] = [];
-  const idleEmptyApi: number[] = [];
-  for (let i = 0; i < RUNS; i++) {
-    idleEmpty.push(await idleEmptyRun(mirrors, false));
-    idleEmptyApi.push(await idleEmptyRun(mirrors, true));
-  }
-
   say(`\n## No-op resync with ${N} images present\n`);
   say('| runtime | no-op resync (ms, median) | slowest no-op (ms) | pin file writes | reloads | pin file untouched | writes, reloads in the first reconcile | agent start to set Ready (ms, median) |');
   say('|---|---:|---:|---:|---:|---|---|---:|');
@@ -494,16 +524,143 @@ async function benchResync(registry: Registry, mirrors: Record<string, string>):
   }
   const cd = resync.filter((r) => r.runtime === 'containerd');
   const cr = resync.filter((r) => r.runtime === 'cri-o stand-in');
-  say('\n## Agent memory (RSS)\n');
+  say('\n## Agent memory (RSS) with the resync runs above (idle and empty: BENCH_ONLY=memory)\n');
   say('| state | MB (median) |');
   say('|---|---:|');
-  say(`| idle, no sets, static folder only (no Kubernetes client loaded) | ${median(idleEmpty).toFixed(1)} |`);
-  say(`| idle, no sets, watching the API | ${median(idleEmptyApi).toFixed(1)} |`);
   say(`| idle, ${N} images pinned and present (containerd, static set) | ${median(cd.map((r) => r.idleRssMb)).toFixed(1)} |`);
   say(`| peak while reconciling ${N} images (containerd, static set, real pulls) | ${median(cd.map((r) => r.peakRssMb)).toFixed(1)} |`);
   say(`| idle, ${N} images pinned and present (CRI-O stand-in, set from the API) | ${median(cr.map((r) => r.idleRssMb)).toFixed(1)} |`);
   say(`| peak while reconciling ${N} images (CRI-O stand-in, set from the API) | ${median(cr.map((r) => r.peakRssMb)).toFixed(1)} |`);
-  return { resync, idleEmptyRssMb: idleEmpty, idleEmptyApiRssMb: idleEmptyApi };
+  return { resync };
+}
+
+// ---------------------------------------------------------------------------
+// 5: footprint, per build (bundle, sources)
+
+/** RSS of Node.js itself with the agent's NODE_OPTIONS, running nothing but a timer: the floor under every figure. */
+async function bareNodeRun(): Promise<number> {
+  const child = spawn(process.execPath, ['-e', 'setInterval(() => {}, 1000)'], { env: { PATH: process.env.PATH, ...AGENT_ENV }, stdio: 'ignore' });
+  try {
+    await sleep(3000);
+    return procStatus(child.pid!).rssKb / 1024;
+  } finally {
+    child.kill('SIGTERM');
+  }
+}
+
+interface ApiSetRun {
+  peakMb: number;
+  idleMb: number;
+  readyMs: number;
+}
+
+/**
+ * An N-image set from the in-process API server on the CRI-O stand-in node
+ * (D-Bus reload), as on a cluster node: VmHWM from start until the set is
+ * Ready and 3 resyncs later, and VmRSS then.
+ */
+async function apiSetRun(refs: string[], cli: string): Promise<ApiSetRun> {
+  const node = await startCrioNode({ catalogue: Object.fromEntries(refs.map((r) => [r, { size: 1000 }])) });
+  const api = await ApiServer.start();
+  const s = await scratch();
+  api.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'bench-node', labels: {} } });
+  api.create(setDoc('bench-n', refs) as unknown as KubeObject);
+  const flags = agentFlags({ ...s, dropinDir: node.dropInDir }, node.endpoint, [
+    '--reload', 'dbus', '--resync-interval', '2s', '--metrics-addr', '127.0.0.1:0', '--kubeconfig', await api.writeKubeconfig(s.dir),
+  ]);
+  const t0 = Date.now();
+  const agent = AgentProcess.start(flags, { env: { ...node.env, ...AGENT_ENV }, cli });
+  try {
+    const ready = await agent.waitForLog((l) => (l.phases as Record<string, number> | undefined)?.Ready === 1 && l.msg === 'reconcile finished', 5 * 60_000, 'the set Ready');
+    const readyMs = logTime(ready) - t0;
+    let from = agent.mark();
+    for (let i = 0; i < 3; i++) {
+      await agent.waitForReconcile(from, 60_000);
+      from = agent.mark();
+    }
+    const st = procStatus(agent.child.pid!);
+    return { peakMb: st.hwmKb / 1024, idleMb: st.rssKb / 1024, readyMs };
+  } finally {
+    await agent.stop();
+    await api.stop();
+    await node.stop();
+    await rm(s.dir, { recursive: true, force: true });
+  }
+}
+
+/** `pinset agent --once` whole process, from spawn to exit, with every image of the set already in containerd. */
+async function onceAllPresentRun(mirrors: Record<string, string>, refs: string[], cli: string): Promise<number> {
+  const c = await Containerd.start({ mirrors });
+  const s = await scratch();
+  try {
+    const cri = new CriClient(c.endpoint);
+    try {
+      for (const ref of refs) await cri.pullImage(ref);
+    } finally {
+      cri.close();
+    }
+    await writeFile(path.join(s.staticDir, 'bench.yaml'), dumpYaml(setDoc('bench', refs)));
+    await settle();
+    const t0 = performance.now();
+    const r = await runAgentOnce(agentFlags(s, c.endpoint), { env: AGENT_ENV, cli });
+    const ms = performance.now() - t0;
+    if (r.code !== 0) throw new Error(`agent --once exited ${r.code}:\n${r.stderr.slice(-3000)}`);
+    if (parseLines(r.stderr).some((l) => l.msg === 'pulling image')) throw new Error('--once pulled although every image was present');
+    return ms;
+  } finally {
+    await c.stop();
+    await rm(s.dir, { recursive: true, force: true });
+  }
+}
+
+async function benchMemory(registry: Registry, mirrors: Record<string, string>): Promise<Record<string, unknown>> {
+  say(`\npushing ${K} images of ${IMAGE_BYTES} random bytes and ${N} names for the stand-in...`);
+  const big = await pushMany(K, 4, (i) => pushRandom(registry, `bench/k${i}`, IMAGE_BYTES));
+  const refs = big.map((b) => b.ref);
+  const warm = (await pushSingleLayer(registry, 'bench/warm')).ref;
+  // The CRI-O stand-in "pulls" from a catalogue: names only, nothing pushed.
+  const hex = (i: number) => i.toString(16).padStart(64, '0');
+  const nRefs = Array.from({ length: N }, (_, i) => `registry.test/bench/api-n${i}@sha256:${hex(i + 1)}`);
+
+  type Row = { bareNode: number[]; idleStatic: number[]; idleApi: number[]; setPeak: number[]; setIdle: number[]; setReadyMs: number[]; onceMs: number[]; agentCpuMs: number[]; containerdCpuMs: number[] };
+  const rows = Object.fromEntries(AGENT_BUILDS.map((b) => [b, { bareNode: [], idleStatic: [], idleApi: [], setPeak: [], setIdle: [], setReadyMs: [], onceMs: [], agentCpuMs: [], containerdCpuMs: [] } as Row])) as Record<AgentBuild, Row>;
+  for (let i = 0; i < RUNS; i++) {
+    // Builds alternate in order from run to run.
+    const order = i % 2 === 0 ? AGENT_BUILDS : [...AGENT_BUILDS].reverse();
+    for (const b of order) {
+      const cli = CLI_OF[b]!;
+      const r = rows[b];
+      r.bareNode.push(await bareNodeRun());
+      r.idleStatic.push(await idleEmptyRun(mirrors, false, cli));
+      r.idleApi.push(await idleEmptyRun(mirrors, true, cli));
+      const set = await apiSetRun(nRefs, cli);
+      r.setPeak.push(set.peakMb);
+      r.setIdle.push(set.idleMb);
+      r.setReadyMs.push(set.readyMs);
+      r.onceMs.push(await onceAllPresentRun(mirrors, refs, cli));
+      const pulls = await agentSteadyRun(mirrors, warm, refs, 4, cli);
+      r.agentCpuMs.push(pulls.agentCpuMs!);
+      r.containerdCpuMs.push(pulls.containerdCpuMs!);
+      say(
+        `  ${b}: node ${r.bareNode.at(-1)!.toFixed(1)} MB, static ${r.idleStatic.at(-1)!.toFixed(1)} MB, API ${r.idleApi.at(-1)!.toFixed(1)} MB, ` +
+          `${N} from API peak ${set.peakMb.toFixed(1)} MB idle ${set.idleMb.toFixed(1)} MB, --once ${r.onceMs.at(-1)!.toFixed(0)} ms, ` +
+          `CPU agent ${pulls.agentCpuMs} ms containerd ${pulls.containerdCpuMs} ms`,
+      );
+    }
+  }
+  say(`\n## Footprint${AGENT_ENV.NODE_OPTIONS ? ` (NODE_OPTIONS=${AGENT_ENV.NODE_OPTIONS})` : ' (Node.js defaults)'}\n`);
+  say(`| state | ${AGENT_BUILDS.join(' | ')} |`);
+  say(`|---|${AGENT_BUILDS.map(() => '---:').join('|')}|`);
+  const line = (label: string, pick: (r: Row) => number[], digits = 1) => say(`| ${label} | ${AGENT_BUILDS.map((b) => median(pick(rows[b])).toFixed(digits)).join(' | ')} |`);
+  line('Node.js alone, a timer (MB)', (r) => r.bareNode);
+  line('idle, watching the API, no sets (MB)', (r) => r.idleApi);
+  line('idle, static folder only, metrics served (MB)', (r) => r.idleStatic);
+  line(`peak, ${N}-image set from the API (MB)`, (r) => r.setPeak);
+  line(`idle after, ${N}-image set from the API (MB)`, (r) => r.setIdle);
+  line(`\`--once\` whole process, ${K} images present (ms)`, (r) => r.onceMs, 0);
+  line(`agent CPU while ${K} images are pulled (ms)`, (r) => r.agentCpuMs, 0);
+  line(`containerd CPU for the same pulls (ms)`, (r) => r.containerdCpuMs, 0);
+  return { memory: { nodeOptions: AGENT_NODE_OPTIONS, builds: rows } };
 }
 
 async function main(): Promise<number> {
@@ -512,8 +669,10 @@ async function main(): Promise<number> {
     process.stderr.write(`bench: missing components; install with: ${installCommand(missing)}\n`);
     return 1;
   }
+  for (const b of AGENT_BUILDS) CLI_OF[b] = b === 'bundle' ? await bundledCli() : SOURCE_CLI;
+  CLI = CLI_OF[AGENT_BUILDS[0]!]!;
   const machine = `${os.cpus().length} CPUs (${os.cpus()[0]?.model ?? '?'}), ${(os.totalmem() / 2 ** 30).toFixed(1)} GiB RAM, ${os.type()} ${os.release()}, Node ${process.version}`;
-  say(`# pinset benchmarks\n\nmachine: ${machine}\nruns per measurement: ${RUNS} (median), alternating${AGENT_ENV.NODE_OPTIONS ? `\nagent NODE_OPTIONS: ${AGENT_ENV.NODE_OPTIONS}` : ''}\n`);
+  say(`# pinset benchmarks\n\nmachine: ${machine}\nruns per measurement: ${RUNS} (median), alternating\nagent: ${AGENT_BUILDS.join(', ')}${AGENT_ENV.NODE_OPTIONS ? `\nagent NODE_OPTIONS: ${AGENT_ENV.NODE_OPTIONS}` : ''}\n`);
 
   // Results of a partial run (BENCH_ONLY) are merged into the last full ones.
   const previous = JSON.parse(await readFile(RESULTS, 'utf8').catch(() => '{}')) as Record<string, unknown>;
@@ -521,8 +680,9 @@ async function main(): Promise<number> {
   const registry = await Registry.start();
   const mirrors = { 'registry.test': registry.url };
   try {
-    if (ONLY !== 'resync') results.pulls = await benchPulls(registry, mirrors);
-    if (ONLY !== 'pulls') Object.assign(results, await benchResync(registry, mirrors));
+    if (ONLY === '' || ONLY === 'pulls') results.pulls = await benchPulls(registry, mirrors);
+    if (ONLY === '' || ONLY === 'resync') Object.assign(results, await benchResync(registry, mirrors));
+    if (ONLY === '' || ONLY === 'memory') Object.assign(results, await benchMemory(registry, mirrors));
     await writeFile(RESULTS, JSON.stringify(results, null, 2) + '\n');
     say(`\nraw results: ${path.relative(process.cwd(), RESULTS)}`);
     return 0;
