@@ -37,6 +37,7 @@ import { ApiServer, type KubeObject } from '../test/support/apiserver.ts';
 import { startCrioNode } from '../test/support/crio-node.ts';
 import { pushRandom, pushSingleLayer, type PushedImage } from '../test/support/images.ts';
 import { Registry } from '../test/support/registry.ts';
+import { NODE_FLAGS } from '../scripts/build.ts';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 5);
 const K = Number(process.env.BENCH_K ?? 16);
@@ -47,12 +48,18 @@ const RESYNC_MS = 2000;
 const execFileAsync = promisify(execFile);
 const RESYNC_SAMPLES = 7;
 const NEEDS: ComponentName[] = ['containerd', 'runc', 'docker-registry', 'dbus-daemon'];
-// BENCH_ONLY=pulls, resync or memory runs one section. BENCH_AGENT_NODE_OPTIONS
-// is passed to the agent processes as NODE_OPTIONS (e.g. V8 heap limits).
-// The agent runs with the NODE_OPTIONS its Containerfile and systemd unit ship
-// (V8's young generation capped); BENCH_AGENT_NODE_OPTIONS="" measures Node's defaults.
-const AGENT_NODE_OPTIONS = process.env.BENCH_AGENT_NODE_OPTIONS ?? '--max-semi-space-size=1';
+// BENCH_ONLY=pulls, resync or memory runs one section.
+// The agent runs with the Node.js flags the bundle's first line carries
+// (scripts/build.ts NODE_FLAGS: what the image and the systemd unit run), for
+// the sources too, so the two differ by bundling alone. BENCH_AGENT_NODE_FLAGS
+// replaces them (space-separated; "" for Node's defaults), e.g.
+// BENCH_AGENT_NODE_FLAGS="--max-semi-space-size=1 --max-old-space-size=64".
+// BENCH_AGENT_NODE_OPTIONS is passed as NODE_OPTIONS besides.
+const AGENT_NODE_FLAGS: string[] = process.env.BENCH_AGENT_NODE_FLAGS !== undefined ? process.env.BENCH_AGENT_NODE_FLAGS.split(' ').filter(Boolean) : [...NODE_FLAGS];
+const AGENT_NODE_OPTIONS = process.env.BENCH_AGENT_NODE_OPTIONS ?? '';
 const AGENT_ENV: NodeJS.ProcessEnv = AGENT_NODE_OPTIONS ? { NODE_OPTIONS: AGENT_NODE_OPTIONS } : {};
+/** How Node.js runs the agent: its flags and NODE_OPTIONS, as a label. */
+const NODE_SETUP = [...AGENT_NODE_FLAGS, ...(AGENT_NODE_OPTIONS ? [`NODE_OPTIONS=${AGENT_NODE_OPTIONS}`] : [])].join(' ') || 'Node.js defaults';
 const ONLY = process.env.BENCH_ONLY ?? '';
 type AgentBuild = 'bundle' | 'sources';
 const AGENT_BUILDS = (process.env.BENCH_AGENT ?? 'bundle').split(',').map((b) => {
@@ -202,7 +209,7 @@ async function agentPullRun(mirrors: Record<string, string>, refs: string[], par
   try {
     await writeFile(path.join(s.staticDir, 'bench.yaml'), dumpYaml(setDoc('bench', refs)));
     const t0 = performance.now();
-    const r = await runAgentOnce(agentFlags(s, c.endpoint, ['--max-parallel-pulls', String(parallel)]), { env: AGENT_ENV, cli: CLI });
+    const r = await runAgentOnce(agentFlags(s, c.endpoint, ['--max-parallel-pulls', String(parallel)]), { env: AGENT_ENV, cli: CLI, nodeArgs: AGENT_NODE_FLAGS });
     const processMs = performance.now() - t0;
     if (r.code !== 0) throw new Error(`agent --once exited ${r.code}:\n${r.stderr.slice(-3000)}`);
     const lines = parseLines(r.stderr);
@@ -230,7 +237,7 @@ async function agentSteadyRun(mirrors: Record<string, string>, warmRef: string, 
   const c = await Containerd.start({ mirrors });
   await settle();
   const s = await scratch();
-  const agent = AgentProcess.start(agentFlags(s, c.endpoint, ['--max-parallel-pulls', String(parallel), '--resync-interval', '10m']), { env: AGENT_ENV, cli });
+  const agent = AgentProcess.start(agentFlags(s, c.endpoint, ['--max-parallel-pulls', String(parallel), '--resync-interval', '10m']), { env: AGENT_ENV, cli, nodeArgs: AGENT_NODE_FLAGS });
   try {
     await writeFile(path.join(s.staticDir, 'warm.yaml'), dumpYaml(setDoc('warm', [warmRef])));
     await agent.waitForLog((l) => l.msg === 'reconcile finished' && (l.phases as Record<string, number>)?.Ready === 1, 60_000, 'the warm-up set Ready');
@@ -332,7 +339,7 @@ async function resyncRun(runtime: ResyncRun['runtime'], endpoint: string, s: Scr
   }
   const flags = agentFlags(s, endpoint, ['--resync-interval', `${RESYNC_MS / 1000}s`, '--metrics-addr', '127.0.0.1:0', ...extraFlags]);
   const t0 = Date.now();
-  const agent = AgentProcess.start(flags, { env: { ...env, ...AGENT_ENV }, cli: CLI });
+  const agent = AgentProcess.start(flags, { env: { ...env, ...AGENT_ENV }, cli: CLI, nodeArgs: AGENT_NODE_FLAGS });
   let peakKb = 0;
   const sampler = setInterval(() => {
     const st = procStatus(agent.child.pid!);
@@ -425,7 +432,7 @@ async function idleEmptyRun(mirrors: Record<string, string>, withApi: boolean, c
   const api = withApi ? await ApiServer.start() : undefined;
   api?.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'bench-node', labels: {} } });
   const extra = api ? ['--kubeconfig', await api.writeKubeconfig(s.dir)] : [];
-  const agent = AgentProcess.start(agentFlags(s, c.endpoint, ['--metrics-addr', '127.0.0.1:0', ...extra]), { env: AGENT_ENV, cli });
+  const agent = AgentProcess.start(agentFlags(s, c.endpoint, ['--metrics-addr', '127.0.0.1:0', ...extra]), { env: AGENT_ENV, cli, nodeArgs: AGENT_NODE_FLAGS });
   try {
     while (!agent.logs().some((l) => l.msg === 'reconcile finished')) {
       if (!agent.running) throw new Error(`agent exited:\n${agent.output()}`);
@@ -539,7 +546,7 @@ async function benchResync(registry: Registry, mirrors: Record<string, string>):
 
 /** RSS of Node.js itself with the agent's NODE_OPTIONS, running nothing but a timer: the floor under every figure. */
 async function bareNodeRun(): Promise<number> {
-  const child = spawn(process.execPath, ['-e', 'setInterval(() => {}, 1000)'], { env: { PATH: process.env.PATH, ...AGENT_ENV }, stdio: 'ignore' });
+  const child = spawn(process.execPath, [...AGENT_NODE_FLAGS, '-e', 'setInterval(() => {}, 1000)'], { env: { PATH: process.env.PATH, ...AGENT_ENV }, stdio: 'ignore' });
   try {
     await sleep(3000);
     return procStatus(child.pid!).rssKb / 1024;
@@ -569,7 +576,7 @@ async function apiSetRun(refs: string[], cli: string): Promise<ApiSetRun> {
     '--reload', 'dbus', '--resync-interval', '2s', '--metrics-addr', '127.0.0.1:0', '--kubeconfig', await api.writeKubeconfig(s.dir),
   ]);
   const t0 = Date.now();
-  const agent = AgentProcess.start(flags, { env: { ...node.env, ...AGENT_ENV }, cli });
+  const agent = AgentProcess.start(flags, { env: { ...node.env, ...AGENT_ENV }, cli, nodeArgs: AGENT_NODE_FLAGS });
   try {
     const ready = await agent.waitForLog((l) => (l.phases as Record<string, number> | undefined)?.Ready === 1 && l.msg === 'reconcile finished', 5 * 60_000, 'the set Ready');
     const readyMs = logTime(ready) - t0;
@@ -602,7 +609,7 @@ async function onceAllPresentRun(mirrors: Record<string, string>, refs: string[]
     await writeFile(path.join(s.staticDir, 'bench.yaml'), dumpYaml(setDoc('bench', refs)));
     await settle();
     const t0 = performance.now();
-    const r = await runAgentOnce(agentFlags(s, c.endpoint), { env: AGENT_ENV, cli });
+    const r = await runAgentOnce(agentFlags(s, c.endpoint), { env: AGENT_ENV, cli, nodeArgs: AGENT_NODE_FLAGS });
     const ms = performance.now() - t0;
     if (r.code !== 0) throw new Error(`agent --once exited ${r.code}:\n${r.stderr.slice(-3000)}`);
     if (parseLines(r.stderr).some((l) => l.msg === 'pulling image')) throw new Error('--once pulled although every image was present');
@@ -648,7 +655,7 @@ async function benchMemory(registry: Registry, mirrors: Record<string, string>):
       );
     }
   }
-  say(`\n## Footprint${AGENT_ENV.NODE_OPTIONS ? ` (NODE_OPTIONS=${AGENT_ENV.NODE_OPTIONS})` : ' (Node.js defaults)'}\n`);
+  say(`\n## Footprint (${NODE_SETUP})\n`);
   say(`| state | ${AGENT_BUILDS.join(' | ')} |`);
   say(`|---|${AGENT_BUILDS.map(() => '---:').join('|')}|`);
   const line = (label: string, pick: (r: Row) => number[], digits = 1) => say(`| ${label} | ${AGENT_BUILDS.map((b) => median(pick(rows[b])).toFixed(digits)).join(' | ')} |`);
@@ -660,7 +667,7 @@ async function benchMemory(registry: Registry, mirrors: Record<string, string>):
   line(`\`--once\` whole process, ${K} images present (ms)`, (r) => r.onceMs, 0);
   line(`agent CPU while ${K} images are pulled (ms)`, (r) => r.agentCpuMs, 0);
   line(`containerd CPU for the same pulls (ms)`, (r) => r.containerdCpuMs, 0);
-  return { memory: { nodeOptions: AGENT_NODE_OPTIONS, builds: rows } };
+  return { memory: { node: NODE_SETUP, builds: rows } };
 }
 
 async function main(): Promise<number> {
@@ -672,7 +679,7 @@ async function main(): Promise<number> {
   for (const b of AGENT_BUILDS) CLI_OF[b] = b === 'bundle' ? await bundledCli() : SOURCE_CLI;
   CLI = CLI_OF[AGENT_BUILDS[0]!]!;
   const machine = `${os.cpus().length} CPUs (${os.cpus()[0]?.model ?? '?'}), ${(os.totalmem() / 2 ** 30).toFixed(1)} GiB RAM, ${os.type()} ${os.release()}, Node ${process.version}`;
-  say(`# pinset benchmarks\n\nmachine: ${machine}\nruns per measurement: ${RUNS} (median), alternating\nagent: ${AGENT_BUILDS.join(', ')}${AGENT_ENV.NODE_OPTIONS ? `\nagent NODE_OPTIONS: ${AGENT_ENV.NODE_OPTIONS}` : ''}\n`);
+  say(`# pinset benchmarks\n\nmachine: ${machine}\nruns per measurement: ${RUNS} (median), alternating\nagent: ${AGENT_BUILDS.join(', ')}\nagent's Node.js: ${NODE_SETUP}\n`);
 
   // Results of a partial run (BENCH_ONLY) are merged into the last full ones.
   const previous = JSON.parse(await readFile(RESULTS, 'utf8').catch(() => '{}')) as Record<string, unknown>;

@@ -19,7 +19,7 @@
 // (bundleProblem below).
 import { createHash } from 'node:crypto';
 import { cp, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
-import { builtinModules } from 'node:module';
+import { builtinModules, createRequire } from 'node:module';
 import path from 'node:path';
 import type * as esbuild from 'esbuild';
 
@@ -28,6 +28,35 @@ export const DIST = path.join(ROOT, 'dist');
 /** The CLI in the bundle: `node dist/pinset.mjs <command>`. */
 export const BUNDLE_CLI = path.join(DIST, 'pinset.mjs');
 const BUILD_INFO = 'build-info.json';
+
+/**
+ * Options for Node.js itself, carried by the bundle's first line
+ * (`#!/usr/bin/env -S node ...`), so the image's ENTRYPOINT, the systemd
+ * unit's /usr/local/bin/pinset and anyone running dist/pinset.mjs get them.
+ * Several are V8 flags that NODE_OPTIONS does not accept. Each one's cost
+ * and saving is measured in BENCHMARKS.md (memory).
+ */
+export const NODE_FLAGS: readonly string[] = [
+  // V8 sizes the young generation for the machine's memory, not the
+  // container's: up to 16 MB semi-spaces on a large node, which the agent
+  // never needs.
+  '--max-semi-space-size=1',
+  // Grow the old generation slowly and give memory back sooner: the heap
+  // after a 1000-image reconcile is half its size with Node's defaults.
+  '--optimize-for-size',
+  // No optimizing JavaScript compilers: Maglev and TurboFan keep their
+  // compile zones' memory (malloc arenas of background threads) and the
+  // optimized code, 30-40 MB after a large reconcile, to speed up code that
+  // waits on the runtime and the API almost all the time. The interpreter
+  // and the baseline compiler (Sparkplug) remain.
+  '--no-maglev',
+  '--no-turbofan',
+  // The Kubernetes client's HTTP parser (undici's llhttp) is WebAssembly:
+  // compiled at once by the baseline compiler (Liftoff) and never
+  // recompiled by the optimizing one, which costs about 12 MB.
+  '--no-wasm-dynamic-tiering',
+  '--no-wasm-tier-up',
+];
 
 /**
  * Entry points: output name (in dist/, .mjs) to source. Commands reached
@@ -77,6 +106,7 @@ export async function sourceHash(): Promise<string> {
 
 export interface BuildInfo {
   sourceHash: string;
+  nodeFlags: readonly string[];
   esbuild: string;
   builtAt: string;
 }
@@ -154,13 +184,22 @@ export async function build(opts: { outdir?: string } = {}): Promise<BuildResult
       // Never inline one of these: a run-time require() of a package that is
       // not there must be one of the optional ones (checked below).
       external: OPTIONAL_AT_RUNTIME,
+      plugins: [
+        // @kubernetes/client-node's index re-exports every module (exec,
+        // attach, port-forward, cp with its tar and WebSocket packages...);
+        // its package does not declare them free of import-time side
+        // effects, so without this they would all be kept.
+        pureModules(/node_modules\/@kubernetes\/client-node\//),
+        slimUndici(),
+      ],
     });
     for (const w of result.warnings) process.stderr.write(`build: warning: ${w.text}${w.location ? ` (${w.location.file}:${w.location.line})` : ''}\n`);
     checkExternals(result.metafile);
     await cp(path.join(ROOT, 'proto'), path.join(staging, 'proto'), { recursive: true });
     await writeFile(path.join(staging, 'meta.json'), JSON.stringify(result.metafile));
     await writeFile(path.join(staging, 'licenses.txt'), await licenses(result.metafile));
-    const info: BuildInfo = { sourceHash: hash, esbuild: esbuild.version, builtAt: new Date().toISOString() };
+    await setHashbang(path.join(staging, 'pinset.mjs'));
+    const info: BuildInfo = { sourceHash: hash, nodeFlags: NODE_FLAGS, esbuild: esbuild.version, builtAt: new Date().toISOString() };
     await writeFile(path.join(staging, BUILD_INFO), JSON.stringify(info, null, 2) + '\n');
     await rm(outdir, { recursive: true, force: true });
     await mkdir(path.dirname(outdir), { recursive: true });
@@ -169,6 +208,49 @@ export async function build(opts: { outdir?: string } = {}): Promise<BuildResult
   } finally {
     await rm(staging, { recursive: true, force: true });
   }
+}
+
+/** Mark the modules whose path matches as free of import-time side effects, so tree shaking may drop them whole. */
+function pureModules(re: RegExp): esbuild.Plugin {
+  return {
+    name: 'pure-modules',
+    setup(b) {
+      b.onResolve({ filter: /.*/ }, async (args) => {
+        if (args.pluginData === 'pure') return undefined;
+        const r = await b.resolve(args.path, { kind: args.kind, importer: args.importer, resolveDir: args.resolveDir, pluginData: 'pure' });
+        if (r.errors.length || !re.test(r.path)) return undefined;
+        return { ...r, sideEffects: false };
+      });
+    },
+  };
+}
+
+/** `undici` as scripts/bundle-shims/undici.cjs: the three things client-node takes from it. */
+function slimUndici(): esbuild.Plugin {
+  const shim = path.join(ROOT, 'scripts/bundle-shims/undici.cjs');
+  return {
+    name: 'slim-undici',
+    setup(b) {
+      b.onResolve({ filter: /^undici$/ }, (args) => (args.importer === shim ? undefined : { path: shim }));
+      // The shim's deep imports, past undici's "exports" map.
+      b.onResolve({ filter: /^undici\/lib\// }, (args) => ({ path: require_.resolve(path.join(ROOT, 'node_modules', args.path)) }));
+    },
+  };
+}
+const require_ = createRequire(import.meta.url);
+
+/** The entry's first line: run by `node` from PATH with NODE_FLAGS (env -S: coreutils 8.30 and later). */
+async function setHashbang(file: string): Promise<void> {
+  const text = await readFile(file, 'utf8');
+  const body = text.startsWith('#!') ? text.slice(text.indexOf('\n') + 1) : text;
+  await writeFile(file, `#!/usr/bin/env -S node ${NODE_FLAGS.join(' ')}\n${body}`, { mode: 0o755 });
+}
+
+/** The Node.js options a program's first line asks for (`#!/usr/bin/env [-S] node <options>`); none for other lines. */
+export function hashbangNodeFlags(programText: string): string[] {
+  const first = programText.slice(0, programText.indexOf('\n'));
+  const m = /^#!\/usr\/bin\/env(?: -S)? node((?: \S+)*)\s*$/.exec(first);
+  return m ? m[1]!.split(' ').filter(Boolean) : [];
 }
 
 const BUILTINS = new Set(builtinModules.flatMap((m) => [m, `node:${m}`]));

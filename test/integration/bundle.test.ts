@@ -2,18 +2,21 @@
 // unit ship it. Built here into a folder outside the repository, so nothing
 // in it can reach a node_modules folder: what runs, runs from dist/ alone.
 // Checked: the freshness stamp the end-to-end tests rely on, that what the
-// sources load lazily stays out of each command's start-up, and an agent
-// --once run from the bundle on a CRI-O stand-in node (pins confirmed after a
-// reload through D-Bus, the lazily loaded D-Bus client included).
+// sources load lazily stays out of each command's start-up, an agent --once
+// run from the bundle on a CRI-O stand-in node (pins confirmed after a reload
+// through D-Bus, the lazily loaded D-Bus client included), and the controller
+// from the bundle against the in-process API server (the Kubernetes client as
+// the bundle trims it: scripts/build.ts pureModules, slimUndici).
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import type { Metafile } from 'esbuild';
-import { build, bundleProblem } from '../../scripts/build.ts';
+import { build, bundleProblem, hashbangNodeFlags, NODE_FLAGS } from '../../scripts/build.ts';
 import { readPinFile } from '../support/agent-process.ts';
+import { ApiServer, type KubeObject } from '../support/apiserver.ts';
 import { requireComponents } from '../support/components.ts';
 import { startCrioNode, type CrioNode } from '../support/crio-node.ts';
 
@@ -49,6 +52,16 @@ function packagesLoaded(meta: Metafile, output: string, withDynamic: boolean): S
 }
 
 /** The output file that the source module `entry` (a command's main, or the CLI) became. */
+/** Run dist/pinset.mjs as a command (through its #! line, Node.js 24 first on PATH) from `cwd`, with nothing else of this machine's environment. */
+function runBundle(dist: string, args: string[], cwd: string, env: Record<string, string> = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const fullEnv = { PATH: `${path.dirname(process.execPath)}:/usr/bin:/bin`, ...env };
+  return new Promise((resolve) => {
+    execFile(path.join(dist, 'pinset.mjs'), args, { cwd, env: fullEnv, timeout: 50_000 }, (err, stdout, stderr) =>
+      resolve({ code: err ? ((err as { code?: number }).code ?? null) : 0, stdout, stderr }),
+    );
+  });
+}
+
 function outputOf(meta: Metafile, entry: string): string {
   const found = Object.entries(meta.outputs).find(([, o]) => o.entryPoint === entry);
   assert.ok(found, `no output for ${entry}`);
@@ -78,6 +91,12 @@ describe('the bundle', () => {
     assert.match((await bundleProblem(dist)) ?? '', /other sources.*npm run build/);
     await writeFile(infoFile, JSON.stringify(info));
     assert.match((await bundleProblem(path.join(tmp, 'nothing-here'))) ?? '', /no bundle.*npm run build/);
+  });
+
+  test('its first line runs Node.js with the flags the image and the systemd unit rely on', async () => {
+    const text = await readFile(path.join(dist, 'pinset.mjs'), 'utf8');
+    assert.match(text, /^#!\/usr\/bin\/env -S node /);
+    assert.deepEqual(hashbangNodeFlags(text), NODE_FLAGS);
   });
 
   test('the CLI loads no dependency before it knows the command', () => {
@@ -114,21 +133,46 @@ describe('the bundle', () => {
       const set = { apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name: 'boot' }, spec: { pinnedImages: [{ name: IMAGE }] } };
       await writeFile(path.join(work, 'sets.d', 'boot.yaml'), JSON.stringify(set));
       const args = [
-        path.join(dist, 'pinset.mjs'), 'agent', '--once', '--node-name', 'bundle-node', '--static-dir', path.join(work, 'sets.d'),
+        'agent', '--once', '--node-name', 'bundle-node', '--static-dir', path.join(work, 'sets.d'),
         '--cri-endpoint', node.endpoint, '--crio-dropin-dir', node.dropInDir, '--reload', 'dbus',
         '--auth-file', path.join(work, 'none.json'),
       ];
-      // From the temporary folder, with a clean environment: nothing points back into this repository.
-      const r = await new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
-        execFile(process.execPath, args, { cwd: tmp, env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...node!.env }, timeout: 50_000 }, (err, stdout, stderr) =>
-          resolve({ code: err ? ((err as { code?: number }).code ?? null) : 0, stdout, stderr }),
-        );
-      });
+      // From the temporary folder: nothing points back into this repository.
+      const r = await runBundle(dist, args, tmp, node.env);
       assert.equal(r.code, 0, r.stderr);
       const sets = r.stdout.trim().split('\n').map((l) => JSON.parse(l) as { name: string; phase: string });
       assert.deepEqual(sets.map((s) => [s.name, s.phase]), [['boot', 'Ready']]);
       assert.equal(node.crio.pullCount(IMAGE), 1, 'the stand-in was asked to pull');
       assert.deepEqual((await readPinFile(node.dropInDir))?.pins, [IMAGE]);
     });
+  });
+
+  test('the controller from the bundle rolls the nodes up into a set\'s status, through the trimmed Kubernetes client', { timeout: 60_000 }, async (t) => {
+    const api = await ApiServer.start();
+    t.after(() => api.stop());
+    const kubeconfig = await api.writeKubeconfig(tmp);
+    api.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'node-a', labels: {} } });
+    api.create({ apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name: 'web' }, spec: { pinnedImages: [{ name: IMAGE }] } } as unknown as KubeObject);
+    const child = spawn(path.join(dist, 'pinset.mjs'), ['controller', '--kubeconfig', kubeconfig, '--leader-elect=false', '--metrics-addr', ''], {
+      cwd: tmp,
+      env: { PATH: `${path.dirname(process.execPath)}:/usr/bin:/bin` },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let output = '';
+    child.stdout.on('data', (d: Buffer) => (output += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (output += d.toString()));
+    const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+    t.after(() => {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    });
+    const status = await api.waitFor(
+      () => (api.get('pinnedimagesets', 'web') as { status?: { observedGeneration?: number; nodes?: { matched: number } } }).status,
+      20_000,
+      `the set's status from the bundled controller; its output:\n${output}`,
+    );
+    assert.equal(status?.observedGeneration, 1);
+    assert.equal(status?.nodes?.matched, 1);
+    child.kill('SIGTERM');
+    assert.equal(await exited, 0, output);
   });
 });

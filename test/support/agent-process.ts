@@ -14,7 +14,8 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parse as parseToml } from 'smol-toml';
 import type { NodeSetStatus } from '../../src/api/types.ts';
-import { BUNDLE_CLI, bundleProblem } from '../../scripts/build.ts';
+import { readFileSync } from 'node:fs';
+import { BUNDLE_CLI, bundleProblem, hashbangNodeFlags } from '../../scripts/build.ts';
 import { trackChild } from './components.ts';
 
 /** The CLI run from the TypeScript sources. */
@@ -30,6 +31,14 @@ export async function bundledCli(): Promise<string> {
   const problem = await bundleProblem();
   if (problem) throw new Error(problem);
   return BUNDLE_CLI;
+}
+
+/**
+ * `node <options> <cli>` as the program's first line asks (the bundle carries
+ * V8 flags there), with this process's Node.js; `nodeArgs` replaces the options.
+ */
+function argvFor(cli: string, nodeArgs: string[] | undefined): string[] {
+  return [...(nodeArgs ?? hashbangNodeFlags(readFileSync(cli, 'utf8').slice(0, 1000))), cli];
 }
 
 function cleanEnv(extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv {
@@ -50,8 +59,8 @@ export interface OnceResult {
 }
 
 /** `pinset agent --once ...args`; resolves when it exits (killed after `timeoutMs`). */
-export function runAgentOnce(args: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv; cli?: string } = {}): Promise<OnceResult> {
-  const child = spawn(process.execPath, [opts.cli ?? SOURCE_CLI, 'agent', '--once', ...args], { env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] });
+export function runAgentOnce(args: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv; cli?: string; nodeArgs?: string[] } = {}): Promise<OnceResult> {
+  const child = spawn(process.execPath, [...argvFor(opts.cli ?? SOURCE_CLI, opts.nodeArgs), 'agent', '--once', ...args], { env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] });
   trackChild(child);
   let stdout = '';
   let stderr = '';
@@ -112,9 +121,16 @@ export class AgentProcess {
     );
   }
 
-  /** `cli`: the program to run, SOURCE_CLI (the default) or bundledCli(). */
-  static start(args: string[], opts: { env?: NodeJS.ProcessEnv; cli?: string } = {}): AgentProcess {
-    return new AgentProcess(spawn(process.execPath, [opts.cli ?? SOURCE_CLI, 'agent', ...args], { env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] }));
+  /**
+   * `cli`: the program to run, SOURCE_CLI (the default) or bundledCli().
+   * `nodeArgs`: options for Node.js itself, before the program (V8 flags that
+   * NODE_OPTIONS does not accept, e.g. --single-threaded-gc); by default the
+   * ones the program's first line names, as when it is run as a command.
+   */
+  static start(args: string[], opts: { env?: NodeJS.ProcessEnv; cli?: string; nodeArgs?: string[] } = {}): AgentProcess {
+    return new AgentProcess(
+      spawn(process.execPath, [...argvFor(opts.cli ?? SOURCE_CLI, opts.nodeArgs), 'agent', ...args], { env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] }),
+    );
   }
 
   #take(chunk: string): void {
