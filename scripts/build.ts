@@ -77,7 +77,7 @@ const ENTRIES: Record<string, string> = {
  */
 export const OPTIONAL_AT_RUNTIME = ['bufferutil', 'utf-8-validate', 'supports-color', 'abstract-socket', 'osx-temperature-sensor', 'macos-temperature-sensor'];
 
-/** What the bundle is made from: the sources, the proto files, the locked dependencies and this script. */
+/** What the bundle is made from: the sources, the proto files, the locked dependencies and the build (scripts/). */
 async function inputFiles(): Promise<string[]> {
   const out: string[] = [];
   async function walk(rel: string): Promise<void> {
@@ -89,7 +89,8 @@ async function inputFiles(): Promise<string[]> {
   }
   await walk('src');
   await walk('proto');
-  out.push('package.json', 'package-lock.json', 'scripts/build.ts');
+  await walk('scripts');
+  out.push('package.json', 'package-lock.json');
   return out.sort();
 }
 
@@ -125,7 +126,7 @@ export async function bundleProblem(dist = DIST): Promise<string | null> {
   }
   const now = await sourceHash();
   if (info.sourceHash !== now) {
-    return `${path.relative(ROOT, dist) || dist}/ was built (${info.builtAt}) from other sources than these (src/, proto/, package-lock.json or scripts/build.ts changed since): run \`npm run build\``;
+    return `${path.relative(ROOT, dist) || dist}/ was built (${info.builtAt}) from other sources than these (src/, proto/, scripts/ or the dependencies changed since): run \`npm run build\``;
   }
   return null;
 }
