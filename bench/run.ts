@@ -559,6 +559,8 @@ interface ApiSetRun {
   peakMb: number;
   idleMb: number;
   readyMs: number;
+  /** The agent's CPU time over its whole run: start, the set's pulls, 3 no-op resyncs. */
+  cpuMs: number;
 }
 
 /**
@@ -586,7 +588,7 @@ async function apiSetRun(refs: string[], cli: string): Promise<ApiSetRun> {
       from = agent.mark();
     }
     const st = procStatus(agent.child.pid!);
-    return { peakMb: st.hwmKb / 1024, idleMb: st.rssKb / 1024, readyMs };
+    return { peakMb: st.hwmKb / 1024, idleMb: st.rssKb / 1024, readyMs, cpuMs: cpuMs(agent.child.pid) };
   } finally {
     await agent.stop();
     await api.stop();
@@ -629,8 +631,10 @@ async function benchMemory(registry: Registry, mirrors: Record<string, string>):
   const hex = (i: number) => i.toString(16).padStart(64, '0');
   const nRefs = Array.from({ length: N }, (_, i) => `registry.test/bench/api-n${i}@sha256:${hex(i + 1)}`);
 
-  type Row = { bareNode: number[]; idleStatic: number[]; idleApi: number[]; setPeak: number[]; setIdle: number[]; setReadyMs: number[]; onceMs: number[]; agentCpuMs: number[]; containerdCpuMs: number[] };
-  const rows = Object.fromEntries(AGENT_BUILDS.map((b) => [b, { bareNode: [], idleStatic: [], idleApi: [], setPeak: [], setIdle: [], setReadyMs: [], onceMs: [], agentCpuMs: [], containerdCpuMs: [] } as Row])) as Record<AgentBuild, Row>;
+  type Row = { bareNode: number[]; idleStatic: number[]; idleApi: number[]; setPeak: number[]; setIdle: number[]; setReadyMs: number[]; setCpuMs: number[]; onceMs: number[]; agentCpuMs: number[]; containerdCpuMs: number[] };
+  const rows = Object.fromEntries(
+    AGENT_BUILDS.map((b) => [b, { bareNode: [], idleStatic: [], idleApi: [], setPeak: [], setIdle: [], setReadyMs: [], setCpuMs: [], onceMs: [], agentCpuMs: [], containerdCpuMs: [] } as Row]),
+  ) as Record<AgentBuild, Row>;
   for (let i = 0; i < RUNS; i++) {
     // Builds alternate in order from run to run.
     const order = i % 2 === 0 ? AGENT_BUILDS : [...AGENT_BUILDS].reverse();
@@ -644,6 +648,7 @@ async function benchMemory(registry: Registry, mirrors: Record<string, string>):
       r.setPeak.push(set.peakMb);
       r.setIdle.push(set.idleMb);
       r.setReadyMs.push(set.readyMs);
+      r.setCpuMs.push(set.cpuMs);
       r.onceMs.push(await onceAllPresentRun(mirrors, refs, cli));
       const pulls = await agentSteadyRun(mirrors, warm, refs, 4, cli);
       r.agentCpuMs.push(pulls.agentCpuMs!);
@@ -664,6 +669,8 @@ async function benchMemory(registry: Registry, mirrors: Record<string, string>):
   line('idle, static folder only, metrics served (MB)', (r) => r.idleStatic);
   line(`peak, ${N}-image set from the API (MB)`, (r) => r.setPeak);
   line(`idle after, ${N}-image set from the API (MB)`, (r) => r.setIdle);
+  line(`${N}-image set from the API: agent start to Ready (ms)`, (r) => r.setReadyMs, 0);
+  line(`${N}-image set from the API: agent CPU, start to Ready and 3 no-op resyncs (ms)`, (r) => r.setCpuMs, 0);
   line(`\`--once\` whole process, ${K} images present (ms)`, (r) => r.onceMs, 0);
   line(`agent CPU while ${K} images are pulled (ms)`, (r) => r.agentCpuMs, 0);
   line(`containerd CPU for the same pulls (ms)`, (r) => r.containerdCpuMs, 0);
