@@ -192,6 +192,7 @@ export async function build(opts: { outdir?: string } = {}): Promise<BuildResult
         // effects, so without this they would all be kept.
         pureModules(/node_modules\/@kubernetes\/client-node\//),
         slimUndici(),
+        builtinsThroughRequire(),
       ],
     });
     for (const w of result.warnings) process.stderr.write(`build: warning: ${w.text}${w.location ? ` (${w.location.file}:${w.location.line})` : ''}\n`);
@@ -222,6 +223,28 @@ function pureModules(re: RegExp): esbuild.Plugin {
         if (r.errors.length || !re.test(r.path)) return undefined;
         return { ...r, sideEffects: false };
       });
+    },
+  };
+}
+
+/**
+ * Node.js built-ins loaded with require(), not import. An ES import of a
+ * built-in makes Node.js read every one of its exports to build the module
+ * namespace, getters included: for node:http that is its lazy WebSocket,
+ * MessageEvent and CloseEvent, which load Node.js's own copy of undici
+ * (about 14 MB resident, never used). require() reads nothing.
+ */
+function builtinsThroughRequire(): esbuild.Plugin {
+  const NS = 'builtin-require';
+  return {
+    name: 'builtins-through-require',
+    setup(b) {
+      b.onResolve({ filter: /^(node:)?[a-z][a-z0-9_/]*$/ }, (args) => {
+        if (!BUILTINS.has(args.path)) return undefined;
+        if (args.namespace === NS) return { path: args.path, external: true };
+        return { path: args.path.startsWith('node:') ? args.path : `node:${args.path}`, namespace: NS };
+      });
+      b.onLoad({ filter: /.*/, namespace: NS }, (args) => ({ contents: `module.exports = require(${JSON.stringify(args.path)});`, loader: 'js' }));
     },
   };
 }
