@@ -19,7 +19,7 @@
 // (bundleProblem below).
 import { createHash } from 'node:crypto';
 import { cp, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
-import { builtinModules, createRequire } from 'node:module';
+import { builtinModules } from 'node:module';
 import path from 'node:path';
 import type * as esbuild from 'esbuild';
 
@@ -249,20 +249,18 @@ function builtinsThroughRequire(): esbuild.Plugin {
   };
 }
 
-/** `undici` as scripts/bundle-shims/undici.cjs: the three things client-node takes from it. */
+/** `undici` as scripts/bundle-shims/undici.mjs: the few things the Kubernetes client and the registry client take from it. */
 function slimUndici(): esbuild.Plugin {
-  const shim = path.join(ROOT, 'scripts/bundle-shims/undici.cjs');
+  const shim = path.join(ROOT, 'scripts/bundle-shims/undici.mjs');
   return {
     name: 'slim-undici',
     setup(b) {
       b.onResolve({ filter: /^undici$/ }, (args) => (args.importer === shim ? undefined : { path: shim }));
       // The shim's deep imports, past undici's "exports" map.
-      b.onResolve({ filter: /^undici\/lib\// }, (args) => ({ path: require_.resolve(path.join(ROOT, 'node_modules', args.path)) }));
+      b.onResolve({ filter: /^undici\/lib\// }, (args) => ({ path: path.join(ROOT, 'node_modules', args.path) }));
     },
   };
 }
-const require_ = createRequire(import.meta.url);
-
 /** The entry's first line: run by `node` from PATH with NODE_FLAGS (env -S: coreutils 8.30 and later). */
 async function setHashbang(file: string): Promise<void> {
   const text = await readFile(file, 'utf8');

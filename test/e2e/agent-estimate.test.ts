@@ -16,7 +16,7 @@ import { MemorySizeEstimator } from '../../src/agent/estimate.ts';
 import { RegistrySizeEstimator } from '../../src/agent/registry-estimator.ts';
 import { RegistryClient } from '../../src/registry/client.ts';
 import { parseRegistriesConf, RegistriesConf } from '../../src/registry/registries-conf.ts';
-import { readPinFile, runAgentOnce } from '../support/agent-process.ts';
+import { bundledCli, readPinFile, runAgentOnce } from '../support/agent-process.ts';
 import { missingComponents, requireComponents, type ComponentName } from '../support/components.ts';
 import { Containerd, CriClient } from '../support/containerd.ts';
 import { MEDIA_TYPES, nodePlatform, pushMultiArch, pushRandom, unknownRef, type PushedImage } from '../support/images.ts';
@@ -147,7 +147,7 @@ describe('pinset agent --once: the disk estimate before pulling, on containerd',
       '--registries-conf', conf, '--registries-conf-dir', path.join(work, 'none.d'), '--disk-estimate-factor', String(f),
     ];
 
-    const refused = await runAgentOnce(flags(factor));
+    const refused = await runAgentOnce(flags(factor), { cli: await bundledCli() });
     assert.equal(refused.code, 1, refused.stderr);
     const s = refused.sets[0]!;
     assert.equal(s.phase, 'Degraded');
@@ -158,7 +158,7 @@ describe('pinset agent --once: the disk estimate before pulling, on containerd',
     assert.ok(!listed.some((i) => i.repoDigests.includes(a.ref) || i.repoDigests.includes(b.ref)), 'nothing of the batch was pulled');
     assert.deepEqual((await readPinFile(dropinDir))?.pins, [a.ref, b.ref].sort(), 'the pins are in place');
 
-    const pulled = await runAgentOnce(flags(2));
+    const pulled = await runAgentOnce(flags(2), { cli: await bundledCli() });
     assert.equal(pulled.code, 0, pulled.stderr);
     assert.equal(pulled.sets[0]!.phase, 'Ready');
     assert.equal(pulled.sets[0]!.estimatedBytes, undefined);

@@ -16,9 +16,9 @@ import { missingComponents, requireComponents, type ComponentName } from '../sup
 import { layerOf, MEDIA_TYPES, pushLayers, pushMultiArch, pushRandom, pushSingleLayer, type PushedImage, type PushedIndex } from '../support/images.ts';
 import { Registry } from '../support/registry.ts';
 import { makeCertificate } from '../support/token-server.ts';
+import { argvFor, bundledCli } from '../support/agent-process.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '../..');
-const NODE = path.join(ROOT, 'node_modules/.bin/node');
 const NEEDS: ComponentName[] = ['docker-registry', 'htpasswd', 'openssl'];
 const CREDS = { username: 'ci', password: 'resolve-pw-6d21' };
 
@@ -38,9 +38,11 @@ async function cli(fn: typeof resolve, args: string[], stdinText = ''): Promise<
   return { code, stdout, stderr };
 }
 
-function subprocess(args: string[], env: Record<string, string>): Promise<Out> {
+/** The command as shipped: the bundle (checked to be built from these sources), with the Node.js flags of its first line. */
+async function subprocess(args: string[], env: Record<string, string>): Promise<Out> {
+  const argv = argvFor(await bundledCli());
   return new Promise((resolveP) => {
-    execFile(NODE, ['src/cli/main.ts', ...args], { cwd: ROOT, env: { ...process.env, ...env }, timeout: 60_000 }, (err, stdout, stderr) => {
+    execFile(process.execPath, [...argv, ...args], { cwd: ROOT, env: { ...process.env, ...env }, timeout: 60_000 }, (err, stdout, stderr) => {
       const code = err ? (typeof (err as { code?: unknown }).code === 'number' ? (err as { code: number }).code : -1) : 0;
       resolveP({ code, stdout, stderr });
     });

@@ -37,7 +37,7 @@ export async function bundledCli(): Promise<string> {
  * `node <options> <cli>` as the program's first line asks (the bundle carries
  * V8 flags there), with this process's Node.js; `nodeArgs` replaces the options.
  */
-function argvFor(cli: string, nodeArgs: string[] | undefined): string[] {
+export function argvFor(cli: string, nodeArgs?: string[]): string[] {
   return [...(nodeArgs ?? hashbangNodeFlags(readFileSync(cli, 'utf8').slice(0, 1000))), cli];
 }
 
