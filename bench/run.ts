@@ -566,16 +566,22 @@ interface ApiSetRun {
 /**
  * An N-image set from the in-process API server on the CRI-O stand-in node
  * (D-Bus reload), as on a cluster node: VmHWM from start until the set is
- * Ready and 3 resyncs later, and VmRSS then.
+ * Ready and 3 resyncs later, and VmRSS then. The images are in the loopback
+ * registry too, reached through a registries.conf, so the agent's size
+ * estimate before pulling gets real answers (the stand-in itself "pulls"
+ * from its catalogue).
  */
-async function apiSetRun(refs: string[], cli: string): Promise<ApiSetRun> {
+async function apiSetRun(refs: string[], cli: string, registry: Registry, extra: string[] = []): Promise<ApiSetRun> {
   const node = await startCrioNode({ catalogue: Object.fromEntries(refs.map((r) => [r, { size: 1000 }])) });
   const api = await ApiServer.start();
   const s = await scratch();
   api.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'bench-node', labels: {} } });
   api.create(setDoc('bench-n', refs) as unknown as KubeObject);
+  const conf = path.join(s.dir, 'registries.conf');
+  await writeFile(conf, `[[registry]]\nprefix = "registry.test"\nlocation = "${registry.host}"\ninsecure = true\n`);
   const flags = agentFlags({ ...s, dropinDir: node.dropInDir }, node.endpoint, [
     '--reload', 'dbus', '--resync-interval', '2s', '--metrics-addr', '127.0.0.1:0', '--kubeconfig', await api.writeKubeconfig(s.dir),
+    '--registries-conf', conf, '--registries-conf-dir', path.join(s.dir, 'registries.conf.d'), ...extra,
   ]);
   const t0 = Date.now();
   const agent = AgentProcess.start(flags, { env: { ...node.env, ...AGENT_ENV }, cli, nodeArgs: AGENT_NODE_FLAGS });
@@ -623,17 +629,15 @@ async function onceAllPresentRun(mirrors: Record<string, string>, refs: string[]
 }
 
 async function benchMemory(registry: Registry, mirrors: Record<string, string>): Promise<Record<string, unknown>> {
-  say(`\npushing ${K} images of ${IMAGE_BYTES} random bytes and ${N} names for the stand-in...`);
+  say(`\npushing ${K} images of ${IMAGE_BYTES} random bytes and ${N} small images...`);
   const big = await pushMany(K, 4, (i) => pushRandom(registry, `bench/k${i}`, IMAGE_BYTES));
   const refs = big.map((b) => b.ref);
   const warm = (await pushSingleLayer(registry, 'bench/warm')).ref;
-  // The CRI-O stand-in "pulls" from a catalogue: names only, nothing pushed.
-  const hex = (i: number) => i.toString(16).padStart(64, '0');
-  const nRefs = Array.from({ length: N }, (_, i) => `registry.test/bench/api-n${i}@sha256:${hex(i + 1)}`);
+  const nRefs = (await pushMany(N, 16, (i) => pushSingleLayer(registry, `bench/n${i}`))).map((p) => p.ref);
 
-  type Row = { bareNode: number[]; idleStatic: number[]; idleApi: number[]; setPeak: number[]; setIdle: number[]; setReadyMs: number[]; setCpuMs: number[]; onceMs: number[]; agentCpuMs: number[]; containerdCpuMs: number[] };
+  type Row = { bareNode: number[]; idleStatic: number[]; idleApi: number[]; setPeak: number[]; setPeakNoEstimate: number[]; setIdle: number[]; setReadyMs: number[]; setCpuMs: number[]; onceMs: number[]; agentCpuMs: number[]; containerdCpuMs: number[] };
   const rows = Object.fromEntries(
-    AGENT_BUILDS.map((b) => [b, { bareNode: [], idleStatic: [], idleApi: [], setPeak: [], setIdle: [], setReadyMs: [], setCpuMs: [], onceMs: [], agentCpuMs: [], containerdCpuMs: [] } as Row]),
+    AGENT_BUILDS.map((b) => [b, { bareNode: [], idleStatic: [], idleApi: [], setPeak: [], setPeakNoEstimate: [], setIdle: [], setReadyMs: [], setCpuMs: [], onceMs: [], agentCpuMs: [], containerdCpuMs: [] } as Row]),
   ) as Record<AgentBuild, Row>;
   for (let i = 0; i < RUNS; i++) {
     // Builds alternate in order from run to run.
@@ -644,11 +648,12 @@ async function benchMemory(registry: Registry, mirrors: Record<string, string>):
       r.bareNode.push(await bareNodeRun());
       r.idleStatic.push(await idleEmptyRun(mirrors, false, cli));
       r.idleApi.push(await idleEmptyRun(mirrors, true, cli));
-      const set = await apiSetRun(nRefs, cli);
+      const set = await apiSetRun(nRefs, cli, registry);
       r.setPeak.push(set.peakMb);
       r.setIdle.push(set.idleMb);
       r.setReadyMs.push(set.readyMs);
       r.setCpuMs.push(set.cpuMs);
+      r.setPeakNoEstimate.push((await apiSetRun(nRefs, cli, registry, ['--disk-estimate-factor', '0'])).peakMb);
       r.onceMs.push(await onceAllPresentRun(mirrors, refs, cli));
       const pulls = await agentSteadyRun(mirrors, warm, refs, 4, cli);
       r.agentCpuMs.push(pulls.agentCpuMs!);
@@ -669,6 +674,7 @@ async function benchMemory(registry: Registry, mirrors: Record<string, string>):
   line('idle, static folder only, metrics served (MB)', (r) => r.idleStatic);
   line(`peak, ${N}-image set from the API (MB)`, (r) => r.setPeak);
   line(`idle after, ${N}-image set from the API (MB)`, (r) => r.setIdle);
+  line(`peak, ${N}-image set from the API, no size estimate (\`--disk-estimate-factor 0\`) (MB)`, (r) => r.setPeakNoEstimate);
   line(`${N}-image set from the API: agent start to Ready (ms)`, (r) => r.setReadyMs, 0);
   line(`${N}-image set from the API: agent CPU, start to Ready and 3 no-op resyncs (ms)`, (r) => r.setCpuMs, 0);
   line(`\`--once\` whole process, ${K} images present (ms)`, (r) => r.onceMs, 0);
