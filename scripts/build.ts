@@ -1,5 +1,6 @@
 // `npm run build`: the shipped form of pinset. esbuild bundles the CLI
-// (src/cli/main.ts, which loads each command on demand) into dist/ as ES
+// (src/cli/main.ts, which loads each command on demand; dist/pinset.mjs) and
+// the kubectl plugin (dist/kubectl-pinset.mjs) into dist/ as ES
 // modules for Node.js 24, tree-shaken and minified, with code splitting: every
 // dynamic import() of the sources stays a separate file loaded only when that
 // code runs (each command; in the agent the Kubernetes client, the D-Bus
@@ -18,7 +19,7 @@
 // so the end-to-end tests and the benchmarks can refuse a stale bundle
 // (bundleProblem below).
 import { createHash } from 'node:crypto';
-import { cp, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { chmod, cp, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { builtinModules } from 'node:module';
 import path from 'node:path';
 import type * as esbuild from 'esbuild';
@@ -59,12 +60,13 @@ export const NODE_FLAGS: readonly string[] = [
 ];
 
 /**
- * Entry points: output name (in dist/, .mjs) to source. Commands reached
- * through the CLI's import() need no entry of their own; a second program
- * (its own bin) does.
+ * Entry points: output name (in dist/, .mjs) to source, one per program (bin
+ * in package.json). Commands reached through the CLI's import() need no
+ * entry of their own.
  */
 const ENTRIES: Record<string, string> = {
-  pinset: 'src/cli/main.ts',
+  pinset: 'scripts/bundle-entries/pinset.ts',
+  'kubectl-pinset': 'src/cli/kubectl-pinset.ts',
 };
 
 /**
@@ -200,7 +202,7 @@ export async function build(opts: { outdir?: string } = {}): Promise<BuildResult
     await cp(path.join(ROOT, 'proto'), path.join(staging, 'proto'), { recursive: true });
     await writeFile(path.join(staging, 'meta.json'), JSON.stringify(result.metafile));
     await writeFile(path.join(staging, 'licenses.txt'), await licenses(result.metafile));
-    await setHashbang(path.join(staging, 'pinset.mjs'));
+    for (const name of Object.keys(ENTRIES)) await setHashbang(path.join(staging, `${name}.mjs`));
     const info: BuildInfo = { sourceHash: hash, nodeFlags: NODE_FLAGS, esbuild: esbuild.version, builtAt: new Date().toISOString() };
     await writeFile(path.join(staging, BUILD_INFO), JSON.stringify(info, null, 2) + '\n');
     await rm(outdir, { recursive: true, force: true });
@@ -265,7 +267,8 @@ function slimUndici(): esbuild.Plugin {
 async function setHashbang(file: string): Promise<void> {
   const text = await readFile(file, 'utf8');
   const body = text.startsWith('#!') ? text.slice(text.indexOf('\n') + 1) : text;
-  await writeFile(file, `#!/usr/bin/env -S node ${NODE_FLAGS.join(' ')}\n${body}`, { mode: 0o755 });
+  await writeFile(file, `#!/usr/bin/env -S node ${NODE_FLAGS.join(' ')}\n${body}`);
+  await chmod(file, 0o755);
 }
 
 /** The Node.js options a program's first line asks for (`#!/usr/bin/env [-S] node <options>`); none for other lines. */

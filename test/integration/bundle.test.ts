@@ -93,14 +93,32 @@ describe('the bundle', () => {
     assert.match((await bundleProblem(path.join(tmp, 'nothing-here'))) ?? '', /no bundle.*npm run build/);
   });
 
-  test('its first line runs Node.js with the flags the image and the systemd unit rely on', async () => {
-    const text = await readFile(path.join(dist, 'pinset.mjs'), 'utf8');
-    assert.match(text, /^#!\/usr\/bin\/env -S node /);
-    assert.deepEqual(hashbangNodeFlags(text), NODE_FLAGS);
+  test('each program\'s first line runs Node.js with the flags the image and the systemd unit rely on', async () => {
+    for (const program of ['pinset.mjs', 'kubectl-pinset.mjs']) {
+      const text = await readFile(path.join(dist, program), 'utf8');
+      assert.match(text, /^#!\/usr\/bin\/env -S node /, program);
+      assert.deepEqual(hashbangNodeFlags(text), NODE_FLAGS, program);
+    }
   });
 
-  test('the CLI loads no dependency before it knows the command', () => {
-    assert.deepEqual([...packagesLoaded(meta, outputOf(meta, 'src/cli/main.ts'), false)], []);
+  test('the CLI and the kubectl plugin load no dependency before they know the command', () => {
+    assert.deepEqual([...packagesLoaded(meta, outputOf(meta, 'scripts/bundle-entries/pinset.ts'), false)], []);
+    assert.deepEqual([...packagesLoaded(meta, outputOf(meta, 'src/cli/kubectl-pinset.ts'), false)], []);
+  });
+
+  test('both programs run from the bundle', { timeout: 60_000 }, async () => {
+    const fixture = path.resolve(import.meta.dirname, '../fixtures/sets/good/minimal.yaml');
+    const pinset = await runBundle(dist, ['validate', fixture], tmp);
+    assert.equal(pinset.code, 0, pinset.stderr);
+    assert.match(pinset.stdout, /valid/);
+    const plugin = await new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
+      execFile(path.join(dist, 'kubectl-pinset.mjs'), ['--help'], { cwd: tmp, env: { PATH: `${path.dirname(process.execPath)}:/usr/bin:/bin` } }, (err, stdout, stderr) =>
+        resolve({ code: err ? ((err as { code?: number }).code ?? null) : 0, stdout, stderr }),
+      );
+    });
+    assert.equal(plugin.code, 0, plugin.stderr);
+    assert.match(plugin.stdout, /^usage: kubectl pinset /);
+    assert.doesNotMatch(plugin.stdout, /\bagent\b/, 'the daemons are not kubectl verbs');
   });
 
   test('the agent loads the Kubernetes client, prom-client, the D-Bus client and systeminformation only on demand', () => {
