@@ -1,16 +1,19 @@
 // The CRI-O stand-in is the oracle for the agent's pin and pull tests, so
 // its own behaviour is checked here over the wire, with a plain grpc-js
-// client: CRI-O's drop-in rules for pins, and runtime-like pull errors.
+// client: each behaviour observed on a real CRI-O 1.32.13
+// (facts/crio-pinning.md) has a test: stored names apart from repo digests,
+// pins matched against stored names, CRI-O's drop-in rules, reloads that end
+// after the signal and may be refused, start-up, runtime-like pull errors.
 import { test, describe, before, after, beforeEach } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
 import { stringify as toToml } from 'smol-toml';
 import { LOADER_OPTIONS } from '../../src/cri/client.ts';
-import { startFakeCrio, PROTO_PATH, type FakeCrio, type CriImage } from '../support/fake-crio.ts';
+import { startFakeCrio, PROTO_PATH, CRIO_VERSION, FakeCrio as FakeCrioClass, type FakeCrio, type CriImage } from '../support/fake-crio.ts';
 
 const hex = (c: string) => c.repeat(64);
 const APP = `quay.io/org/app@sha256:${hex('a')}`;
@@ -98,7 +101,6 @@ describe('fake CRI-O', () => {
         [TAGGED]: { size: 50 },
         [PRIVATE]: { size: 10, needsAuth: { username: 'robot', password: 's3cret' } },
       },
-      runtimeHandlers: ['kata'],
     });
     client = new CriTestClient(crio.endpoint);
   });
@@ -111,21 +113,22 @@ describe('fake CRI-O', () => {
   const writePins = (file: string, patterns: string[]) => writeFile(join(dropIn, file), toToml({ crio: { image: { pinned_images: patterns } } }));
 
   describe('as a runtime', () => {
-    test('Version says cri-o 1.31.0, CRI v1', async () => {
+    test('Version says cri-o 1.32.13, CRI v1', async () => {
       const v = await client.version();
       assert.equal(v.runtimeName, 'cri-o');
-      assert.equal(v.runtimeVersion, '1.31.0');
+      assert.equal(v.runtimeVersion, CRIO_VERSION);
       assert.equal(v.runtimeApiVersion, 'v1');
     });
 
     test('an image pulled from the catalogue is listed and has a status; others have none', async () => {
-      const ref = await client.pull(APP);
-      assert.match(ref, /^sha256:[0-9a-f]{64}$/);
-      const listed = (await client.list()).find((i) => i.id === ref);
+      // CRI-O answers PullImage with a digested reference, and Image.id is the config digest without "sha256:".
+      assert.equal(await client.pull(APP), APP);
+      const listed = (await client.list()).find((i) => i.repoDigests.includes(APP));
+      assert.match(listed?.id ?? '', /^[0-9a-f]{64}$/);
       assert.deepEqual(listed?.repoDigests, [APP]);
       assert.equal(listed?.size, 100);
-      assert.equal((await client.status(APP))?.id, ref);
-      assert.equal((await client.status(ref))?.id, ref, 'ImageStatus by id');
+      assert.equal((await client.status(APP))?.id, listed?.id);
+      assert.equal((await client.status(listed!.id))?.id, listed?.id, 'ImageStatus by id');
       assert.equal(await client.status(DB), null, 'absent is not an error');
     });
 
@@ -134,13 +137,13 @@ describe('fake CRI-O', () => {
       assert.deepEqual((await client.status(TAGGED))?.repoTags, [TAGGED]);
     });
 
-    test('a reference outside the catalogue: NOT_FOUND', async () => {
-      await rejectsWithCode(client.pull(`quay.io/org/nope@sha256:${hex('f')}`), grpc.status.NOT_FOUND, /not found/);
+    test("a reference outside the catalogue: UNKNOWN, containers/image's \"manifest unknown\"", async () => {
+      await rejectsWithCode(client.pull(`quay.io/org/nope@sha256:${hex('f')}`), grpc.status.UNKNOWN, /reading manifest sha256:f+ in quay\.io\/org\/nope: manifest unknown/);
     });
 
-    test('credentials: none or wrong -> UNKNOWN with 401 Unauthorized; right -> pulled; auth recorded apart from the request', async () => {
-      await rejectsWithCode(client.pull(PRIVATE), grpc.status.UNKNOWN, /401 Unauthorized/);
-      await rejectsWithCode(client.pull(PRIVATE, { auth: { username: 'robot', password: 'wrong' } }), grpc.status.UNKNOWN, /401 Unauthorized/);
+    test('credentials: none or wrong -> UNKNOWN "authentication required"; right -> pulled; auth recorded apart from the request', async () => {
+      await rejectsWithCode(client.pull(PRIVATE), grpc.status.UNKNOWN, /authentication required/);
+      await rejectsWithCode(client.pull(PRIVATE, { auth: { username: 'robot', password: 'wrong' } }), grpc.status.UNKNOWN, /authentication required/);
       await client.pull(PRIVATE, { auth: { auth: Buffer.from('robot:s3cret').toString('base64'), serverAddress: 'private.registry.test' } });
       assert.ok(await client.status(PRIVATE));
 
@@ -152,22 +155,34 @@ describe('fake CRI-O', () => {
       for (const p of pulls) assert.ok(!('auth' in p.request), 'the request record carries no credentials');
     });
 
-    test('runtime handler: a configured one is stored with the image, an unknown one is refused', async () => {
+    test('the runtime handler of an ImageSpec is ignored, as CRI-O 1.32 ignores it', async () => {
       await client.pull(DB, { runtimeHandler: 'kata' });
-      const img = (await client.list()).find((i) => i.repoDigests.includes(DB) && i.spec.runtimeHandler === 'kata');
-      assert.ok(img, 'stored under the kata handler');
-      await rejectsWithCode(client.pull(DB, { runtimeHandler: 'gvisor' }), grpc.status.UNKNOWN, /runtime handler "gvisor"/);
+      assert.equal((await client.list()).filter((i) => i.repoDigests.includes(DB)).length, 1, 'one image, whatever the handler');
+      assert.ok(await client.status(DB), 'found without a handler');
+      await client.remove(DB);
     });
 
-    test('RemoveImage removes and is idempotent; ImageFsInfo counts stored bytes at a real mountpoint', async () => {
+    test('spec: unset in ListImages, annotations only in ImageStatus', async () => {
+      await client.pull(APP);
+      assert.equal((await client.list()).find((i) => i.repoDigests.includes(APP))?.spec, null);
+      assert.deepEqual((await client.status(APP))?.spec, { image: '', annotations: {}, userSpecifiedImage: '', runtimeHandler: '', imageRef: '' });
+    });
+
+    test('sha256:<id> is a short name to CRI-O (an error); the bare id and a unique prefix of it find the image', async () => {
+      await client.pull(APP);
+      const id = (await client.status(APP))!.id;
+      await rejectsWithCode(client.status(`sha256:${id}`), grpc.status.UNKNOWN, /short-name/);
+      assert.equal((await client.status(id.slice(0, 12)))?.id, id);
+    });
+
+    test('RemoveImage removes and is idempotent; ImageFsInfo names a real mountpoint, in both lists', async () => {
       await client.pull(BASE);
-      const before = await client.fsInfo();
       await client.remove(BASE);
       await client.remove(BASE);
       assert.equal(await client.status(BASE), null);
-      const after = await client.fsInfo();
-      assert.equal(before.imageFilesystems[0].fsId.mountpoint, crio.imageFsMountpoint);
-      assert.equal(before.imageFilesystems[0].usedBytes.value - after.imageFilesystems[0].usedBytes.value, 300);
+      const fs = await client.fsInfo();
+      assert.equal(fs.imageFilesystems[0].fsId.mountpoint, crio.imageFsMountpoint);
+      assert.deepEqual(fs.containerFilesystems, fs.imageFilesystems);
     });
 
     test('injected failures hit the next N pulls of that reference only', async () => {
@@ -323,13 +338,248 @@ describe('fake CRI-O', () => {
 
     test('pinned_images of the wrong type fails the reload too', async () => {
       await writeFile(join(dropIn, '50-pins'), toToml({ crio: { image: { pinned_images: APP } } }));
-      await assert.rejects(crio.reload(), /pinned_images must be an array of strings/);
+      await assert.rejects(crio.reload(), /crio\.image\.pinned_images: incompatible types/);
     });
 
     test('the pause image is always pinned', async () => {
       crio.catalogue.set(crio.pauseImage, { size: 1 });
       crio.preload(crio.pauseImage);
       assert.equal(await pinned(client, crio.pauseImage), true);
+    });
+  });
+  describe('stored names, as containers/storage keeps them', () => {
+    const M = `sha256:${hex('1')}`;
+    const WEB_TAG = 'registry.example.com/names/web:v1';
+    const WEB_DIGEST = `registry.example.com/names/web@${M}`;
+    const WEB_ELSEWHERE = `registry.example.com/elsewhere/web@${M}`;
+    const PLATFORM_DIGEST = `sha256:${hex('3')}`;
+    const INDEX = `registry.example.com/names/multi@sha256:${hex('2')}`;
+    const PLATFORM = `registry.example.com/names/multi@${PLATFORM_DIGEST}`;
+
+    beforeEach(async () => {
+      crio.catalogue.set(WEB_TAG, { size: 10, digest: M });
+      crio.catalogue.set(WEB_DIGEST, { size: 10 });
+      crio.catalogue.set(INDEX, { size: 20, platformDigest: PLATFORM_DIGEST });
+      crio.catalogue.set(PLATFORM, { size: 20 });
+      for (const r of [WEB_TAG, WEB_DIGEST, INDEX, PLATFORM]) crio.evict(r);
+      await rm(dropIn, { recursive: true, force: true });
+      await mkdir(dropIn);
+      await crio.reload();
+    });
+
+    test('a pull by tag stores repo:tag only; repo_digests still show repo@digest, and a digest pin does not pin it', async () => {
+      const downloads = crio.downloadCount();
+      await client.pull(WEB_TAG);
+      assert.equal(crio.downloadCount(), downloads + 1);
+      assert.deepEqual(crio.storedNames(WEB_TAG), [WEB_TAG]);
+      const listed = (await client.list()).find((i) => i.repoTags.includes(WEB_TAG));
+      assert.deepEqual(listed?.repoDigests, [WEB_DIGEST], 'names x digests: a digested reference that was never stored');
+      assert.equal((await client.status(WEB_DIGEST))?.id, listed?.id, 'ImageStatus finds it by digest within its repo');
+      assert.equal(await client.status(WEB_ELSEWHERE), null, 'but not under another repo');
+
+      await writePins('50-pins', [WEB_DIGEST]);
+      await crio.reload();
+      assert.equal(await pinned(client, WEB_DIGEST), false, 'CRI-O matches stored names, not repo_digests');
+    });
+
+    test('a pull of content already stored adds the name and downloads nothing: from then on the digest pin matches', async () => {
+      await client.pull(WEB_TAG);
+      await writePins('50-pins', [WEB_DIGEST]);
+      await crio.reload();
+      const downloads = crio.downloadCount();
+      assert.equal(await client.pull(WEB_DIGEST), WEB_DIGEST);
+      assert.equal(crio.downloadCount(), downloads, 'no download');
+      assert.deepEqual(crio.storedNames(WEB_DIGEST), [WEB_TAG, WEB_DIGEST]);
+      assert.equal(await pinned(client, WEB_DIGEST), true);
+      assert.equal((await client.list()).filter((i) => i.repoDigests.includes(WEB_DIGEST)).length, 1, 'still one image');
+    });
+
+    test('an index pulled by its index digest is stored under that name only; repo_digests list index and platform', async () => {
+      assert.equal(await client.pull(INDEX), PLATFORM, "PullImage answers with the platform manifest's reference");
+      assert.deepEqual(crio.storedNames(INDEX), [INDEX]);
+      const listed = (await client.list()).find((i) => i.repoDigests.includes(INDEX));
+      assert.deepEqual(listed?.repoDigests, [INDEX, PLATFORM].sort());
+      assert.deepEqual(listed?.repoTags, []);
+      await writePins('50-pins', [PLATFORM]);
+      await crio.reload();
+      assert.equal(await pinned(client, PLATFORM), false, 'a pin of the platform digest does not match');
+      const downloads = crio.downloadCount();
+      await client.pull(PLATFORM);
+      assert.equal(crio.downloadCount(), downloads, 'the platform pull downloads nothing');
+      assert.equal(await pinned(client, PLATFORM), true);
+    });
+
+    test('and the reverse: platform first, then the index: one download, both names', async () => {
+      const downloads = crio.downloadCount();
+      await client.pull(PLATFORM);
+      assert.deepEqual((await client.status(PLATFORM))?.repoDigests, [PLATFORM]);
+      assert.equal(await client.status(INDEX), null, 'the index digest is not among its digests yet');
+      await client.pull(INDEX);
+      assert.equal(crio.downloadCount(), downloads + 1);
+      assert.deepEqual(crio.storedNames(PLATFORM), [PLATFORM, INDEX]);
+      await writePins('50-pins', [INDEX]);
+      await crio.reload();
+      assert.equal(await pinned(client, INDEX), true);
+    });
+
+    test('RemoveImage by a name untags it while the image has other names; the last name removes the image', async () => {
+      await client.pull(WEB_TAG);
+      await client.pull(WEB_DIGEST);
+      await writePins('50-pins', [WEB_DIGEST]);
+      await crio.reload();
+      await client.remove(WEB_TAG);
+      assert.deepEqual(crio.storedNames(WEB_DIGEST), [WEB_DIGEST], 'only the tag went');
+      assert.equal(await pinned(client, WEB_DIGEST), true);
+      assert.equal(await client.status(WEB_TAG), null);
+      await client.remove(WEB_DIGEST);
+      assert.equal(await client.status(WEB_DIGEST), null);
+    });
+
+    test('RemoveImage removes a pinned image without complaint', async () => {
+      await client.pull(WEB_DIGEST);
+      await writePins('50-pins', [WEB_DIGEST]);
+      await crio.reload();
+      assert.equal(await pinned(client, WEB_DIGEST), true);
+      await client.remove(WEB_DIGEST);
+      assert.equal(await client.status(WEB_DIGEST), null);
+    });
+  });
+
+  describe('reading the folder as CRI-O does', () => {
+    beforeEach(async () => {
+      await rm(dropIn, { recursive: true, force: true });
+      await mkdir(dropIn);
+      for (const ref of [APP, DB]) crio.preload(ref);
+      await rm(join(root, 'crio.conf'), { force: true });
+      await crio.reload();
+    });
+    after(() => rm(join(root, 'crio.conf'), { force: true }));
+
+    test('crio.conf is read before the drop-ins', async () => {
+      await writeFile(join(root, 'crio.conf'), toToml({ crio: { image: { pinned_images: [APP] } } }));
+      await crio.reload();
+      assert.deepEqual(crio.pinnedPatterns(), [APP]);
+      await writePins('50-pins', [DB]);
+      await crio.reload();
+      assert.deepEqual(crio.pinnedPatterns(), [DB]);
+    });
+
+    test('a link to a file is read through; a dangling link, a link to a folder and a link loop each refuse the reload', async () => {
+      await writeFile(join(root, 'target.conf'), toToml({ crio: { image: { pinned_images: [APP] } } }));
+      await symlink(join(root, 'target.conf'), join(dropIn, '50-linked'));
+      await crio.reload();
+      assert.deepEqual(crio.pinnedPatterns(), [APP]);
+
+      for (const [name, target] of [['60-dangling', join(root, 'nowhere')], ['60-folder', root], ['60-loop', join(dropIn, '60-loop')]] as const) {
+        await symlink(target, join(dropIn, name));
+        await writePins('70-more', [DB]);
+        await assert.rejects(crio.reload(), (err: Error) => err.message.includes(name) || /ENOENT|EISDIR|ELOOP/.test(err.message), name);
+        assert.deepEqual(crio.pinnedPatterns(), [APP], `${name}: the old list stays`);
+        await rm(join(dropIn, name));
+      }
+    });
+  });
+
+  describe('reloads as systemd drives them, and start-up', () => {
+    let own: string;
+    const instances: FakeCrio[] = [];
+    const start = async (opts: Partial<Parameters<typeof startFakeCrio>[0]> = {}) => {
+      const c = await startFakeCrio({ dropInDir: join(own, 'crio.conf.d'), catalogue: { [APP]: { size: 1 } }, ...opts });
+      instances.push(c);
+      return c;
+    };
+    before(async () => {
+      own = await mkdtemp(join(tmpdir(), 'pinset-fake-crio-reload-'));
+      await mkdir(join(own, 'crio.conf.d'));
+    });
+    after(async () => {
+      for (const c of instances) await c.stop();
+      await rm(own, { recursive: true, force: true });
+    });
+    const ownPins = (file: string, patterns: string[]) => writeFile(join(own, 'crio.conf.d', file), toToml({ crio: { image: { pinned_images: patterns } } }));
+
+    test('sighup() returns at once; the old list answers until the re-read 10-40 ms later', async () => {
+      const c = await start();
+      c.preload(APP);
+      await ownPins('50-pins', [APP]);
+      c.sighup();
+      assert.equal(c.image(APP)?.pinned, false, 'right after the signal CRI-O still has the old list');
+      await c.settled();
+      assert.equal(c.image(APP)?.pinned, true);
+      const rec = c.reloads.at(-1)!;
+      assert.ok(rec.appliedAt! >= rec.signalledAt + 10, `re-read ${rec.appliedAt! - rec.signalledAt} ms after the signal`);
+      await rm(join(own, 'crio.conf.d', '50-pins'));
+    });
+
+    test('a file it cannot decode refuses the reload: the old list stays and the error is recorded', async () => {
+      const c = await start();
+      c.preload(APP);
+      await ownPins('50-pins', [APP]);
+      await c.reload();
+      await writeFile(join(own, 'crio.conf.d', '60-broken'), '[crio.image\npinned_images = [');
+      try {
+        await ownPins('70-none', []);
+        c.sighup();
+        await c.settled();
+        assert.match(c.reloads.at(-1)!.error ?? '', /Unable to reload configuration: .*60-broken/);
+        assert.equal(c.image(APP)?.pinned, true, 'the old list stays');
+        await assert.rejects(start(), /60-broken/, 'and CRI-O refuses to start with it');
+      } finally {
+        await rm(join(own, 'crio.conf.d', '60-broken'));
+        await rm(join(own, 'crio.conf.d', '70-none'));
+        await rm(join(own, 'crio.conf.d', '50-pins'));
+      }
+    });
+
+    test('refuseReloads: a reload broken outside the folder keeps the old list too', async () => {
+      const c = await start();
+      c.preload(APP);
+      await ownPins('50-pins', [APP]);
+      c.refuseReloads();
+      try {
+        c.sighup();
+        await c.settled();
+        assert.match(c.reloads.at(-1)!.error ?? '', /Unable to reload configuration: system registries reload failed/);
+        assert.equal(c.image(APP)?.pinned, false);
+        c.acceptReloads();
+        c.sighup();
+        await c.settled();
+        assert.equal(c.image(APP)?.pinned, true);
+      } finally {
+        await rm(join(own, 'crio.conf.d', '50-pins'));
+      }
+    });
+
+    test('a dangling link refuses the start', async () => {
+      await symlink(join(own, 'nowhere'), join(own, 'crio.conf.d', '10-dangling'));
+      try {
+        await assert.rejects(start(), /ENOENT/);
+      } finally {
+        await rm(join(own, 'crio.conf.d', '10-dangling'));
+      }
+    });
+
+    test('a SIGHUP once the socket exists but before CRI-O answers kills it (exit 129); once it answers, a SIGHUP is safe', async () => {
+      const dir = await mkdtemp(join(tmpdir(), 'pinset-fake-crio-early-'));
+      const c = new FakeCrioClass(dir, { dropInDir: join(own, 'crio.conf.d'), startupMs: 300 });
+      instances.push(c);
+      const starting = c.start();
+      while (!(await stat(c.socketPath).then(() => true, () => false))) await new Promise((r) => setTimeout(r, 5));
+      c.sighup();
+      await assert.rejects(starting, /died while starting \(exit 129\)/);
+      assert.equal(c.exitCode, 129);
+      assert.equal(c.running, false);
+      await c.start();
+      const cli = new CriTestClient(c.endpoint);
+      try {
+        assert.equal((await cli.version()).runtimeName, 'cri-o');
+        c.sighup();
+        await c.settled();
+        assert.equal(c.serving, true);
+        assert.equal(c.reloads.at(-1)!.error, undefined);
+      } finally {
+        cli.close();
+      }
     });
   });
 });

@@ -1,6 +1,8 @@
 // A node's CRI-O side, wired as on a real node: a private system bus with a
-// systemd stand-in whose ReloadUnit("crio.service") makes the CRI-O stand-in
-// re-read its drop-in folder. Point the agent at `endpoint`, `dropInDir` and
+// systemd stand-in whose ReloadUnit("crio.service") does what CRI-O's unit
+// does (ExecReload=kill -HUP $MAINPID): it signals the CRI-O stand-in and the
+// job ends "done" at once, while CRI-O re-reads its files 10-40 ms later and
+// may refuse them. Point the agent at `endpoint`, `dropInDir` and
 // `env.DBUS_SYSTEM_BUS_ADDRESS`.
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -37,7 +39,7 @@ export async function startCrioNode(
     cleanups.push(() => crio.stop());
     const bus = await startPrivateBus();
     cleanups.push(() => bus.dispose());
-    const systemd = await startSystemdStandIn({ address: bus.address, units: ['crio.service'], onReload: () => crio.reload() });
+    const systemd = await startSystemdStandIn({ address: bus.address, units: ['crio.service'], onReload: () => crio.sighup() });
     cleanups.push(() => systemd.close());
     return { bus, systemd, crio, dropInDir, endpoint: crio.endpoint, env: { DBUS_SYSTEM_BUS_ADDRESS: bus.address }, stop };
   } catch (err) {

@@ -1,65 +1,107 @@
-// A CRI v1 image service in grpc-js that behaves like CRI-O where pins are
-// concerned, for integration tests of code that talks CRI.
+// A CRI v1 image service in grpc-js that behaves like CRI-O 1.32 where pins,
+// names and reloads are concerned, for integration tests of code that talks
+// CRI. Each behaviour below was observed on a real CRI-O 1.32.13
+// (facts/crio-pinning.md, "Observed on a real CRI-O") and has a test of its
+// own in test/integration/fake-crio.test.ts.
 //
-// - Images live in memory; "pulls" come from a catalogue the test defines
-//   (reference -> size, optional basic-auth credentials). Errors look like a
-//   runtime's: unknown reference -> NOT_FOUND, wrong or missing credentials ->
-//   UNKNOWN with "401 Unauthorized" in the text (containerd's wording, see
-//   facts/cri-v1-image-service.md).
-// - Pins follow CRI-O (internal/storage/image.go, pkg/config/config.go and
-//   pkg/config/reload.go): on reload() the drop-in folder is walked in
-//   lexical order, every file decoded onto a fresh config, so a later file's
-//   crio.image.pinned_images replaces an earlier one; a file that does not
-//   decode fails the reload and the old list stays. Image.pinned is true when
-//   any of the image's names matches a pattern, case-insensitively. Nothing
-//   changes until reload(), as CRI-O needs a SIGHUP.
-//   The matching is written here independently of the production pin code:
-//   this is the oracle the agent is tested against.
+// - Images are stored under NAMES, apart from their digests, as
+//   containers/storage keeps them. A pull by tag stores `repo:tag` only; a
+//   pull by digest stores `repo@digest`; a multi-arch index pulled by its
+//   index digest is stored under that one name, with the index and the
+//   platform manifest among its digests. ListImages and ImageStatus report
+//   repo_digests as every repo among the names times every digest
+//   (internal/storage/image.go makeRepoDigests), so they cannot tell which
+//   names are stored. ImageStatus of `repo@digest` finds an image whose
+//   digests hold that digest and one of whose names has that repo (c/image
+//   storage ResolveReference). A pull of content already stored adds the
+//   name and downloads no layer (CRI-O fetches the manifest and the config
+//   only): `downloads` counts the pulls that stored new content, so tests
+//   can assert "no layer downloaded".
+// - Pins follow CRI-O (pkg/config, internal/storage/image.go): the drop-in
+//   folder is walked as Go's filepath.Walk does (byte order, subfolders where
+//   they sort, dotfiles and names without .conf included, symbolic links
+//   read through, a dangling link or a link to a folder an error), every
+//   file decoded onto one config, a later crio.image.pinned_images replacing
+//   an earlier one. Image.pinned is true when a pattern matches one of the
+//   image's STORED NAMES (not its repo digests), case-insensitively: `*kw*`
+//   anywhere, `prefix*` an unanchored prefix, anything else the whole name.
+//   The pause image is always pinned under its configured name.
+// - Reloads as systemd drives them: sighup() returns at once (the unit's
+//   ExecReload is `kill -HUP $MAINPID`, so the reload job ends when the
+//   signal is sent) and the files are re-read 10-40 ms later; until then the
+//   old list answers. A file it cannot decode (or a dangling link) refuses the
+//   whole reload, keeping the old list, and refuses a start. A SIGHUP before
+//   the socket serves (the first ~50 ms after a start) kills the process.
+// - RemoveImage removes pinned images without complaint; by a name, when
+//   the image has other names, it removes that name only (UntagImage).
+// - CRI answers as CRI-O 1.32.13 gives them (/work notes of a real run):
+//   Image.id is the config digest without "sha256:"; PullImage answers
+//   `repo@<platform manifest digest>`; ListImages leaves `spec` unset and
+//   ImageStatus sets it to annotations only; a runtime handler is ignored;
+//   registry failures are UNKNOWN with containers/image's words ("manifest
+//   unknown", "authentication required", "RegistryUnavailable: ...").
+// - The socket file exists a little before CRI-O installs its SIGHUP
+//   handler: a SIGHUP then still kills it. Only once a CRI call answered is
+//   a SIGHUP safe.
 // - Every call is recorded; the AuthConfig of a pull is kept apart from the
-//   request so tests can assert which credentials were sent.
-// - Failures, delays and a gate that holds pulls can be injected; a pull
-//   the client cancels is recorded and never lands.
+//   request so tests can assert which credentials were sent. Failures,
+//   delays and a gate that holds pulls can be injected; a pull the client
+//   cancels is recorded and never lands.
 //
+// The pin matching and the folder reading are written here independently of
+// the production code: this is the oracle the agent is tested against.
 // Protos are loaded with the options the production client uses, so the
 // handlers here see and return camelCase field names (repoTags, runtimeHandler).
 import * as grpc from '@grpc/grpc-js';
 import { loadCriPackage } from '../../src/cri/client.ts';
 import { createHash } from 'node:crypto';
-import { lstat, mkdtemp, readFile, readdir, rm, unlink } from 'node:fs/promises';
+import { lstat, mkdtemp, readFile, readdir, rm, stat, unlink } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 
 // The wire schema and loader options are the agent's (src/cri/client.ts); the
 // pin semantics below are written independently of it.
 export { PROTO_PATH } from '../../src/cri/client.ts';
 
-/** CRI-O 1.31's default pause image; CRI-O always pins its pause image. */
+/** CRI-O 1.32's default pause image (pkg/config DefaultPauseImage); CRI-O always pins its pause image. */
 export const DEFAULT_PAUSE_IMAGE = 'registry.k8s.io/pause:3.10';
+/** What the real runtime this stand-in copies answers to Version. */
+export const CRIO_VERSION = '1.32.13';
 
 export type CriMethod = 'Version' | 'ListImages' | 'ImageStatus' | 'PullImage' | 'RemoveImage' | 'ImageFsInfo';
 
+/**
+ * What the "registry" serves for a reference. A digest reference names its
+ * own manifest (or, with platformDigest, an index). A tag reference
+ * resolves to `digest` (default: one derived from the reference).
+ */
 export interface CatalogueImage {
   size: number;
-  /** Image ID (config digest); default derived from the reference. Two references with one id are one image. */
+  /** For a tag reference: the manifest (or index) digest the tag points at. Ignored for digest references. */
+  digest?: string;
+  /** The resolved digest names a multi-arch index; this is the node platform's manifest in it. */
+  platformDigest?: string;
+  /** Image ID (config digest, 64 hex); default derived from the platform manifest digest, so one manifest is one image. */
   id?: string;
-  /** Names the stored image gets; default: the reference itself (a digest reference as repo digest, else as tag). */
-  repoTags?: string[];
-  repoDigests?: string[];
   /** Credentials the "registry" requires for this image. */
   needsAuth?: { username: string; password: string };
 }
 
 export interface FakeCrioOptions {
-  /** CRI-O's drop-in folder (crio.conf.d); read at start() and on reload(). A missing folder means no drop-ins. */
+  /** CRI-O's drop-in folder (crio.conf.d); read at start and on each reload. A missing folder means no drop-ins. */
   dropInDir: string;
+  /** CRI-O's main configuration file, read before the drop-ins; default `<dropInDir>/../crio.conf`. Missing = none. */
+  mainConfig?: string;
   catalogue?: Record<string, CatalogueImage>;
   /** Always pinned, as CRI-O pins its pause image; default DEFAULT_PAUSE_IMAGE. */
   pauseImage?: string;
-  /** Runtime handlers PullImage accepts besides ""; default any. */
-  runtimeHandlers?: string[];
   /** ImageFsInfo mountpoint; default the fake's own temp folder (a real path, so statfs works on it). */
   imageFsMountpoint?: string;
+  /** Delay between a SIGHUP and the re-read of the files, drawn uniformly from [min, max] ms; default [10, 40] as observed. */
+  reloadDelayMs?: [number, number];
+  /** Time from a start to serving on the socket, during which a SIGHUP kills the process; default 50 ms. */
+  startupMs?: number;
 }
 
 /** CRI AuthConfig as received (camelCase). */
@@ -93,6 +135,15 @@ export interface InjectedFailure {
   message: string;
 }
 
+/** One SIGHUP as the process handled it. */
+export interface ReloadRecord {
+  /** When the signal arrived and when the files were re-read (Date.now()). */
+  signalledAt: number;
+  appliedAt?: number;
+  /** CRI-O's "Unable to reload configuration" error, when it refused. */
+  error?: string;
+}
+
 interface FailureRule extends Required<InjectedFailure> {
   method: CriMethod;
   ref: string | undefined;
@@ -105,11 +156,13 @@ interface InflightPull {
 }
 
 interface StoredImage {
+  /** Config digest, 64 hex without "sha256:" (what CRI-O reports as Image.id). */
   id: string;
-  repoTags: string[];
-  repoDigests: string[];
+  /** Stored names, in the order they were added. */
+  names: string[];
+  /** Manifest digests: the image's own manifest first, then any index it was pulled through. */
+  digests: string[];
   size: number;
-  runtimeHandler: string;
 }
 
 /** The wire shape of runtime.v1.Image, camelCase. */
@@ -120,13 +173,37 @@ export interface CriImage {
   size: number;
   uid: null;
   username: string;
-  spec: { image: string; annotations: Record<string, string>; userSpecifiedImage: string; runtimeHandler: string; imageRef: string };
+  /** Unset in ListImages; in ImageStatus an ImageSpec holding the image's annotations only. */
+  spec: { image: string; annotations: Record<string, string>; userSpecifiedImage: string; runtimeHandler: string; imageRef: string } | null;
   pinned: boolean;
 }
 
 interface ImageSpecIn {
   image?: string;
   runtimeHandler?: string;
+}
+
+// ---------------------------------------------------------------------------
+// References, as far as this stand-in needs them
+
+interface Ref {
+  repo: string;
+  tag?: string;
+  digest?: string;
+}
+
+/** `host/path:tag` or `host/path@sha256:...`; null for anything else (a bare name, an id). */
+function parseRef(s: string): Ref | null {
+  const at = s.indexOf('@');
+  if (at > 0) return { repo: s.slice(0, at), digest: s.slice(at + 1) };
+  const slash = s.lastIndexOf('/');
+  const colon = s.lastIndexOf(':');
+  if (colon > slash && slash > 0) return { repo: s.slice(0, colon), tag: s.slice(colon + 1) };
+  return null;
+}
+
+function repoOf(name: string): string {
+  return parseRef(name)?.repo ?? name;
 }
 
 // ---------------------------------------------------------------------------
@@ -155,53 +232,86 @@ function byteOrder(a: string, b: string): number {
 
 /**
  * The files CRI-O decodes from its drop-in folder, in order: filepath.Walk
- * (UpdateFromPath) visits entries lexically, depth first, and decodes
- * everything that is not a directory. A missing folder means none.
+ * (UpdateFromPath) lstat()s each entry, descends into real folders in byte
+ * order, and hands everything else (files, links of any kind) to
+ * os.ReadFile, which follows links. A folder that does not exist means none.
  */
 async function dropInFiles(dir: string): Promise<string[]> {
-  const out: string[] = [];
-  const walk = async (d: string) => {
-    const names = (await readdir(d)).sort(byteOrder);
-    for (const name of names) {
-      const p = join(d, name);
-      const st = await lstat(p);
-      if (st.isDirectory()) await walk(p);
-      else out.push(p);
-    }
-  };
   try {
-    await lstat(dir);
+    await stat(dir);
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
-    throw err;
   }
+  const out: string[] = [];
+  const walk = async (p: string) => {
+    const st = await lstat(p);
+    if (!st.isDirectory()) {
+      out.push(p);
+      return;
+    }
+    for (const name of (await readdir(p)).sort(byteOrder)) await walk(join(p, name));
+  };
   await walk(dir);
   return out;
 }
 
-/** pinned_images after decoding every drop-in onto a fresh config; throws like CRI-O on a file it cannot decode. */
-export async function readPinnedImages(dropInDir: string): Promise<string[]> {
-  let pinned: string[] = [];
-  for (const file of await dropInFiles(dropInDir)) {
-    const text = await readFile(file, 'utf8');
-    let doc: Record<string, unknown>;
-    try {
-      doc = parseToml(text) as Record<string, unknown>;
-    } catch (err) {
-      throw new Error(`unable to decode configuration ${file}: ${(err as Error).message}`);
-    }
-    const crio = doc.crio as Record<string, unknown> | undefined;
-    const image = crio?.image as Record<string, unknown> | undefined;
-    if (image && 'pinned_images' in image) {
-      const list = image.pinned_images;
-      if (!Array.isArray(list) || !list.every((x) => typeof x === 'string')) {
-        throw new Error(`unable to decode configuration ${file}: crio.image.pinned_images must be an array of strings`);
-      }
-      // A slice decoded from a later file replaces the earlier one.
-      pinned = [...list];
-    }
+/** What decoding one file onto CRI-O's config yields; throws as CRI-O fails it ("unable to decode configuration"). */
+function decodeFile(file: string, text: string): { pinned?: string[]; pause?: string } {
+  let doc: Record<string, unknown>;
+  try {
+    doc = parseToml(text) as Record<string, unknown>;
+  } catch (err) {
+    throw new Error(`unable to decode configuration ${file}: ${(err as Error).message.split('\n')[0]}`);
   }
-  return pinned;
+  const bad = (key: string, want: string) => new Error(`unable to decode configuration ${file}: toml: ${key}: incompatible types: destination has type ${want}`);
+  const crio = doc.crio;
+  if (crio === undefined) return {};
+  if (typeof crio !== 'object' || crio === null || Array.isArray(crio)) throw bad('crio', 'struct');
+  const image = (crio as Record<string, unknown>).image;
+  if (image === undefined) return {};
+  if (typeof image !== 'object' || image === null || Array.isArray(image)) throw bad('crio.image', 'struct');
+  const out: { pinned?: string[]; pause?: string } = {};
+  const img = image as Record<string, unknown>;
+  if ('pinned_images' in img) {
+    const list = img.pinned_images;
+    if (!Array.isArray(list) || !list.every((x) => typeof x === 'string')) throw bad('crio.image.pinned_images', '[]string');
+    out.pinned = [...list];
+  }
+  if ('pause_image' in img) {
+    if (typeof img.pause_image !== 'string') throw bad('crio.image.pause_image', 'string');
+    out.pause = img.pause_image;
+  }
+  return out;
+}
+
+export interface CrioConfigView {
+  pinned: string[];
+  pauseImage: string;
+}
+
+/**
+ * pinned_images and pause_image after decoding crio.conf (if present) and
+ * every drop-in onto one config, as Reload() does; throws like CRI-O on a
+ * file it cannot read or decode.
+ */
+export async function readCrioConfig(dropInDir: string, mainConfig: string | null = join(dirname(dropInDir), 'crio.conf'), defaultPause = DEFAULT_PAUSE_IMAGE): Promise<CrioConfigView> {
+  const view: CrioConfigView = { pinned: [], pauseImage: defaultPause };
+  const files: string[] = [];
+  // Reload(): os.Stat(singleConfigPath); a missing file is skipped.
+  if (mainConfig && (await stat(mainConfig).then(() => true, () => false))) files.push(mainConfig);
+  files.push(...(await dropInFiles(dropInDir)));
+  for (const file of files) {
+    const d = decodeFile(file, await readFile(file, 'utf8'));
+    // A slice decoded from a later file replaces the earlier one.
+    if (d.pinned) view.pinned = d.pinned;
+    if (d.pause !== undefined) view.pauseImage = d.pause;
+  }
+  return view;
+}
+
+/** pinned_images as CRI-O would load them from the drop-in folder alone; throws as CRI-O refuses, on a file it cannot read or decode. */
+export async function readPinnedImages(dropInDir: string): Promise<string[]> {
+  return (await readCrioConfig(dropInDir, null)).pinned;
 }
 
 // ---------------------------------------------------------------------------
@@ -212,16 +322,12 @@ function grpcError(code: number, details: string): Partial<grpc.StatusObject> {
   return { code, details };
 }
 
-function imageIdFor(ref: string): string {
-  return `sha256:${createHash('sha256').update(`config of ${ref}`).digest('hex')}`;
+function shortNameError(ref: string): string {
+  return `short-name "${ref}" did not resolve to an alias and no unqualified-search registries are defined in "/etc/containers/registries.conf"`;
 }
 
-function namesFor(ref: string, entry: CatalogueImage): { repoTags: string[]; repoDigests: string[] } {
-  const isDigest = ref.includes('@');
-  return {
-    repoTags: entry.repoTags ?? (isDigest ? [] : [ref]),
-    repoDigests: entry.repoDigests ?? (isDigest ? [ref] : []),
-  };
+function hexOf(text: string): string {
+  return createHash('sha256').update(text).digest('hex');
 }
 
 function authMatches(auth: ReceivedAuth | null, want: { username: string; password: string }): boolean {
@@ -230,40 +336,67 @@ function authMatches(auth: ReceivedAuth | null, want: { username: string; passwo
   return auth.auth !== '' && auth.auth === Buffer.from(`${want.username}:${want.password}`).toString('base64');
 }
 
+/** The content a catalogue entry resolves to: its manifest digests (own first, index after) and image id. */
+function resolveEntry(ref: string, entry: CatalogueImage): { digests: string[]; id: string } {
+  const parsed = parseRef(ref);
+  const resolved = parsed?.digest ?? entry.digest ?? `sha256:${hexOf(`manifest of ${ref}`)}`;
+  const digests = entry.platformDigest ? [entry.platformDigest, resolved] : [resolved];
+  return { digests, id: entry.id ?? hexOf(`config of ${digests[0]}`) };
+}
+
+type ProcessState = 'stopped' | 'starting' | 'serving' | 'dead';
+
 /** The image service stand-in. Create with startFakeCrio(). */
 export class FakeCrio {
   readonly dir: string;
   readonly socketPath: string;
   readonly dropInDir: string;
+  readonly mainConfig: string;
   readonly catalogue: Map<string, CatalogueImage>;
-  readonly pauseImage: string;
+  readonly defaultPauseImage: string;
   readonly imageFsMountpoint: string;
-  readonly runtimeHandlers: string[] | undefined;
+  reloadDelayMs: [number, number];
+  startupMs: number;
   /** Every call received, in order. */
   readonly calls: RecordedCall[] = [];
   /** Calls the client cancelled (or that were cut off by stopServing()). */
   readonly cancelled: CancelledCall[] = [];
-  /** Successful reloads of the drop-in folder (start() counts as the first). */
+  /** Pulls that stored content the store did not have (a layer download); name-only pulls are not here. */
+  readonly downloads: string[] = [];
+  /** Every SIGHUP handled, in order. */
+  readonly reloads: ReloadRecord[] = [];
+  /** Successful reads of the configuration (a start counts as the first). */
   reloadCount = 0;
+  /** Exit status once the process died (129: killed by SIGHUP during start-up). */
+  exitCode: number | undefined;
 
   #server: grpc.Server | undefined;
+  #state: ProcessState = 'stopped';
+  #ready: Promise<void> = Promise.resolve();
+  #markReady: () => void = () => {};
   readonly #images = new Map<string, StoredImage>();
   #pinned: string[] = [];
+  #pauseImage: string;
   #failures: FailureRule[] = [];
+  #refuseReloads: string | undefined;
   #pullDelayMs = 0;
   #gate: { promise: Promise<void>; release: () => void } | undefined;
   readonly #held: string[] = [];
   readonly #inflight = new Set<InflightPull>();
+  readonly #timers = new Set<NodeJS.Timeout>();
   readonly #pkg: grpc.GrpcObject;
 
   constructor(dir: string, opts: FakeCrioOptions) {
     this.dir = dir;
     this.socketPath = join(dir, 'crio.sock');
     this.dropInDir = opts.dropInDir;
+    this.mainConfig = opts.mainConfig ?? join(dirname(opts.dropInDir), 'crio.conf');
     this.catalogue = new Map(Object.entries(opts.catalogue ?? {}));
-    this.pauseImage = opts.pauseImage ?? DEFAULT_PAUSE_IMAGE;
+    this.defaultPauseImage = opts.pauseImage ?? DEFAULT_PAUSE_IMAGE;
+    this.#pauseImage = this.defaultPauseImage;
     this.imageFsMountpoint = opts.imageFsMountpoint ?? dir;
-    this.runtimeHandlers = opts.runtimeHandlers;
+    this.reloadDelayMs = opts.reloadDelayMs ?? [10, 40];
+    this.startupMs = opts.startupMs ?? 50;
     this.#pkg = loadCriPackage();
   }
 
@@ -273,15 +406,71 @@ export class FakeCrio {
   }
 
   get serving(): boolean {
-    return this.#server !== undefined;
+    return this.#state === 'serving';
   }
 
-  // ---- pins
+  /** The process exists (starting or serving). */
+  get running(): boolean {
+    return this.#state === 'starting' || this.#state === 'serving';
+  }
 
-  /** Re-reads the drop-in folder, as CRI-O does on SIGHUP. Throws (keeping the old list) if a file does not decode. */
+  /** The configured pause image (always pinned). */
+  get pauseImage(): string {
+    return this.#pauseImage;
+  }
+
+  // ---- pins and reloads
+
+  /**
+   * Re-reads crio.conf and the drop-ins now, as CRI-O's reload does.
+   * Throws (keeping the old list) if a file cannot be read or decoded.
+   */
   async reload(): Promise<void> {
-    this.#pinned = await readPinnedImages(this.dropInDir);
+    const view = await readCrioConfig(this.dropInDir, this.mainConfig, this.defaultPauseImage);
+    this.#pinned = view.pinned;
+    this.#pauseImage = view.pauseImage;
     this.reloadCount++;
+  }
+
+  /**
+   * What `kill -HUP $MAINPID` does: returns at once; the files are re-read
+   * reloadDelayMs later. Before the socket serves, the signal kills the
+   * process (exit 129). Throws when there is no process to signal.
+   */
+  sighup(): void {
+    if (this.#state === 'starting') {
+      this.#die(129);
+      return;
+    }
+    if (this.#state !== 'serving') throw new Error('crio.service is not active: no process to signal');
+    const rec: ReloadRecord = { signalledAt: Date.now() };
+    this.reloads.push(rec);
+    const [min, max] = this.reloadDelayMs;
+    const t = setTimeout(() => {
+      this.#timers.delete(t);
+      if (this.#state !== 'serving') return;
+      if (this.#refuseReloads !== undefined) {
+        rec.error = `Unable to reload configuration: ${this.#refuseReloads}`;
+        return;
+      }
+      this.reload().then(
+        () => (rec.appliedAt = Date.now()),
+        (err: Error) => {
+          // CRI-O logs "Unable to reload configuration" and keeps the old config.
+          rec.error = `Unable to reload configuration: ${err.message}`;
+        },
+      );
+    }, min + Math.random() * (max - min));
+    this.#timers.add(t);
+  }
+
+  /** Resolves once every SIGHUP so far was handled (applied or refused). */
+  async settled(timeoutMs = 5_000): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (this.reloads.some((r) => r.appliedAt === undefined && r.error === undefined) && this.#state === 'serving') {
+      if (Date.now() > deadline) throw new Error(`reloads not handled within ${timeoutMs} ms`);
+      await sleep(5);
+    }
   }
 
   /** The pinned_images list in effect (without the pause image). */
@@ -290,7 +479,7 @@ export class FakeCrio {
   }
 
   isPinned(names: readonly string[]): boolean {
-    const patterns = [...this.#pinned, this.pauseImage];
+    const patterns = [...this.#pinned, this.#pauseImage];
     return names.some((n) => patterns.some((p) => pinPatternMatches(p, n)));
   }
 
@@ -298,33 +487,44 @@ export class FakeCrio {
 
   /** The stored images as ListImages reports them. */
   images(): CriImage[] {
-    return [...this.#images.values()].map((img) => this.#toCri(img));
+    return [...this.#images.values()].map((img) => this.#toCri(img, false));
   }
 
-  /** The stored image a reference or id names (runtime handler ""), as ImageStatus reports it, or null. */
-  image(ref: string, runtimeHandler = ''): CriImage | null {
-    const img = this.#find(ref, runtimeHandler);
-    return img ? this.#toCri(img) : null;
+  /** The stored image a reference or id names, as ImageStatus reports it, or null. */
+  image(ref: string): CriImage | null {
+    const img = this.#find(ref);
+    return img ? this.#toCri(img, true) : null;
   }
 
-  /** Puts a catalogue image in the store without a PullImage call (an image already on the node). */
-  preload(ref: string, runtimeHandler = ''): void {
+  /** The names an image is stored under (what pins match), or null when ImageStatus would not find it. */
+  storedNames(ref: string): string[] | null {
+    const img = this.#find(ref);
+    return img ? [...img.names] : null;
+  }
+
+  /** Puts a catalogue image in the store without a PullImage call or a download (an image already on the node). */
+  preload(ref: string): void {
     const entry = this.catalogue.get(ref);
     if (!entry) throw new Error(`preload: ${ref} is not in the catalogue`);
-    this.#store(ref, entry, runtimeHandler);
+    this.#store(ref, entry);
   }
 
-  /** Drops an image from the store (as if garbage-collected). */
-  evict(ref: string, runtimeHandler = ''): boolean {
-    const img = this.#find(ref, runtimeHandler);
+  /** Drops an image from the store with all its names (as if garbage-collected). */
+  evict(ref: string): boolean {
+    const img = this.#find(ref);
     if (!img) return false;
-    this.#images.delete(this.#key(img.id, img.runtimeHandler));
+    this.#images.delete(img.id);
     return true;
   }
 
   /** PullImage calls (optionally for one reference) received so far. */
   pullCount(ref?: string): number {
     return this.calls.filter((c) => c.method === 'PullImage' && (ref === undefined || (c.request.image as ImageSpecIn | null)?.image === ref)).length;
+  }
+
+  /** Pulls (optionally of one reference) that downloaded content. */
+  downloadCount(ref?: string): number {
+    return this.downloads.filter((r) => ref === undefined || r === ref).length;
   }
 
   // ---- fault injection
@@ -337,6 +537,19 @@ export class FakeCrio {
   /** The next `times` pulls of ref fail with code and message. */
   failPulls(ref: string, failure: InjectedFailure): void {
     this.failCalls('PullImage', { ...failure, ref });
+  }
+
+  /**
+   * Signalled reloads fail with `reason` (keeping the old list) whatever the
+   * drop-ins say, as when a file outside the folder breaks Reload() (a
+   * registries.conf CRI-O cannot parse, a seccomp profile it cannot load).
+   */
+  refuseReloads(reason = 'system registries reload failed: /etc/containers/registries.conf: invalid configuration'): void {
+    this.#refuseReloads = reason;
+  }
+
+  acceptReloads(): void {
+    this.#refuseReloads = undefined;
   }
 
   /** Every pull waits this long before doing anything. */
@@ -372,32 +585,53 @@ export class FakeCrio {
     }
   }
 
-  // ---- serving
+  // ---- the process
 
+  /**
+   * Starts: reads the configuration (throwing, as CRI-O exits, on a file it
+   * cannot read or decode), then serves after startupMs.
+   */
   async start(): Promise<void> {
-    // CRI-O reads its drop-ins at start and refuses to start on one it cannot decode.
+    if (this.running) return;
+    this.exitCode = undefined;
     await this.reload();
+    await this.#boot();
+  }
+
+  /**
+   * As CRI-O starts: the socket is created first; CRI calls wait until the
+   * server is up (startupMs later); a SIGHUP before then kills the process.
+   */
+  async #boot(): Promise<void> {
+    this.#state = 'starting';
+    let markReady!: () => void;
+    this.#ready = new Promise<void>((r) => (markReady = r));
+    this.#markReady = markReady;
     await this.#serve();
+    if (this.startupMs > 0) await sleep(this.startupMs);
+    if (this.#state !== 'starting') throw new Error(`CRI-O died while starting (exit ${this.exitCode})`);
+    this.#state = 'serving';
+    markReady();
   }
 
   /** The runtime goes away: in-flight calls are cut off, the socket disappears. The store stays. */
   stopServing(): void {
-    const server = this.#server;
-    this.#server = undefined;
-    // Pulls in flight die with the runtime (grpc-js reports the cut-off streams only later).
-    for (const pull of this.#inflight) pull.cancel();
-    server?.forceShutdown();
+    this.#stopProcess('stopped');
   }
 
   /**
-   * The runtime comes back on the same socket path. Like a restarted CRI-O it
-   * re-reads its drop-ins first (throwing if one does not decode), unless
-   * rereadConfig is false.
+   * The runtime comes back on the same socket path: like a restarted CRI-O
+   * it reads its configuration first (throwing if a file does not decode),
+   * unless rereadConfig is false.
    */
   async resume(opts: { rereadConfig?: boolean } = {}): Promise<void> {
-    if (this.#server) return;
-    if (opts.rereadConfig ?? true) await this.reload();
-    await this.#serve();
+    if (this.running) return;
+    if (opts.rereadConfig === false) {
+      this.exitCode = undefined;
+      await this.#boot();
+      return;
+    }
+    await this.start();
   }
 
   /** Stops serving and removes the temp folder. */
@@ -405,6 +639,25 @@ export class FakeCrio {
     this.releasePulls();
     this.stopServing();
     await rm(this.dir, { recursive: true, force: true });
+  }
+
+  #die(code: number): void {
+    this.exitCode = code;
+    this.#stopProcess('dead');
+  }
+
+  #stopProcess(next: ProcessState): void {
+    const server = this.#server;
+    this.#server = undefined;
+    this.#state = next;
+    this.#markReady(); // calls waiting for the start-up find the process gone
+    for (const t of this.#timers) clearTimeout(t);
+    this.#timers.clear();
+    // Pulls in flight die with the runtime (grpc-js reports the cut-off streams only later).
+    for (const pull of this.#inflight) pull.cancel();
+    server?.forceShutdown();
+    // A dead CRI-O leaves its socket file behind, as a killed process does.
+    if (next === 'stopped') void unlink(this.socketPath).catch(() => {});
   }
 
   async #serve(): Promise<void> {
@@ -417,38 +670,51 @@ export class FakeCrio {
       Version: this.#unary('Version', async () => ({
         version: '0.1.0',
         runtimeName: 'cri-o',
-        runtimeVersion: '1.31.0',
+        runtimeVersion: CRIO_VERSION,
         runtimeApiVersion: 'v1',
       })),
     });
     server.addService(imageService.service, {
       ListImages: this.#unary('ListImages', async (req: { filter?: { image?: ImageSpecIn | null } | null }) => {
         const name = req.filter?.image?.image ?? '';
-        const images = [...this.#images.values()].filter((img) => name === '' || this.#names(img).includes(name) || this.#idMatches(img, name));
-        return { images: images.map((img) => this.#toCri(img)) };
+        const images = [...this.#images.values()].filter((img) => name === '' || this.#matches(img, name));
+        return { images: images.map((img) => this.#toCri(img, false)) };
       }),
       ImageStatus: this.#unary('ImageStatus', async (req: { image?: ImageSpecIn | null }) => {
-        const img = this.#find(req.image?.image ?? '', req.image?.runtimeHandler ?? '');
-        return { image: img ? this.#toCri(img) : null, info: {} };
+        const ref = req.image?.image ?? '';
+        if (ref === '') throw grpcError(grpc.status.UNKNOWN, 'no image specified');
+        if (ref.startsWith('sha256:')) throw grpcError(grpc.status.UNKNOWN, shortNameError(ref));
+        const img = this.#find(ref);
+        return { image: img ? this.#toCri(img, true) : null, info: {} };
       }),
       PullImage: this.#unary('PullImage', (req: { image?: ImageSpecIn | null; auth?: ReceivedAuth | null }, call, failure) =>
         this.#pull(req, call, failure),
       ),
       RemoveImage: this.#unary('RemoveImage', async (req: { image?: ImageSpecIn | null }) => {
-        // Idempotent, as CRI requires: removing an absent image is not an error.
-        const img = this.#find(req.image?.image ?? '', req.image?.runtimeHandler ?? '');
-        if (img) this.#images.delete(this.#key(img.id, img.runtimeHandler));
+        const ref = req.image?.image ?? '';
+        if (ref === '') throw grpcError(grpc.status.UNKNOWN, 'no image specified');
+        if (ref.startsWith('sha256:')) throw grpcError(grpc.status.UNKNOWN, shortNameError(ref));
+        // Idempotent, as CRI requires; pinned images go too (CRI-O does not refuse them).
+        const img = this.#find(ref);
+        if (!img) return {};
+        // server/image_remove.go: an id deletes the image; a name is untagged
+        // (UntagImage) while the image has other names, and the last name deletes it.
+        const others = img.names.filter((n) => n !== ref);
+        if (!this.#idMatches(img, ref) && others.length > 0) img.names = others;
+        else this.#images.delete(img.id);
         return {};
       }),
       ImageFsInfo: this.#unary('ImageFsInfo', async () => {
-        const used = [...this.#images.values()].reduce((s, img) => s + img.size, 0);
+        const used = 4096 * (1 + this.#images.size);
+        // CRI-O walks its image metadata folder (`<root>/<driver>-images`) for
+        // these numbers: a few KiB, not the layers. Both lists hold the same entry.
         const usage = {
           timestamp: String(BigInt(Date.now()) * 1_000_000n),
           fsId: { mountpoint: this.imageFsMountpoint },
           usedBytes: { value: used },
-          inodesUsed: { value: this.#images.size },
+          inodesUsed: { value: 1 + this.#images.size },
         };
-        return { imageFilesystems: [usage], containerFilesystems: [] };
+        return { imageFilesystems: [usage], containerFilesystems: [usage] };
       }),
     });
     await new Promise<void>((resolveBind, reject) =>
@@ -461,7 +727,12 @@ export class FakeCrio {
     method: CriMethod,
     handle: (req: Req, call: grpc.ServerUnaryCall<Req, unknown>, failure: FailureRule | undefined) => Promise<unknown>,
   ): grpc.handleUnaryCall<Req, unknown> {
-    return (call, callback) => {
+    return async (call, callback) => {
+      if (this.#state === 'starting') await this.#ready;
+      if (this.#state !== 'serving') {
+        callback(grpcError(grpc.status.UNAVAILABLE, 'connection closed before the server answered'));
+        return;
+      }
       const req = call.request;
       const { auth, ...rest } = req as Req & { auth?: ReceivedAuth | null };
       this.calls.push({ method, request: structuredClone(rest) as Record<string, unknown>, auth: method === 'PullImage' ? (auth ?? null) : null });
@@ -492,7 +763,6 @@ export class FakeCrio {
     injected: FailureRule | undefined,
   ): Promise<unknown> {
     const ref = req.image?.image ?? '';
-    const handler = req.image?.runtimeHandler ?? '';
     let answered = false;
     let resolveCancel!: () => void;
     const pull: InflightPull = {
@@ -511,7 +781,7 @@ export class FakeCrio {
     if (call.cancelled) pull.cancel();
     this.#inflight.add(pull);
     try {
-      return await this.#pullAfterWaits(ref, handler, req.auth ?? null, injected, pull);
+      return await this.#pullAfterWaits(ref, req.auth ?? null, injected, pull);
     } finally {
       answered = true;
       this.#inflight.delete(pull);
@@ -520,7 +790,6 @@ export class FakeCrio {
 
   async #pullAfterWaits(
     ref: string,
-    handler: string,
     auth: ReceivedAuth | null,
     injected: FailureRule | undefined,
     pull: InflightPull,
@@ -536,76 +805,81 @@ export class FakeCrio {
     if (pull.cancelled) throw grpcError(grpc.status.CANCELLED, 'context canceled');
 
     if (injected) throw grpcError(injected.code, injected.message);
-    if (ref === '') throw grpcError(grpc.status.INVALID_ARGUMENT, 'image spec is empty');
-    if (handler !== '' && this.runtimeHandlers && !this.runtimeHandlers.includes(handler)) {
-      throw grpcError(grpc.status.UNKNOWN, `failed to pull image "${ref}": runtime handler "${handler}" is not configured`);
-    }
+    // containers/image's words, all UNKNOWN (2), as CRI-O 1.32.13 answered them.
+    // The runtime handler of the ImageSpec is ignored, as CRI-O ignores it.
+    if (ref === '') throw grpcError(grpc.status.UNKNOWN, 'cannot parse input: "": repository name must have at least one component');
+    const parsed = parseRef(ref);
     const entry = this.catalogue.get(ref);
     if (!entry) {
-      throw grpcError(grpc.status.NOT_FOUND, `failed to pull and unpack image "${ref}": failed to resolve reference "${ref}": ${ref}: not found`);
+      const what = parsed?.digest ?? parsed?.tag ?? ref;
+      throw grpcError(grpc.status.UNKNOWN, `initializing source docker://${ref}: reading manifest ${what} in ${parsed?.repo ?? ref}: manifest unknown`);
     }
     if (entry.needsAuth && !authMatches(auth, entry.needsAuth)) {
-      const host = ref.split('/')[0];
-      throw grpcError(
-        grpc.status.UNKNOWN,
-        `failed to pull and unpack image "${ref}": failed to resolve reference "${ref}": unexpected status from HEAD request to https://${host}/v2/: 401 Unauthorized`,
-      );
+      const what = parsed?.digest ?? parsed?.tag ?? ref;
+      throw grpcError(grpc.status.UNKNOWN, `initializing source docker://${ref}: reading manifest ${what} in ${parsed?.repo ?? ref}: authentication required`);
     }
-    const img = this.#store(ref, entry, handler);
-    return { imageRef: img.id };
+    const { img, downloaded } = this.#store(ref, entry);
+    if (downloaded) this.downloads.push(ref);
+    // CRI-O answers with a digested reference of the image's own manifest
+    // (the platform manifest for an index), not the image id.
+    return { imageRef: `${repoOf(ref)}@${img.digests[0]}` };
   }
 
-  #key(id: string, runtimeHandler: string): string {
-    return `${runtimeHandler}\u0000${id}`;
-  }
-
-  #store(ref: string, entry: CatalogueImage, runtimeHandler: string): StoredImage {
-    const id = entry.id ?? imageIdFor(ref);
-    const names = namesFor(ref, entry);
-    const key = this.#key(id, runtimeHandler);
-    const existing = this.#images.get(key);
+  /** Stores `ref` as a name of its content; `downloaded` is false when the content was already there. */
+  #store(ref: string, entry: CatalogueImage): { img: StoredImage; downloaded: boolean } {
+    const { digests, id } = resolveEntry(ref, entry);
+    const existing = this.#images.get(id);
     if (existing) {
-      for (const t of names.repoTags) if (!existing.repoTags.includes(t)) existing.repoTags.push(t);
-      for (const d of names.repoDigests) if (!existing.repoDigests.includes(d)) existing.repoDigests.push(d);
-      return existing;
+      // containers/storage: the pull finds the image by id and adds the name (and any new digest).
+      if (!existing.names.includes(ref)) existing.names.push(ref);
+      for (const d of digests) if (!existing.digests.includes(d)) existing.digests.push(d);
+      return { img: existing, downloaded: false };
     }
-    const img: StoredImage = { id, ...names, size: entry.size, runtimeHandler };
-    this.#images.set(key, img);
-    return img;
+    const img: StoredImage = { id, names: [ref], digests, size: entry.size };
+    this.#images.set(id, img);
+    return { img, downloaded: true };
   }
 
-  #names(img: StoredImage): string[] {
-    return [...img.repoDigests, ...img.repoTags];
-  }
-
+  /** The full id or a prefix of it (CRI-O: HeuristicallyTryResolvingStringAsIDPrefix); `sha256:<id>` is a short name to CRI-O. */
   #idMatches(img: StoredImage, s: string): boolean {
-    return s === img.id || `sha256:${s}` === img.id;
+    return s.length >= 6 && /^[0-9a-f]+$/.test(s) && img.id.startsWith(s);
   }
 
-  #find(ref: string, runtimeHandler: string): StoredImage | undefined {
+  /** ImageStatus's lookup: an id (or prefix), a stored name, or repo@digest with that digest and a name in that repo. */
+  #matches(img: StoredImage, s: string): boolean {
+    if (this.#idMatches(img, s) || img.names.includes(s)) return true;
+    const r = parseRef(s);
+    if (!r?.digest) return false;
+    return img.digests.includes(r.digest) && img.names.some((n) => repoOf(n) === r.repo);
+  }
+
+  #find(ref: string): StoredImage | undefined {
     if (ref === '') return undefined;
-    for (const img of this.#images.values()) {
-      if (img.runtimeHandler !== runtimeHandler) continue;
-      if (this.#idMatches(img, ref) || this.#names(img).includes(ref)) return img;
-    }
+    for (const img of this.#images.values()) if (this.#matches(img, ref)) return img;
     return undefined;
   }
 
-  #toCri(img: StoredImage): CriImage {
+  /** ListImages leaves `spec` unset; ImageStatus sets it to an ImageSpec with the annotations only. */
+  #toCri(img: StoredImage, withSpec: boolean): CriImage {
+    const tags = img.names.filter((n) => parseRef(n)?.tag !== undefined);
+    const digested = img.names.filter((n) => parseRef(n)?.digest !== undefined);
+    // makeRepoDigests: the digested names, then every repo among the names times every digest.
+    const repoDigests = new Set(digested);
+    for (const repo of new Set(img.names.map(repoOf))) for (const d of img.digests) repoDigests.add(`${repo}@${d}`);
     return {
       id: img.id,
-      repoTags: [...img.repoTags],
-      repoDigests: [...img.repoDigests],
+      repoTags: tags.sort(),
+      repoDigests: [...repoDigests].sort(),
       size: img.size,
       uid: null,
       username: '',
-      spec: { image: img.id, annotations: {}, userSpecifiedImage: '', runtimeHandler: img.runtimeHandler, imageRef: '' },
-      pinned: this.isPinned(this.#names(img)),
+      spec: withSpec ? { image: '', annotations: {}, userSpecifiedImage: '', runtimeHandler: '', imageRef: '' } : null,
+      pinned: this.isPinned(img.names),
     };
   }
 }
 
-/** Creates a temp folder, reads the drop-ins and serves on `<tmp>/crio.sock`. Stop with stop(). */
+/** Creates a temp folder, reads the configuration and serves on `<tmp>/crio.sock`. Stop with stop(). */
 export async function startFakeCrio(opts: FakeCrioOptions): Promise<FakeCrio> {
   const crio = new FakeCrio(await mkdtemp(join(tmpdir(), 'pinset-fake-crio-')), opts);
   try {
