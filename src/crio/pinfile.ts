@@ -1,7 +1,7 @@
 // PinFile: the agent's one drop-in in CRI-O's configuration folder.
 //
-// CRI-O reads crio.conf, then every regular file in crio.conf.d in lexical
-// order, and a `pinned_images` list in a later file REPLACES the one from an
+// CRI-O reads crio.conf, then every file in crio.conf.d and its subfolders
+// in byte order, and a `pinned_images` list in a later file REPLACES the one from an
 // earlier file (cri-o pkg/config; facts/crio-pinning.md). So pinset writes
 // the union of every set's images into a single file that sorts after the
 // usual drop-ins, carries over the pins it finds in the files (and
@@ -20,11 +20,15 @@
 // EXDEV even on one filesystem), then renamed into crio.conf.d, and the folder
 // fsynced. The agent deletes only its own pin file and the one temp file
 // whose exact name it generates.
+//
+// scan() reads the folder exactly as CRI-O does (./crio-config.ts), every
+// file included: CRI-O reads dotfiles and files without .conf too.
 import { randomUUID } from 'node:crypto';
 import { constants as fsc } from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
-import { parse as parseToml, stringify as stringifyToml } from 'smol-toml';
+import { stringify as stringifyToml } from 'smol-toml';
+import { readCrioConfig, type ConfigRejection } from './crio-config.ts';
 
 export const PIN_FILE_PREFIX = '99-pinset-';
 export const PIN_FILE_SUFFIX = '.conf';
@@ -63,8 +67,20 @@ export interface DropinScan {
   before: DropinPins[];
   /** Drop-ins sorting after the agent's file that set pinned_images: they override every pin. */
   overriding: DropinPins[];
-  /** Files that could not be read or parsed (CRI-O would refuse them too). */
-  problems: { file: string; error: string }[];
+  /** Files CRI-O would refuse (unreadable, a dangling link, TOML it cannot decode): it then refuses every reload, and a start. */
+  rejected: ConfigRejection[];
+  /** The pause image CRI-O pins whatever pinned_images says. */
+  pauseImage: string;
+}
+
+/**
+ * The pinned_images list CRI-O loads from this folder once the agent's file
+ * holds `ownPins` (null: the agent has no file): the last file that sets
+ * the key wins, and the agent's file always sets it.
+ */
+export function effectivePins(scan: Pick<DropinScan, 'before' | 'overriding'>, ownPins: readonly string[] | null): string[] {
+  const last = scan.overriding.at(-1)?.pins ?? ownPins ?? scan.before.at(-1)?.pins ?? [];
+  return [...last];
 }
 
 /** The steps of a write, in order (see PinFile.write). */
@@ -79,35 +95,6 @@ export interface PinFileHooks {
 export function renderPinFile(pins: readonly string[]): string {
   const sorted = [...new Set(pins)].sort();
   return HEADER + stringifyToml({ crio: { image: { pinned_images: sorted } } }) + '\n';
-}
-
-/** The pinned_images list of a parsed CRI-O config, or undefined when it sets none. */
-function pinnedImagesOf(doc: Record<string, unknown>): string[] | undefined {
-  const crio = doc.crio as Record<string, unknown> | undefined;
-  const image = crio?.image as Record<string, unknown> | undefined;
-  const list = image?.pinned_images;
-  if (list === undefined) return undefined;
-  if (!Array.isArray(list) || list.some((x) => typeof x !== 'string')) throw new Error('crio.image.pinned_images is not a list of strings');
-  return list as string[];
-}
-
-/** Files under `dir` (relative paths, "/"-separated); a missing folder has none. */
-async function walkFiles(dir: string, prefix = ''): Promise<string[]> {
-  let entries: import('node:fs').Dirent[];
-  try {
-    entries = await fsp.readdir(path.join(dir, prefix), { withFileTypes: true });
-  } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code;
-    if (code === 'ENOENT' || code === 'ENOTDIR') return [];
-    throw e;
-  }
-  const out: string[] = [];
-  for (const e of entries) {
-    const rel = prefix ? `${prefix}/${e.name}` : e.name;
-    if (e.isDirectory()) out.push(...(await walkFiles(dir, rel)));
-    else if (e.isFile() || e.isSymbolicLink()) out.push(rel);
-  }
-  return out;
 }
 
 /** filepath.Walk order: path components compared one by one, as bytes. */
@@ -197,43 +184,25 @@ export class PinFile {
     return owned;
   }
 
-  /** Read the folder as CRI-O would and split it around the agent's file. */
+  /**
+   * Read crio.conf and the folder exactly as CRI-O does (./crio-config.ts:
+   * every file, dotfiles and subfolders included, links followed, in
+   * filepath.Walk order) and split the files around the agent's own.
+   */
   async scan(): Promise<DropinScan> {
-    const result: DropinScan = { ownContent: null, ownPins: [], before: [], overriding: [], problems: [] };
-    const readPins = async (file: string, full: string): Promise<{ content: string; pins: string[] | undefined } | undefined> => {
-      try {
-        const content = await fsp.readFile(full, 'utf8');
-        return { content, pins: pinnedImagesOf(parseToml(content) as Record<string, unknown>) };
-      } catch (e) {
-        const err = e as NodeJS.ErrnoException;
-        if (err.code !== 'ENOENT') result.problems.push({ file, error: err.message.split('\n')[0]!.slice(0, 300) });
-        return undefined;
-      }
-    };
-    const main = await readPins(this.mainConfig, this.mainConfig);
-    if (main?.pins) result.before.push({ file: this.mainConfig, pins: main.pins });
-
-    // CRI-O walks the folder as Go's filepath.Walk does: recursively, each
-    // folder in lexical (byte) order, a subfolder's files read where the
-    // subfolder sorts. Comparing relative paths component by component gives
-    // that order. Symbolic links are read as the files they point to.
-    const files = await walkFiles(this.dir);
-    files.sort(compareWalkOrder);
-    for (const file of files) {
-      const r = await readPins(file, path.join(this.dir, file));
-      if (file === this.name) {
-        if (r) {
-          result.ownContent = r.content;
-          result.ownPins = r.pins ?? [];
-        } else {
-          // Present but unparsable: keep its raw text so the agent rewrites it.
-          result.ownContent = await fsp.readFile(this.path, 'utf8').catch(() => null);
-        }
+    const read = await readCrioConfig(this.mainConfig, this.dir);
+    const result: DropinScan = { ownContent: null, ownPins: [], before: [], overriding: [], rejected: read.rejected, pauseImage: read.pauseImage };
+    for (const f of read.files) {
+      if (f.path === this.path) {
+        // Unparsable or not: its raw text, so the agent rewrites it when it differs.
+        result.ownContent = f.content ?? null;
+        result.ownPins = f.decoded?.pinnedImages ?? [];
         continue;
       }
-      if (!r?.pins) continue;
-      if (compareWalkOrder(file, this.name) < 0) result.before.push({ file, pins: r.pins });
-      else result.overriding.push({ file, pins: r.pins });
+      const pins = f.decoded?.pinnedImages;
+      if (!pins) continue;
+      if (f.path === this.mainConfig || compareWalkOrder(f.file, this.name) < 0) result.before.push({ file: f.file, pins });
+      else result.overriding.push({ file: f.file, pins });
     }
     return result;
   }

@@ -6,7 +6,8 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parse as parseToml, stringify as stringifyToml } from 'smol-toml';
-import { OWNER_MARKER, PIN_FILE_PREFIX, PinFile, renderPinFile } from '../../src/crio/pinfile.ts';
+import { effectivePins, OWNER_MARKER, PIN_FILE_PREFIX, PinFile, renderPinFile } from '../../src/crio/pinfile.ts';
+import { DEFAULT_PAUSE_IMAGE } from '../../src/crio/crio-config.ts';
 
 const ref = (name: string, c: string) => `quay.io/org/${name}@sha256:${c.repeat(64)}`;
 const A = ref('a', 'a');
@@ -171,7 +172,7 @@ describe('PinFile.scan', () => {
     await fsp.writeFile(path.join(dir, 'zz-\u{1F600}.conf'), toml([B]));
     await fsp.mkdir(path.join(dir, '50-a-directory.conf'));
     const pf = await PinFile.open(dir);
-    // Someone's half-written dotfile: CRI-O reads dotfiles, so this is a drop-in it would refuse.
+    // A temp file of another writer, mid-write: CRI-O reads dotfiles too, and would refuse it.
     await fsp.writeFile(path.join(dir, '.99-pinset-x.conf.1.tmp'), '[crio.image]\npinned_images = [');
     await pf.write(renderPinFile([A, MAIN]));
 
@@ -188,7 +189,7 @@ describe('PinFile.scan', () => {
     ]);
     assert.deepEqual(scan.ownPins, [A, MAIN]);
     assert.equal(scan.ownContent, renderPinFile([A, MAIN]));
-    assert.deepEqual(scan.problems.map((p) => p.file), ['.99-pinset-x.conf.1.tmp']);
+    assert.deepEqual(scan.rejected.map((r) => r.path), [path.join(dir, '.99-pinset-x.conf.1.tmp')]);
   });
 
   test('walks subfolders as CRI-O does: a subfolder is read where its name sorts; links are read', async () => {
@@ -227,7 +228,7 @@ describe('PinFile.scan', () => {
     assert.deepEqual((await pf.scan()).overriding, [{ file: 'zz-clear.conf', pins: [] }]);
   });
 
-  test('reports unparsable files and wrongly typed pinned_images as problems', async () => {
+  test('reports files CRI-O would refuse, by path, with the reason on one line', async () => {
     const dir = await confDir();
     await fsp.writeFile(path.join(dir, '30-broken.conf'), '[crio.image\npinned_images = [');
     await fsp.writeFile(path.join(dir, '31-typed.conf'), '[crio.image]\npinned_images = "quay.io/a"\n');
@@ -235,12 +236,24 @@ describe('PinFile.scan', () => {
     const pf = await PinFile.open(dir);
     const scan = await pf.scan();
     assert.deepEqual(
-      scan.problems.map((p) => p.file),
-      ['30-broken.conf', '31-typed.conf'],
+      scan.rejected.map((p) => p.path),
+      [path.join(dir, '30-broken.conf'), path.join(dir, '31-typed.conf')],
     );
-    assert.match(scan.problems[1]!.error, /pinned_images is not a list of strings/);
-    for (const p of scan.problems) assert.ok(!p.error.includes('\n'));
+    assert.match(scan.rejected[1]!.error, /crio\.image\.pinned_images: incompatible types: TOML value has type string; destination has type \[\]string/);
+    for (const p of scan.rejected) assert.ok(!p.error.includes('\n'));
     assert.deepEqual(scan.before, [{ file: '32-fine.conf', pins: [ADMIN] }]);
+  });
+
+  test('effectivePins: the last file that sets pinned_images decides; the agent file always sets it', async () => {
+    const dir = await confDir();
+    await fsp.writeFile(path.join(dir, '10-admin.conf'), toml([ADMIN]));
+    const pf = await PinFile.open(dir);
+    let scan = await pf.scan();
+    assert.deepEqual(effectivePins(scan, null), [ADMIN], 'no agent file yet: the admin list');
+    assert.deepEqual(effectivePins(scan, [A, ADMIN]), [A, ADMIN]);
+    await fsp.writeFile(path.join(dir, 'zz-clear.conf'), toml([]));
+    scan = await pf.scan();
+    assert.deepEqual(effectivePins(scan, [A, ADMIN]), [], 'a later file overrides it');
   });
 
   test('an own file someone broke is reported by its raw content so the agent rewrites it', async () => {
@@ -258,7 +271,7 @@ describe('PinFile.scan', () => {
   test('a missing folder scans as empty', async () => {
     const pf = await PinFile.open(path.join(root, 'no-such-dir', 'crio.conf.d'));
     const scan = await pf.scan();
-    assert.deepEqual(scan, { ownContent: null, ownPins: [], before: [], overriding: [], problems: [] });
+    assert.deepEqual(scan, { ownContent: null, ownPins: [], before: [], overriding: [], rejected: [], pauseImage: DEFAULT_PAUSE_IMAGE });
   });
 });
 
