@@ -5,34 +5,48 @@
 // pulls that are still wanted carry on and are joined by the next one).
 //
 // One reconcile, as in DESIGN.md: observe, plan (pure), pin (write the
-// drop-in if its content changed, then reload CRI-O), pull what is missing,
-// verify, report.
+// drop-in if its content changed, then reload CRI-O and confirm that CRI-O
+// applied it), pull what is missing (or only its name), verify, report.
+//
+// Every failing step is retried at its own pace (./retry.ts: ~1 s doubling
+// to ~1 min, with jitter) and logged once per change of state: reaching the
+// runtime, writing the pin file, reloading CRI-O, CRI-O applying it. Between
+// attempts the agent sleeps; it wakes early when what it watches says the
+// cause cleared: the runtime's socket reappearing, the drop-in folder
+// changing (a refused file fixed) or writable again.
 import * as fs from 'node:fs';
+import * as fsp from 'node:fs/promises';
+import * as path from 'node:path';
 import type { Logger } from 'pino';
 import type { Labels } from '../api/selector.ts';
 import type { NodeSetStatus, PinnedImageSet, SetPhase } from '../api/types.ts';
 import { readNodeStatus } from '../api/node-status.ts';
 import type { ImageRuntime, RuntimeImage, RuntimeInfo } from '../cri/runtime.ts';
-import { renderPinFile, type PinFile } from '../crio/pinfile.ts';
+import type { ConfigRejection } from '../crio/crio-config.ts';
+import { effectivePins, renderPinFile, type PinFile } from '../crio/pinfile.ts';
 import type { Reloader } from '../crio/reloader.ts';
 import type { AgentMetrics } from '../metrics/agent-metrics.ts';
 import type { AuthFile } from '../registry/auth.ts';
 import { RuntimeError } from '../cri/runtime.ts';
-import { Backoff } from './backoff.ts';
+import { Backoff, type BackoffPolicy } from './backoff.ts';
 import type { DiskCheck } from './disk.ts';
 import { estimateBatch, noSpaceMessage, roomBelowWatermark, type SetEstimate, type SizeEstimator } from './estimate.ts';
 import type { KubeObserver } from './kube.ts';
 import type { EventRecorder } from './node-sinks.ts';
 import { planReconcile, type ObservedSet, type Plan, type WantedImage } from './plan.ts';
-import type { ImagePuller, PullResult } from './puller.ts';
+import { namesProvenByPins, PIN_WAIT_TIMEOUT_MS, pinListKey, reloadProbes, RuntimeView, tentativeProbes, TENTATIVE_WAIT_MS, waitForPins, type LoadedPins, type PinProbe } from './pin-sync.ts';
+import type { ImagePuller, PullKind, PullResult } from './puller.ts';
+import { RetryGate, STEP_RETRY } from './retry.ts';
 import type { RolloutGate } from '../rollout/gate.ts';
 import { admitDownloads } from './rollout-hook.ts';
 import { StaticSource } from './static.ts';
-import { computeSetStatuses, historyFromStatus, makeNodeStatus, type SetHistory, type StatusReporter } from './status.ts';
+import { computeSetStatuses, historyFromStatus, makeNodeStatus, type PinProblem, type SetHistory, type StatusReporter } from './status.ts';
 
 export interface AgentOptions {
   nodeName: string;
   runtime: ImageRuntime;
+  /** The CRI socket's path, when it is a unix socket: its folder is watched so a restarted runtime is noticed at once. */
+  criSocketPath?: string | null;
   pinFile: PinFile;
   reloader: Reloader;
   puller: ImagePuller;
@@ -54,8 +68,14 @@ export interface AgentOptions {
   /** Rollout slots: downloads of sets with spec.rollout.maxConcurrentNodes wait for one (src/rollout/gate.ts). */
   rolloutGate?: RolloutGate | null;
   resyncIntervalMs?: number;
+  /** How often, at most, the runtime is asked (one ListImages) whether pinned images are still there between reconciles. */
+  presenceCheckMs?: number;
   /** Settle time before a triggered reconcile starts, to batch bursts of events. */
   debounceMs?: number;
+  /** Bound of the wait for CRI-O to apply a reload (tests shorten it). */
+  pinWaitTimeoutMs?: number;
+  /** Pace of every failing step (default STEP_RETRY: ~1 s doubling to ~1 min). */
+  retryPolicy?: BackoffPolicy;
   now?: () => number;
 }
 
@@ -68,15 +88,18 @@ export interface ReconcileResult {
   runtimeReachable: boolean;
 }
 
-/** Images by each repo digest they carry, lowercased (CRI-O matches names case-insensitively). */
-function indexByDigest(images: readonly RuntimeImage[]): Map<string, RuntimeImage> {
-  const m = new Map<string, RuntimeImage>();
-  for (const img of images) for (const d of img.repoDigests) m.set(d.toLowerCase(), img);
-  return m;
-}
-
 /** While pulls run, status is recomputed this often (the reporter decides what is written, and when). */
 const PROGRESS_REPORT_MS = 5_000;
+/**
+ * Between reconciles, one ListImages at least this often: RemoveImage (e.g.
+ * `crictl rmi`) removes pinned images without complaint and tells nobody,
+ * so a removed image is noticed within this bound and pulled again.
+ */
+export const PRESENCE_CHECK_MS = 30_000;
+/** While the pin file cannot be written, this often a cheap check (access + statfs) looks for the cause clearing. */
+const WRITE_PROBE_MS = 2_000;
+/** Free space under which the drop-in folder counts as full for that check. */
+const WRITE_PROBE_MIN_FREE = 64 * 1024;
 
 /** Warnings logged once while they persist: a problem seen in the previous reconcile is not logged again. */
 class ProblemLog {
@@ -106,6 +129,9 @@ function errMessage(e: unknown): string {
   return (e instanceof Error ? e.message : String(e)).slice(0, 1000);
 }
 
+/** A pin problem without the set-specific part. */
+type ReloadFailure = Pick<PinProblem, 'reason' | 'message'>;
+
 export class Agent {
   readonly opts: AgentOptions;
   private readonly log: Logger;
@@ -118,21 +144,44 @@ export class Agent {
   /** Time the loop last finished a pass (for /healthz). */
   lastLoopAt = 0;
   firstSyncDone = false;
-
-  // Reload state. The key is what CRI-O's pin list depends on: the agent's
-  // file and any drop-in sorting after it. CRI-O is reloaded whenever the
-  // key differs from the one it last loaded.
-  private reloadNeeded = false;
-  private reloadedKey: string | undefined;
-  /** The key for which a reload was forced because the runtime reported pins missing (once per key). */
-  private recoveryKey: string | undefined;
-  private readonly reloadBackoff = new Backoff({ baseMs: 1_000, capMs: 60_000 });
-  private reloadNextAt = 0;
-  private lastReloadError: string | undefined;
-  private readonly reconcileBackoff = new Backoff({ baseMs: 1_000, capMs: 60_000 });
   private historySeeded = false;
   private loggedProblems = new Set<string>();
-  /** Wanted images the last reconcile saw present. */
+
+  // The runtime. A CRI-O that has not answered Version may still be in its
+  // first ~50 ms, where a SIGHUP kills it (facts/crio-pinning.md): it is
+  // never reloaded before answering, and after an outage or a change of its
+  // socket it must answer again.
+  private runtimeAnswered = false;
+  private readonly runtimeGate: RetryGate;
+  private noPinsLogged = false;
+
+  // The pin file.
+  private readonly writeGate: RetryGate;
+  private writeProbe: NodeJS.Timeout | undefined;
+  private writeProbeOk: boolean | undefined;
+
+  // What CRI-O has loaded (./pin-sync.ts) and how reloads go.
+  private loaded: LoadedPins | undefined;
+  private readonly reloadGate: RetryGate;
+  /** A reconcile that failed outside the steps above (a bug, an I/O error nobody expected). */
+  private readonly reconcileGate: RetryGate;
+  private reloadFailure: ReloadFailure | undefined;
+  /** A reload is wanted but waits for its backoff. */
+  private reloadWaiting = false;
+  /** References known to be stored names in the runtime (lowercased). */
+  private readonly knownNames = new Set<string>();
+  /** Pace of reloads made because the runtime contradicted the loaded list. */
+  private readonly evidenceBackoff: Backoff;
+  private evidenceNextAt = 0;
+  private evidenceWaiting = false;
+  private lastRejectionKey = '[]';
+
+  // Presence between reconciles.
+  /** Wanted images the runtime held in place at the last reconcile: key -> reference. */
+  private inPlace = new Map<string, string>();
+  private lastListAt = 0;
+  private lastReconcileAt = 0;
+  /** Wanted images the last reconcile saw present (for the early disk check). */
   private knownPresent = new Set<string>();
   /** Per set key: the estimated disk of its images still to download, kept until they are all present. */
   private setEstimates = new Map<string, SetEstimate>();
@@ -152,6 +201,12 @@ export class Agent {
     this.log = opts.logger;
     this.now = opts.now ?? Date.now;
     this.staticSource = new StaticSource(opts.staticDir, opts.logger);
+    const gate = { now: this.now, policy: opts.retryPolicy ?? STEP_RETRY };
+    this.runtimeGate = new RetryGate('reaching the container runtime', this.log, gate);
+    this.writeGate = new RetryGate('writing the pin file', this.log, gate);
+    this.reloadGate = new RetryGate('reloading CRI-O', this.log, gate);
+    this.reconcileGate = new RetryGate('reconciling', this.log, gate);
+    this.evidenceBackoff = new Backoff(gate.policy);
   }
 
   /** Ask for a reconcile. `cancel`: the desired state changed, so a running reconcile is stale. */
@@ -210,7 +265,6 @@ export class Agent {
     // The static source logs its files' problems itself, once per change.
     const stat = await this.staticSource.read();
     const scan = await pinFile.scan();
-    for (const p of scan.problems) problems.warn({ file: p.file, err: p.error }, 'CRI-O configuration file could not be read');
     await this.opts.authFile?.refresh().catch((e) => problems.warn({ err: errMessage(e) }, 'auth file unreadable; pulling anonymously'));
     if (this.opts.authFile?.problem) problems.warn({ file: this.opts.authFile.path }, this.opts.authFile.problem);
     checkpoint(signal);
@@ -238,43 +292,56 @@ export class Agent {
     const earlyDiskCheck = plan.wanted.some((w) => !this.knownPresent.has(w.key)) ? this.opts.diskCheck?.problem() : undefined;
     earlyDiskCheck?.catch(() => {});
 
-    // 3. Pin: write the file if its content changed, then reload.
+    // 3. Pin: write the file if its content changed (at the write's own pace while it fails).
     const content = renderPinFile(plan.pins);
     let wrote = false;
     let writeError: string | undefined;
     if (scan.ownContent !== content) {
-      try {
-        await pinFile.write(content);
-        wrote = true;
-        this.reloadNeeded = true;
-        metrics?.pinFileWrites.inc();
-        log.info({ pinFile: pinFile.path, pins: plan.pins.length, created: scan.ownContent === null ? true : undefined }, 'pin file written');
-        const stale = await pinFile.removeStaleOwnedFiles();
-        if (stale.length) log.info({ removed: stale }, 'removed older pin files of this agent');
-      } catch (e) {
-        writeError = errMessage(e);
-        log.error({ pinFile: pinFile.path, err: writeError }, 'pin file not written; the previous file stays in place');
+      if (this.writeGate.due()) {
+        try {
+          await pinFile.write(content);
+          wrote = true;
+          this.writeGate.succeed({ pinFile: pinFile.path });
+          metrics?.pinFileWrites.inc();
+          log.info({ pinFile: pinFile.path, pins: plan.pins.length, created: scan.ownContent === null ? true : undefined }, 'pin file written');
+          const stale = await pinFile.removeStaleOwnedFiles();
+          if (stale.length) log.info({ removed: stale }, 'removed older pin files of this agent');
+        } catch (e) {
+          writeError = errMessage(e);
+          this.writeGate.fail(writeError, { pinFile: pinFile.path, note: 'the previous file stays in place' });
+          this.startWriteProbe();
+        }
+      } else {
+        writeError = this.writeGate.error ?? 'waiting to retry';
       }
+    } else if (this.writeGate.failing) {
+      this.writeGate.succeed({ pinFile: pinFile.path });
     }
-    const pinsInFile = new Set(writeError ? scan.ownPins : plan.pins);
-    const key = `${writeError ? (scan.ownContent ?? '') : content}\n${JSON.stringify(scan.overriding)}`;
-    // At start, trust that CRI-O loaded what is on disk (checked below where
-    // the runtime reports pins): a restart must not reload for nothing.
-    if (this.reloadedKey === undefined && !wrote) this.reloadedKey = key;
-    if (key !== this.reloadedKey) this.reloadNeeded = true;
-    let reloaded = await this.reloadIfNeeded(key);
+    if (!this.writeGate.failing) this.stopWriteProbe();
+    const hasOwnFile = wrote || scan.ownContent !== null;
+    const pinsInFile = new Set(wrote ? plan.pins : scan.ownPins);
+    // What CRI-O loads from its folder now, and whether it would load it at all.
+    const effective = effectivePins(scan, hasOwnFile ? [...pinsInFile] : null);
+    const rejected = scan.rejected.filter((r) => !(wrote && r.path === pinFile.path));
+    this.noteRejected(rejected);
+    // At start, trust that CRI-O loaded what its files said before this
+    // reconcile wrote anything (it reads them when it starts): a restart must
+    // not reload for nothing. The runtime's answers check that below.
+    this.loaded ??= (() => {
+      const patterns = effectivePins(scan, scan.ownContent !== null ? scan.ownPins : null);
+      return { patterns, key: pinListKey(patterns), state: 'assumed', reloadedAt: 0 } satisfies LoadedPins;
+    })();
 
     // 4. What the runtime holds.
-    let { images, error: runtimeError } = await runtimeView;
+    const { images, error: runtimeError } = await runtimeView;
+    let view = new RuntimeView(images);
     const reportsPins = (this.runtimeInfo?.runtimeName ?? '').toLowerCase() === 'cri-o';
-    // A runtime that reports pins answered before this reconcile's reload: ask again.
-    if (reloaded && !runtimeError && reportsPins) {
-      ({ images, error: runtimeError } = await this.observeRuntime());
+    if (!runtimeError && !reportsPins && !this.noPinsLogged) {
+      this.noPinsLogged = true;
+      log.info({ runtime: this.runtimeInfo?.runtimeName }, 'the runtime reports no pins: images count as in place when it holds them under the set reference, and reloads are not confirmed');
     }
-    if (runtimeError) log.warn({ err: runtimeError }, 'container runtime unreachable; pins kept, retrying');
-    let byDigest = indexByDigest(images);
     const handlerImages = new Map<string, RuntimeImage | null>();
-    if (!runtimeError) {
+    const readHandlerImages = async () => {
       for (const w of plan.wanted) {
         if (!w.runtimeHandler) continue;
         try {
@@ -283,67 +350,98 @@ export class Agent {
           log.warn({ image: w.reference.reference, runtimeHandler: w.runtimeHandler, err: errMessage(e) }, 'image status failed');
         }
       }
-    }
-    const imageOf = (w: WantedImage): RuntimeImage | null | undefined =>
-      w.runtimeHandler ? handlerImages.get(w.key) : (byDigest.get(w.reference.reference.toLowerCase()) ?? null);
+    };
+    if (!runtimeError) await readHandlerImages();
+    // The image the runtime shows under the set's reference (by its name or, on CRI-O, by digest within its repo).
+    const found = (w: WantedImage): RuntimeImage | null | undefined =>
+      w.runtimeHandler ? handlerImages.get(w.key) : (view.find(w.reference.reference) ?? null);
+    // In place: held under the set's own reference. CRI-O shows repo digests
+    // computed from names x digests, so there only `pinned` proves the name
+    // (the reference is in its pin list whenever a set wants it); containerd
+    // reports no pins, and its repo digests and tags are its stored names.
+    const inPlace = (w: WantedImage): boolean => {
+      const img = found(w);
+      return Boolean(img) && (!reportsPins || img!.pinned);
+    };
 
-    // A pin file in place that the runtime does not honour (e.g. the agent
-    // stopped between writing and reloading): reload once for this content.
-    if (!runtimeError && reportsPins && !this.reloadNeeded && this.recoveryKey !== key && scan.overriding.length === 0) {
-      const unpinned = plan.wanted.some((w) => pinsInFile.has(w.reference.reference) && imageOf(w)?.pinned === false);
-      if (unpinned) {
-        this.recoveryKey = key;
-        log.info('the runtime reports images of the pin file as not pinned; reloading CRI-O');
-        this.reloadNeeded = true;
-        reloaded = (await this.reloadIfNeeded(key)) || reloaded;
-        if (reloaded) {
-          images = await runtime.listImages().catch(() => images);
-          byDigest = indexByDigest(images);
-        }
+    if (!runtimeError) {
+      if (reportsPins && (this.loaded.state === 'assumed' || this.loaded.state === 'confirmed')) {
+        for (const n of namesProvenByPins(this.loaded.patterns, view, scan.pauseImage)) this.knownNames.add(n);
       }
+      for (const n of [...this.knownNames]) if (!view.find(n)) this.knownNames.delete(n);
+      this.noteRemoved(plan, found);
+    }
+
+    // 5. Bring CRI-O's loaded list to what its files say: reload, confirm.
+    let reloaded = false;
+    let pinProblem: PinProblem | undefined;
+    if (!runtimeError) {
+      const r = await this.syncPins({ effective, rejected, view, reportsPins, pauseImage: scan.pauseImage, signal });
+      reloaded = r.reloaded;
+      pinProblem = r.problem;
+      if (r.images) {
+        view = new RuntimeView(r.images);
+        await readHandlerImages();
+      }
+    } else if (rejected.length > 0) {
+      // CRI-O is unreachable and would refuse its configuration: that is likely why.
+      pinProblem = { ...this.rejectionProblem(rejected), affected: () => true, affectsAll: true };
     }
     checkpoint(signal);
 
-    // 5. Pull what is missing; cancel pulls no longer wanted.
+    // 6. What to pull: images absent (a download), and on CRI-O images
+    // present under another name whose pin is loaded (a name-only pull: it
+    // adds the name CRI-O matches, downloading nothing).
     const cancelled = puller.retain(new Set(plan.wanted.map((w) => w.key)));
     if (cancelled.length) log.info({ cancelled: cancelled.length }, 'cancelled pulls of images no longer wanted');
-    const missing = runtimeError ? [] : plan.wanted.filter((w) => !imageOf(w));
-    for (const w of plan.wanted) if (imageOf(w)) puller.markPresent(w.key);
-    let pullsAttempted = 0;
-    const due = missing.filter((w) => puller.isDue(w.key));
-    let diskProblem = due.length > 0 ? await (earlyDiskCheck ?? this.opts.diskCheck?.problem()) : null;
+    const kinds = new Map<string, PullKind>();
+    if (!runtimeError) {
+      for (const w of plan.wanted) {
+        const img = found(w);
+        if (!img) kinds.set(w.key, 'download');
+        else if (reportsPins && !img.pinned && pinsInFile.has(w.reference.reference) && this.pinLoaded(w.reference.reference)) kinds.set(w.key, 'name');
+        // In place, or waiting for a reload only: no pull, and no pull retry pending.
+        else puller.markPresent(w.key);
+      }
+    }
+    const toPull = plan.wanted.filter((w) => kinds.has(w.key));
+    const isName = (w: WantedImage) => kinds.get(w.key) === 'name';
+    const due = toPull.filter((w) => puller.isDue(w.key));
+    const dueDownloads = due.filter((w) => !isName(w));
+    let diskProblem = dueDownloads.length > 0 ? await (earlyDiskCheck ?? this.opts.diskCheck?.problem()) : null;
     if (diskProblem) {
-      log.warn({ missing: missing.length, err: diskProblem }, 'image filesystem above its high watermark; not pulling');
-      for (const w of due) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
+      log.warn({ missing: dueDownloads.length, err: diskProblem }, 'image filesystem above its high watermark; not pulling');
+      for (const w of dueDownloads) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
     }
 
     // Rollout slots: a download of a set limited by spec.rollout.maxConcurrentNodes
     // waits for the set's slot. Before the size estimate, so only nodes about to
-    // download a set ask the registry about its images.
-    const heldContent = new Set(images.flatMap((i) => i.repoDigests.map((d) => d.slice(d.lastIndexOf('@') + 1))));
-    const admitted = await admitDownloads(this.opts.rolloutGate, plan, diskProblem ? [] : missing, (w) => puller.isDue(w.key) && !heldContent.has(w.reference.digest));
+    // download a set ask the registry about its images. A name-only pull
+    // downloads nothing: it never waits for a slot, nor for disk space.
+    const admitted = await admitDownloads(this.opts.rolloutGate, plan, diskProblem ? toPull.filter(isName) : toPull, (w) => puller.isDue(w.key) && !isName(w));
     const mayPull = new Set(admitted.pulls);
-    const dueNow = due.filter((w) => mayPull.has(w));
+    const dueNow = dueDownloads.filter((w) => mayPull.has(w));
     if (!diskProblem && dueNow.length > 0 && this.opts.sizeEstimator) {
-      diskProblem = await this.estimateFits(dueNow, images, problems, signal);
+      diskProblem = await this.estimateFits(dueNow, view.images, problems, signal);
       if (diskProblem) {
-        log.warn({ missing: missing.length, err: diskProblem }, 'the images to pull would not fit below the high watermark; not pulling this batch');
+        log.warn({ missing: dueNow.length, err: diskProblem }, 'the images to pull would not fit below the high watermark; not pulling this batch');
         for (const w of dueNow) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
         await this.opts.rolloutGate?.releaseAll('no room below the watermark');
       }
     }
+    const pulling = diskProblem ? admitted.pulls.filter(isName) : admitted.pulls;
 
-    // 7. Report (also while pulls run, so a long pull shows its progress).
+    // 8. Report (also while pulls run, so a long pull shows its progress).
     const report = (): NodeSetStatus[] => {
       const { sets, history } = computeSetStatuses({
         plan,
         pinsInFile,
-        present: (w) => Boolean(imageOf(w)),
-        pinnedByRuntime: (w) => (reportsPins ? imageOf(w)?.pinned : undefined),
+        present: (w) => Boolean(found(w)),
+        pinnedByRuntime: (w) => (reportsPins ? found(w)?.pinned : undefined),
         failure: (k) => puller.failure(k),
         runtimeError,
         writeError,
-        reloadError: this.reloadNeeded ? this.lastReloadError : undefined,
+        pinProblem,
         overriding: scan.overriding,
         pinFile: pinFile.name,
         history: this.history,
@@ -354,27 +452,32 @@ export class Agent {
       this.history = history;
       this.opts.reporter.report(makeNodeStatus(this.opts.nodeName, pinFile.name, sets, new Date(this.now()).toISOString(), { imageFilesystemError: this.opts.diskCheck?.unmeasured }));
       this.recordEvents(sets, plan);
-      this.updateMetrics(plan, sets, (w) => Boolean(imageOf(w)), runtimeError === undefined);
+      this.updateMetrics(plan, sets, (w) => Boolean(found(w)), runtimeError === undefined);
       return sets;
     };
 
-    if (!diskProblem && admitted.pulls.length > 0) {
-      log.info({ missing: missing.length, due: due.length, waitingForSlot: missing.length - admitted.pulls.length || undefined }, 'pulling missing images');
-      const missingByKey = new Map(admitted.pulls.map((m) => [m.key, m]));
+    let pullsAttempted = 0;
+    if (pulling.length > 0) {
+      const downloads = pulling.filter((w) => kinds.get(w.key) === 'download').length;
+      log.info(
+        { missing: downloads, nameOnly: pulling.length - downloads, due: pulling.filter((w) => puller.isDue(w.key)).length, waitingForSlot: toPull.length - pulling.length || undefined },
+        'pulling missing images',
+      );
+      const byKey = new Map(pulling.map((m) => [m.key, m]));
       // Until verified, a pulled image counts as present with the runtime's
       // answer to PullImage (progress reports while the others still pull).
       const landed = (r: PullResult) => {
-        const w = missingByKey.get(r.key);
+        const w = byKey.get(r.key);
         if (!r.ok || !w) return;
         const img: RuntimeImage = { id: r.imageRef ?? '', repoTags: [], repoDigests: [w.reference.reference], size: 0, pinned: !reportsPins, runtimeHandler: w.runtimeHandler };
         if (w.runtimeHandler) handlerImages.set(w.key, img);
-        else byDigest.set(w.reference.reference.toLowerCase(), img);
+        else view.set(w.reference.reference, img);
       };
       report(); // a set that starts pulling shows Progressing now
       const progress = setInterval(report, PROGRESS_REPORT_MS);
       let results: PullResult[];
       try {
-        results = await puller.pull(admitted.pulls, signal, landed).catch((e) => {
+        results = await puller.pull(pulling, signal, landed, (k) => kinds.get(k) ?? 'download').catch((e) => {
           if (signal.aborted) throw new Cancelled('superseded');
           throw e;
         });
@@ -383,18 +486,31 @@ export class Agent {
       }
       await this.opts.rolloutGate?.releaseAll();
       pullsAttempted = results.length;
-      // 6. Verify the pulled images with ImageStatus, once the pulls are done
-      // (so verification never competes with them).
+      const pulled = results.filter((r) => r.ok).map((r) => byKey.get(r.key)).filter((w): w is WantedImage => w !== undefined);
+      // A pull adds the reference as a stored name.
+      for (const w of pulled) if (!w.runtimeHandler) this.knownNames.add(w.reference.reference.toLowerCase());
+
+      // 7. Verify, once the pulls are done (so verification never competes
+      // with them). A reload that nothing could confirm before is confirmed
+      // by the pulled images now: they hold their names, so once CRI-O has
+      // loaded its list they report pinned.
+      if (reportsPins && this.loaded.state === 'unconfirmed') {
+        const probes: PinProbe[] = pulled.filter((w) => !w.runtimeHandler && this.pinLoaded(w.reference.reference)).slice(0, 8).map((w) => ({ ref: w.reference.reference, expect: true }));
+        if (probes.length > 0) {
+          const timeoutMs = Math.max(0, this.loaded.reloadedAt + this.pinWaitTimeout() - this.now());
+          const r = await waitForPins(runtime, probes, { timeoutMs, signal });
+          if (r.applied) this.confirmLoaded('pulled images report pinned', r.waitedMs);
+          else if (!r.unobservable) pinProblem = this.reloadNotApplied(probes[0]!, effective) ?? pinProblem;
+        }
+      }
       await Promise.all(
-        results.map(async (r) => {
-          const w = missingByKey.get(r.key);
-          if (!r.ok || !w) return;
+        pulled.map(async (w) => {
           try {
             const st = await runtime.imageStatus(w.reference.reference, w.runtimeHandler);
             if (w.runtimeHandler) handlerImages.set(w.key, st);
-            else if (st) byDigest.set(w.reference.reference.toLowerCase(), { ...st, repoDigests: st.repoDigests.length ? st.repoDigests : [w.reference.reference] });
+            else if (st) view.set(w.reference.reference, st);
             else {
-              byDigest.delete(w.reference.reference.toLowerCase());
+              view.set(w.reference.reference, null);
               log.warn({ image: w.reference.reference }, 'pulled, but the runtime does not report the image');
             }
           } catch (e) {
@@ -404,23 +520,231 @@ export class Agent {
       );
     }
 
+    // The runtime contradicting the loaded list: a reference CRI-O holds by
+    // name, that the list it is believed to have loaded pins, reported
+    // unpinned. CRI-O has not loaded its files (the agent stopped between
+    // writing and reloading, or CRI-O was reloaded behind its back): reload,
+    // paced, confirmed by those very references.
+    if (reportsPins && !runtimeError) {
+      const recentReload = this.loaded.state === 'unconfirmed' && this.now() - this.loaded.reloadedAt < this.pinWaitTimeout();
+      const contradicting = recentReload
+        ? []
+        : plan.wanted.filter((w) => {
+            const ref = w.reference.reference;
+            const img = found(w);
+            return !w.runtimeHandler && img && !img.pinned && pinsInFile.has(ref) && this.knownNames.has(ref.toLowerCase()) && this.pinLoaded(ref);
+          });
+      this.evidenceWaiting = false;
+      if (contradicting.length === 0) {
+        this.evidenceBackoff.reset();
+      } else {
+        const first = contradicting[0]!.reference.reference;
+        log.warn({ images: contradicting.length, image: first, state: this.loaded.state }, "CRI-O reports images unpinned that its files pin and that it holds by name: it has not loaded its files; reloading");
+        this.loaded = { ...this.loaded, state: 'stale' };
+        if (this.now() >= this.evidenceNextAt) {
+          this.evidenceNextAt = this.now() + this.evidenceBackoff.fail();
+          const probes = contradicting.slice(0, 8).map((w) => ({ ref: w.reference.reference, expect: true }));
+          const r = await this.syncPins({ effective, rejected, view, reportsPins, pauseImage: scan.pauseImage, signal, probes });
+          reloaded ||= r.reloaded;
+          pinProblem = r.problem ?? pinProblem;
+          if (r.images) view = new RuntimeView(r.images);
+        } else {
+          this.evidenceWaiting = true;
+        }
+      }
+    }
+
     // An estimate is shown while its set still has images to download.
     if (!runtimeError) {
-      const pending = new Set(plan.wanted.filter((w) => !imageOf(w)).flatMap((w) => w.sets));
+      const pending = new Set(plan.wanted.filter((w) => !found(w)).flatMap((w) => w.sets));
       for (const k of [...this.setEstimates.keys()]) if (!pending.has(k)) this.setEstimates.delete(k);
     }
     const sets = report();
-    if (!runtimeError) this.knownPresent = new Set(plan.wanted.filter((w) => imageOf(w)).map((w) => w.key));
-    if (!runtimeError) this.firstSyncDone = true;
+    if (!runtimeError) {
+      this.inPlace = new Map(plan.wanted.filter((w) => !w.runtimeHandler && inPlace(w)).map((w) => [w.key, w.reference.reference]));
+      this.knownPresent = new Set(plan.wanted.filter((w) => found(w)).map((w) => w.key));
+      this.lastListAt = this.now();
+      this.firstSyncDone = true;
+    }
     return { plan, sets, wrote, reloaded, pullsAttempted, runtimeReachable: runtimeError === undefined };
+  }
+
+  private pinWaitTimeout(): number {
+    return this.opts.pinWaitTimeoutMs ?? PIN_WAIT_TIMEOUT_MS;
+  }
+
+  /** Is `ref` in the list CRI-O is believed to have loaded (and not contradicted)? */
+  private pinLoaded(ref: string): boolean {
+    const l = this.loaded;
+    if (!l || l.state === 'stale') return false;
+    const r = ref.toLowerCase();
+    return l.patterns.some((p) => p.toLowerCase() === r);
+  }
+
+  private confirmLoaded(how: string, waitedMs: number): void {
+    if (!this.loaded) return;
+    this.loaded = { ...this.loaded, state: 'confirmed' };
+    this.opts.metrics?.reloadConfirmSeconds.observe((this.now() - this.loaded.reloadedAt) / 1000);
+    this.log.info({ how, waitedMs, appliedAfterMs: this.now() - this.loaded.reloadedAt }, 'CRI-O applied the reload');
+  }
+
+  /** A reload CRI-O did not apply within the bound: retried at the reload's pace; the sets say so. */
+  private reloadNotApplied(probe: PinProbe, effective: readonly string[]): PinProblem | undefined {
+    if (!this.loaded) return undefined;
+    const message = `CRI-O did not apply its pin list within ${this.pinWaitTimeout()} ms of the reload: ImageStatus of ${probe.ref} still reports pinned=${!probe.expect}. CRI-O logs why ("Unable to reload configuration"); retrying`;
+    // The list CRI-O holds is unknown: the references it pinned before may still be in effect, the new ones are not.
+    const previous = this.loaded.state === 'unconfirmed' ? [] : this.loaded.patterns;
+    this.loaded = { patterns: previous, key: pinListKey(previous), state: 'notApplied', reloadedAt: this.loaded.reloadedAt };
+    const delay = this.reloadGate.fail(message, { image: probe.ref });
+    this.reloadFailure = { reason: 'ReloadNotApplied', message };
+    this.reloadWaiting = true;
+    this.opts.metrics?.reloads.inc({ result: 'not_applied' });
+    this.opts.events?.record('Warning', 'ReloadNotApplied', `${message} in ${Math.round(delay / 1000)} s`);
+    return { ...this.reloadFailure, affected: this.affectedBy(effective) };
+  }
+
+  /** References in `effective` whose pin is not in effect in CRI-O now. */
+  private affectedBy(effective: readonly string[]): (ref: string) => boolean {
+    const eff = new Set(effective.map((p) => p.toLowerCase()));
+    const l = this.loaded;
+    const loaded = new Set((l?.patterns ?? []).map((p) => p.toLowerCase()));
+    const all = l?.state === 'stale';
+    return (ref) => eff.has(ref.toLowerCase()) && (all || !loaded.has(ref.toLowerCase()));
+  }
+
+  private rejectionProblem(rejected: readonly ConfigRejection[]): ReloadFailure {
+    const first = rejected[0]!;
+    const more = rejected.length > 1 ? ` (and ${rejected.length - 1} more file(s): ${rejected.slice(1, 4).map((r) => r.path).join(', ')})` : '';
+    return {
+      reason: 'CrioConfigRejected',
+      message: `CRI-O would refuse its configuration, so it can neither apply these pins nor start: ${first.path}: ${first.error}${more}. Fix or remove the file; pinset reloads CRI-O as soon as the folder changes`,
+    };
+  }
+
+  /** Logs (once per change) and records an Event when CRI-O would refuse its folder. */
+  private noteRejected(rejected: readonly ConfigRejection[]): void {
+    const key = JSON.stringify(rejected);
+    this.opts.metrics?.configRejected.set(rejected.length);
+    if (key === this.lastRejectionKey) return;
+    this.lastRejectionKey = key;
+    if (rejected.length === 0) {
+      this.log.info('CRI-O would accept its configuration again');
+      return;
+    }
+    this.log.error({ files: rejected }, 'CRI-O would refuse its configuration (a reload would fail, a restart would not start): not reloading until the folder changes');
+    this.opts.events?.record('Warning', 'CrioConfigRejected', this.rejectionProblem(rejected).message);
+  }
+
+  /** A wanted image that was in place and is gone (RemoveImage, `crictl rmi`): named in a log line and an Event. */
+  private noteRemoved(plan: Plan, found: (w: WantedImage) => RuntimeImage | null | undefined): void {
+    for (const w of plan.wanted) {
+      if (!this.inPlace.has(w.key) || found(w)) continue;
+      const ref = w.reference.reference;
+      const sets = w.sets.map((k) => k.split('/').slice(1).join('/'));
+      this.log.warn({ image: ref, sets }, 'a pinned image was removed from the runtime; pulling it again');
+      this.opts.events?.record('Warning', 'ImageRemoved', `image ${ref} of set(s) ${sets.join(', ')} was removed from the runtime although pinned; pulling it again`, ref);
+      this.inPlace.delete(w.key);
+    }
+  }
+
+  /**
+   * Reload CRI-O when the list its files hold differs from the one it is
+   * believed to have loaded (or the runtime contradicted it), unless its
+   * folder would be refused or the last attempt's backoff runs; then confirm
+   * by polling `pinned` of references whose state must flip. One reload per
+   * change. Returns the runtime's images afresh when a reload was confirmed.
+   */
+  private async syncPins(o: {
+    effective: string[];
+    rejected: readonly ConfigRejection[];
+    view: RuntimeView;
+    reportsPins: boolean;
+    pauseImage: string;
+    signal: AbortSignal;
+    probes?: PinProbe[];
+  }): Promise<{ reloaded: boolean; problem?: PinProblem; images?: RuntimeImage[] }> {
+    const loaded = this.loaded!;
+    const key = pinListKey(o.effective);
+    this.reloadWaiting = false;
+    if (key === loaded.key && (loaded.state === 'assumed' || loaded.state === 'confirmed' || loaded.state === 'unconfirmed')) {
+      this.reloadFailure = undefined;
+      return { reloaded: false };
+    }
+    const affected = this.affectedBy(o.effective);
+    const { reloader, metrics, runtime } = this.opts;
+    if (reloader.mode === 'none') {
+      // Something else reloads CRI-O (or its next start applies the files):
+      // from here on the files are what it is believed to load, unless it
+      // says otherwise.
+      if (loaded.state !== 'stale') this.loaded = { patterns: o.effective, key, state: 'assumed', reloadedAt: 0 };
+      return { reloaded: false };
+    }
+    if (o.rejected.length > 0) return { reloaded: false, problem: { ...this.rejectionProblem(o.rejected), affected } };
+    if (!this.reloadGate.due()) {
+      this.reloadWaiting = true;
+      return { reloaded: false, problem: this.reloadFailure ? { ...this.reloadFailure, affected } : undefined };
+    }
+    if (!this.runtimeAnswered) return { reloaded: false };
+    const probes = o.probes ?? (o.reportsPins ? reloadProbes(loaded.patterns, o.effective, o.view, this.knownNames, o.pauseImage) : []);
+    const started = this.now();
+    try {
+      await reloader.reload(o.signal);
+    } catch (e) {
+      if (o.signal.aborted) throw new Cancelled('superseded while reloading');
+      const err = errMessage(e);
+      const delay = this.reloadGate.fail(err, { mode: reloader.mode, note: 'the pin file stays' });
+      this.reloadFailure = { reason: 'ReloadFailed', message: `CRI-O was not reloaded after its pin list changed (retrying): ${err}` };
+      this.reloadWaiting = true;
+      metrics?.reloads.inc({ result: 'failure' });
+      this.opts.events?.record('Warning', 'ReloadFailed', `CRI-O reload failed (retrying in ${Math.round(delay / 1000)} s): ${err}`);
+      return { reloaded: false, problem: { ...this.reloadFailure, affected } };
+    }
+    const signalledMs = this.now() - started;
+    if (o.reportsPins && probes.length === 0) {
+      // Nothing known to flip; but images the new list pins that the runtime
+      // shows unpinned flip if their reference is a stored name (the common
+      // case: pulled by digest). A short wait for them spares their
+      // name-only pulls; if none flips, the pulls that follow confirm it.
+      const tentative = tentativeProbes(loaded.patterns, o.effective, o.view);
+      if (tentative.length > 0) {
+        const r = await waitForPins(runtime, tentative, { timeoutMs: Math.min(TENTATIVE_WAIT_MS, this.pinWaitTimeout()), signal: o.signal });
+        checkpoint(o.signal);
+        if (r.applied) {
+          for (const [ref, img] of r.last) if (img?.pinned) this.knownNames.add(ref.toLowerCase());
+          return this.reloadApplied(o.effective, key, started, signalledMs, tentative.length);
+        }
+      }
+    }
+    if (!o.reportsPins || probes.length === 0) {
+      // Nothing to read back now: containerd reports no pins; on CRI-O no
+      // reference whose state must flip is present yet. The pulls that
+      // follow confirm it (they add names the new list pins).
+      this.loaded = { patterns: o.effective, key, state: o.reportsPins ? 'unconfirmed' : 'assumed', reloadedAt: started };
+      this.reloadGate.succeed({ mode: reloader.mode });
+      this.reloadFailure = undefined;
+      metrics?.reloads.inc({ result: 'success' });
+      this.log.info({ mode: reloader.mode, durationMs: signalledMs, confirmed: false }, o.reportsPins ? 'CRI-O reloaded; nothing present shows the change yet, the pulls that follow confirm it' : 'CRI-O reloaded');
+      return { reloaded: true };
+    }
+    const r = await waitForPins(runtime, probes, { timeoutMs: this.pinWaitTimeout(), signal: o.signal });
+    checkpoint(o.signal);
+    if (r.applied) return this.reloadApplied(o.effective, key, started, signalledMs, probes.length);
+    if (r.unobservable) {
+      this.loaded = { patterns: o.effective, key, state: 'unconfirmed', reloadedAt: started };
+      this.reloadGate.succeed({ mode: reloader.mode });
+      this.reloadFailure = undefined;
+      metrics?.reloads.inc({ result: 'success' });
+      return { reloaded: true };
+    }
+    this.loaded = { ...loaded, reloadedAt: started };
+    return { reloaded: true, problem: this.reloadNotApplied(probes[0]!, o.effective) };
   }
 
   /**
    * Whether the images about to be downloaded fit below the watermark,
    * estimated from the registries; null when they do or when it cannot be
-   * told (sizes unknown, filesystem not measurable), else why not. An image
-   * whose content the runtime holds under another name is a name-only pull
-   * and costs nothing.
+   * told (sizes unknown, filesystem not measurable), else why not. Name-only
+   * pulls are not in `due`: they download nothing.
    */
   private async estimateFits(due: readonly WantedImage[], images: readonly RuntimeImage[], problems: ProblemLog, signal: AbortSignal): Promise<string | null> {
     const held = new Set(images.flatMap((i) => i.repoDigests.map((d) => d.slice(d.lastIndexOf('@') + 1))));
@@ -453,45 +777,36 @@ export class Agent {
     return noSpaceMessage(batch.neededBytes, room, wm, space.mountpoint, download.length - batch.unknown.length, batch.unknown.length);
   }
 
-  /** Version (once) and ListImages; failures are returned, not thrown. */
-  private async observeRuntime(): Promise<{ images: RuntimeImage[]; error: string | undefined }> {
-    try {
-      if (!this.runtimeInfo) {
-        this.runtimeInfo = await this.opts.runtime.version();
-        this.log.info({ runtime: this.runtimeInfo }, 'connected to the container runtime');
-      }
-      return { images: await this.opts.runtime.listImages(), error: undefined };
-    } catch (e) {
-      return { images: [], error: errMessage(e) };
-    }
+  /** A reload seen applied: the list is CRI-O's; `pinned` changed under every image it touches, so the runtime is asked once more. */
+  private async reloadApplied(effective: string[], key: string, started: number, signalledMs: number, probes: number): Promise<{ reloaded: true; images?: RuntimeImage[] }> {
+    const { reloader, metrics, runtime } = this.opts;
+    this.loaded = { patterns: effective, key, state: 'confirmed', reloadedAt: started };
+    this.reloadGate.succeed({ mode: reloader.mode });
+    this.reloadFailure = undefined;
+    metrics?.reloads.inc({ result: 'success' });
+    metrics?.reloadConfirmSeconds.observe((this.now() - started) / 1000);
+    this.log.info({ mode: reloader.mode, durationMs: signalledMs, confirmed: true, appliedAfterMs: this.now() - started, probes }, 'CRI-O reloaded and applied its pin list');
+    const images = await runtime.listImages().catch(() => undefined);
+    return { reloaded: true, images };
   }
 
-  private async reloadIfNeeded(key: string): Promise<boolean> {
-    if (!this.reloadNeeded || this.now() < this.reloadNextAt) return false;
-    const { reloader, metrics } = this.opts;
-    if (reloader.mode === 'none') {
-      // Nothing to reload (e.g. a runtime that is not CRI-O): the file is all there is.
-      this.reloadNeeded = false;
-      this.reloadedKey = key;
-      return false;
-    }
+  /** Version (until answered since the last outage) and ListImages; failures are returned, not thrown. */
+  private async observeRuntime(): Promise<{ images: RuntimeImage[]; error: string | undefined }> {
     try {
-      await reloader.reload();
-      this.reloadNeeded = false;
-      this.reloadedKey = key;
-      this.lastReloadError = undefined;
-      this.reloadBackoff.reset();
-      metrics?.reloads.inc({ result: 'success' });
-      this.log.info({ mode: reloader.mode }, 'CRI-O reloaded');
-      return true;
+      if (!this.runtimeAnswered) {
+        const info = await this.opts.runtime.version();
+        if (JSON.stringify(info) !== JSON.stringify(this.runtimeInfo)) this.log.info({ runtime: info }, 'connected to the container runtime');
+        this.runtimeInfo = info;
+        this.runtimeAnswered = true;
+      }
+      const images = await this.opts.runtime.listImages();
+      this.runtimeGate.succeed();
+      return { images, error: undefined };
     } catch (e) {
-      this.lastReloadError = errMessage(e);
-      const delay = this.reloadBackoff.fail();
-      this.reloadNextAt = this.now() + delay;
-      metrics?.reloads.inc({ result: 'failure' });
-      this.log.error({ mode: reloader.mode, err: this.lastReloadError, retryInMs: delay }, 'CRI-O reload failed; the pin file stays, retrying');
-      this.opts.events?.record('Warning', 'ReloadFailed', `CRI-O reload failed (retrying): ${this.lastReloadError}`);
-      return false;
+      const error = errMessage(e);
+      this.runtimeAnswered = false;
+      this.runtimeGate.fail(error, { endpoint: this.opts.criSocketPath ?? undefined, note: 'pins kept' });
+      return { images: [], error };
     }
   }
 
@@ -519,57 +834,165 @@ export class Agent {
     if (reached) m.lastSuccess.set(this.now() / 1000);
   }
 
-  /** When the loop should run again without being triggered. */
-  private nextWakeDelay(): number {
-    const now = this.now();
-    let at = now + (this.opts.resyncIntervalMs ?? 300_000);
-    const pull = this.opts.puller.nextAttemptAt();
-    if (pull !== undefined) at = Math.min(at, pull);
-    const slot = this.opts.rolloutGate?.nextAttemptAt();
-    if (slot !== undefined) at = Math.min(at, slot);
-    if (this.reloadNeeded) at = Math.min(at, this.reloadNextAt);
-    if (this.lastResult && !this.lastResult.runtimeReachable) at = Math.min(at, now + 2_000);
-    return Math.max(50, at - now);
+  // ---------------------------------------------------------------------------
+  // The loop
+
+  /** When a full reconcile is due without a trigger: the resync, or a failed step's next attempt. */
+  private nextReconcileAt(): number {
+    if (this.reconcileGate.failing) return this.reconcileGate.nextAt;
+    let at = this.lastReconcileAt + (this.opts.resyncIntervalMs ?? 300_000);
+    if (this.runtimeGate.failing) {
+      // Nothing but reaching the runtime can make progress; pull retries wait for it.
+      at = Math.min(at, this.runtimeGate.nextAt);
+    } else {
+      const pull = this.opts.puller.nextAttemptAt();
+      if (pull !== undefined) at = Math.min(at, pull);
+      if (this.reloadWaiting) at = Math.min(at, this.reloadGate.nextAt);
+      if (this.evidenceWaiting) at = Math.min(at, this.evidenceNextAt);
+      const slot = this.opts.rolloutGate?.nextAttemptAt();
+      if (slot !== undefined) at = Math.min(at, slot);
+    }
+    if (this.writeGate.failing) at = Math.min(at, this.writeGate.nextAt);
+    return at;
+  }
+
+  /** When the next cheap presence check is due, if one is needed. */
+  private nextPresenceCheckAt(): number | undefined {
+    if (this.runtimeGate.failing || this.inPlace.size === 0) return undefined;
+    return this.lastListAt + (this.opts.presenceCheckMs ?? PRESENCE_CHECK_MS);
+  }
+
+  /** One ListImages: a full reconcile follows if a wanted image that was in place is gone or unpinned. */
+  private async presenceCheck(): Promise<void> {
+    this.lastListAt = this.now();
+    const reportsPins = (this.runtimeInfo?.runtimeName ?? '').toLowerCase() === 'cri-o';
+    try {
+      const view = new RuntimeView(await this.opts.runtime.listImages());
+      for (const ref of this.inPlace.values()) {
+        const img = view.find(ref);
+        if (!img || (reportsPins && !img.pinned)) {
+          this.log.debug({ image: ref }, 'presence check: a pinned image is missing or unpinned');
+          this.dirty = true;
+          return;
+        }
+      }
+    } catch {
+      // The reconcile records the outage and paces what follows.
+      this.dirty = true;
+    }
   }
 
   /** Start watching the folders and run reconciles until stop(). */
   start(): void {
-    this.watchFolder(this.opts.staticDir, 'static folder changed', true);
-    this.watchFolder(this.opts.pinFile.dir, 'drop-in folder changed', false);
+    const { pinFile, staticDir, criSocketPath } = this.opts;
+    this.watch(staticDir, { recursive: false }, () => this.trigger('static folder changed', true));
+    // CRI-O reads the whole folder, subfolders included: a change anywhere
+    // may fix (or break) what a reload would load.
+    this.watch(pinFile.dir, { recursive: true }, () => this.trigger('drop-in folder changed'));
+    const main = path.basename(pinFile.mainConfig);
+    this.watch(path.dirname(pinFile.mainConfig), { recursive: false }, (name) => {
+      if (name === main) this.trigger('crio.conf changed');
+    });
+    if (criSocketPath) {
+      const sock = path.basename(criSocketPath);
+      this.watch(path.dirname(criSocketPath), { recursive: false }, (name) => {
+        if (name !== sock) return;
+        // A new socket is a new runtime process: it must answer before it is
+        // signalled. A socket gone is a runtime gone: noticed now, not at the
+        // next presence check.
+        this.runtimeAnswered = false;
+        if (fs.existsSync(criSocketPath)) {
+          if (this.runtimeGate.failing) this.runtimeGate.expedite();
+          this.trigger('the runtime socket appeared');
+        } else {
+          this.trigger('the runtime socket went away');
+        }
+      });
+    }
     this.loopDone = this.loop();
   }
 
-  private watchFolder(dir: string, reason: string, cancel: boolean): void {
+  private watch(dir: string, opts: { recursive: boolean }, onChange: (name: string | null) => void): void {
     try {
-      const w = fs.watch(dir, () => this.trigger(reason, cancel));
+      const w = fs.watch(dir, { recursive: opts.recursive }, (_ev, name) => onChange(name === null ? null : String(name)));
       w.on('error', () => w.close());
       this.watchers.push(w);
     } catch {
-      // A missing folder is re-read on every resync.
+      // A missing folder is re-read on every resync and retry.
     }
+  }
+
+  /** While writing fails: a cheap check (access + statfs) every few seconds brings the retry forward when the cause clears. */
+  private startWriteProbe(): void {
+    if (this.writeProbe) return;
+    const dir = this.opts.pinFile.dir;
+    const check = async () => {
+      let ok: boolean;
+      try {
+        await fsp.access(dir, fs.constants.W_OK);
+        const st = await fsp.statfs(dir);
+        // Root may use the blocks reserved for it; others only the available ones.
+        const free = (process.getuid?.() === 0 ? st.bfree : st.bavail) * st.bsize;
+        ok = free >= WRITE_PROBE_MIN_FREE;
+      } catch {
+        ok = false;
+      }
+      if (ok && this.writeProbeOk === false && this.writeGate.failing) {
+        this.log.info({ dir }, 'the drop-in folder looks writable again; retrying the pin file now');
+        this.writeGate.expedite();
+        this.trigger('drop-in folder writable again');
+      }
+      this.writeProbeOk = ok;
+    };
+    void check();
+    this.writeProbe = setInterval(() => void check(), WRITE_PROBE_MS);
+    this.writeProbe.unref();
+  }
+
+  private stopWriteProbe(): void {
+    clearInterval(this.writeProbe);
+    this.writeProbe = undefined;
+    this.writeProbeOk = undefined;
+  }
+
+  private async sleepUntilWoken(): Promise<void> {
+    const presence = this.nextPresenceCheckAt();
+    const at = Math.min(this.nextReconcileAt(), presence ?? Infinity);
+    await new Promise<void>((resolve) => {
+      this.wake = resolve;
+      this.timer = setTimeout(resolve, Math.max(50, at - this.now()));
+    });
+    clearTimeout(this.timer);
+    this.wake = undefined;
   }
 
   private async loop(): Promise<void> {
     while (!this.stopped) {
       if (!this.dirty) {
-        await new Promise<void>((resolve) => {
-          this.wake = resolve;
-          this.timer = setTimeout(resolve, this.nextWakeDelay());
-        });
-        clearTimeout(this.timer);
-        this.wake = undefined;
+        await this.sleepUntilWoken();
         if (this.stopped) break;
+        if (!this.dirty && this.now() < this.nextReconcileAt()) {
+          const presence = this.nextPresenceCheckAt();
+          if (presence !== undefined && this.now() >= presence) {
+            await this.presenceCheck();
+            this.lastLoopAt = this.now();
+          }
+          if (!this.dirty) continue;
+        }
       }
       this.dirty = false;
       this.current = new AbortController();
       const started = this.now();
       try {
         const r = (this.lastResult = await this.reconcile(this.current.signal));
-        this.reconcileBackoff.reset();
         const phases: Record<string, number> = {};
         for (const s of r.sets) phases[s.phase] = (phases[s.phase] ?? 0) + 1;
-        this.log.info({ wrote: r.wrote, reloaded: r.reloaded, pulls: r.pullsAttempted, wanted: r.plan.wanted.length, phases, durationMs: this.now() - started }, 'reconcile finished');
+        this.log.info(
+          { wrote: r.wrote, reloaded: r.reloaded, pulls: r.pullsAttempted, wanted: r.plan.wanted.length, phases, pins: this.loaded?.state, durationMs: this.now() - started },
+          'reconcile finished',
+        );
         this.opts.metrics?.reconciles.inc({ result: 'success' });
+        this.reconcileGate.succeed();
       } catch (e) {
         if (e instanceof Cancelled || this.current.signal.aborted) {
           this.opts.metrics?.reconciles.inc({ result: 'cancelled' });
@@ -577,17 +1000,13 @@ export class Agent {
           // debounce, so a burst of changes costs one more reconcile, not one each).
           this.dirty = this.debounce === undefined;
         } else {
-          const delay = this.reconcileBackoff.fail();
+          // Not one of the steps with a gate of their own (those do not throw): paced all the same.
           this.opts.metrics?.reconciles.inc({ result: 'error' });
-          this.log.error({ err: errMessage(e), retryInMs: delay }, 'reconcile failed; pins kept, retrying');
-          await new Promise((r) => {
-            this.wake = () => r(undefined);
-            this.timer = setTimeout(r, delay);
-          });
-          this.dirty = true;
+          this.reconcileGate.fail(errMessage(e), { note: 'pins kept' });
         }
       } finally {
         this.current = undefined;
+        this.lastReconcileAt = this.now();
         this.lastLoopAt = this.now();
       }
     }
@@ -598,6 +1017,7 @@ export class Agent {
     this.stopped = true;
     clearTimeout(this.debounce);
     clearTimeout(this.timer);
+    this.stopWriteProbe();
     for (const w of this.watchers) w.close();
     this.current?.abort(new Cancelled('shutting down'));
     this.opts.puller.abortAll();

@@ -6,7 +6,7 @@ import * as path from 'node:path';
 import { parseLabelList } from '../api/selector.ts';
 import type { NodeSetStatus } from '../api/types.ts';
 import { helpText, parseFlags, type FlagSpec, UsageError } from '../util/flags.ts';
-import { CriImageRuntime } from '../cri/client.ts';
+import { CriImageRuntime, unixSocketPath } from '../cri/client.ts';
 import { PinFile, WRITE_STEPS, type PinFileHooks, type WriteStep } from '../crio/pinfile.ts';
 import { createReloader } from '../crio/reload.ts';
 import type { ReloadMode } from '../crio/reloader.ts';
@@ -68,6 +68,8 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
   { name: 'rollout-lease-duration', env: 'PINSET_ROLLOUT_LEASE_DURATION', type: 'duration', default: '60s', help: 'a rollout slot not renewed for this long is free again (a node that died); renewed every third of it' },
   { name: 'status-progress-interval', env: 'PINSET_STATUS_PROGRESS_INTERVAL', type: 'duration', default: '1m', help: 'progress alone (image counts) is written to the Node this long after the last write, then twice as long each time up to 5m; a change of phase is written at once' },
   { name: 'resync-interval', env: 'PINSET_RESYNC_INTERVAL', type: 'duration', default: '5m', help: 'full reconcile at least this often' },
+  { name: 'presence-check-interval', env: 'PINSET_PRESENCE_CHECK_INTERVAL', type: 'duration', default: '30s', help: 'between reconciles, ask the runtime this often (one ListImages) whether pinned images are still there' },
+  { name: 'reload-confirm-timeout', env: 'PINSET_RELOAD_CONFIRM_TIMEOUT', type: 'duration', default: '5s', help: 'how long CRI-O may take to apply a reload before it counts as not applied (and is retried)' },
   {
     name: 'min-watch-timeout',
     env: 'PINSET_MIN_WATCH_TIMEOUT',
@@ -184,7 +186,7 @@ export async function run(argv: string[]): Promise<number> {
     authFor: (host, path) => authFile.authFor(host, path),
     scrub: (t) => authFile.scrub(t),
     onResult: (r) => {
-      metrics?.pulls.inc({ result: r.ok ? 'success' : (r.failure?.kind ?? 'Other') });
+      metrics?.pulls.inc({ result: r.ok ? 'success' : (r.failure?.kind ?? 'Other'), kind: r.kind });
       if (r.ok) metrics?.pullDuration.observe(r.durationMs / 1000);
     },
   });
@@ -311,6 +313,7 @@ export async function run(argv: string[]): Promise<number> {
   agent = new Agent({
     nodeName,
     runtime,
+    criSocketPath: unixSocketPath(String(f['cri-endpoint'])),
     pinFile,
     reloader,
     puller,
@@ -327,6 +330,8 @@ export async function run(argv: string[]): Promise<number> {
     diskEstimateFactor: factor,
     rolloutGate,
     resyncIntervalMs: Number(f['resync-interval']),
+    presenceCheckMs: Number(f['presence-check-interval']),
+    pinWaitTimeoutMs: Number(f['reload-confirm-timeout']),
   });
 
   if (awaitedKubeconfig) {

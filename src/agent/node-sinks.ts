@@ -24,7 +24,7 @@ export class NodeAnnotationSink implements StatusSink {
   }
 }
 
-export type EventReason = 'SetReady' | 'PullFailed' | 'ReloadFailed' | 'PinsOverridden' | 'WaitingForNodeLock';
+export type EventReason = 'SetReady' | 'PullFailed' | 'ReloadFailed' | 'ReloadNotApplied' | 'CrioConfigRejected' | 'PinsOverridden' | 'ImageRemoved' | 'WaitingForNodeLock';
 
 export interface EventRecorder {
   record(type: 'Normal' | 'Warning', reason: EventReason, message: string, key?: string): void;

@@ -20,8 +20,18 @@ export interface PullFailure {
   nextAttemptAt: number;
 }
 
+/**
+ * `download`: the runtime does not show the content, so the pull fetches it.
+ * `name`: the runtime shows the content under another name (pulled by tag,
+ * or through another digest of the same index): the pull adds the set's
+ * reference as a name and downloads no layer. CRI-O pins by stored names, so
+ * without it the image is present but not pinned.
+ */
+export type PullKind = 'download' | 'name';
+
 export interface PullResult {
   key: string;
+  kind: PullKind;
   ok: boolean;
   imageRef?: string;
   failure?: PullFailure;
@@ -133,11 +143,11 @@ export class ImagePuller {
    * flight) and wait for them; `onEach` hears each result as it comes.
    * `signal` stops the waiting, not the pulls.
    */
-  async pull(images: readonly WantedImage[], signal: AbortSignal, onEach?: (r: PullResult) => void): Promise<PullResult[]> {
+  async pull(images: readonly WantedImage[], signal: AbortSignal, onEach?: (r: PullResult) => void, kindOf: (key: string) => PullKind = () => 'download'): Promise<PullResult[]> {
     const waits = images
       .filter((w) => this.inflight.has(w.key) || this.isDue(w.key))
       .map((w) =>
-        this.start(w).then((r) => {
+        this.start(w, kindOf(w.key)).then((r) => {
           if (!signal.aborted) onEach?.(r);
           return r;
         }),
@@ -170,30 +180,31 @@ export class ImagePuller {
     for (const f of this.inflight.values()) f.abort.abort(new Error('shutting down'));
   }
 
-  private start(w: WantedImage): Promise<PullResult> {
+  private start(w: WantedImage, kind: PullKind): Promise<PullResult> {
     const existing = this.inflight.get(w.key);
     if (existing) return existing.promise;
     const abort = new AbortController();
-    const promise = this.attempt(w, abort.signal).finally(() => this.inflight.delete(w.key));
+    const promise = this.attempt(w, kind, abort.signal).finally(() => this.inflight.delete(w.key));
     this.inflight.set(w.key, { promise, abort });
     return promise;
   }
 
-  private async attempt(w: WantedImage, signal: AbortSignal): Promise<PullResult> {
+  private async attempt(w: WantedImage, kind: PullKind, signal: AbortSignal): Promise<PullResult> {
     const { runtime, logger } = this.opts;
     const ref = w.reference.reference;
-    const log = logger.child({ image: ref, ...(w.runtimeHandler ? { runtimeHandler: w.runtimeHandler } : {}) });
+    const log = logger.child({ image: ref, kind, ...(w.runtimeHandler ? { runtimeHandler: w.runtimeHandler } : {}) });
     try {
       await this.slots.acquire(signal);
     } catch {
-      return { key: w.key, ok: false, durationMs: 0, failure: this.recordFailure(w.key, new RuntimeError('Canceled', 'pull cancelled: no longer wanted')) };
+      return { key: w.key, kind, ok: false, durationMs: 0, failure: this.recordFailure(w.key, new RuntimeError('Canceled', 'pull cancelled: no longer wanted')) };
     }
     const started = this.now();
     try {
       const auth = this.opts.authFor?.(w.reference.host, w.reference.path);
+      // Every line carries `kind`: a name-only pull fetches a manifest, not layers.
       log.info({ authenticated: auth !== undefined }, 'pulling image');
       const imageRef = await runtime.pullImage(ref, { runtimeHandler: w.runtimeHandler || undefined, auth, signal });
-      const r: PullResult = { key: w.key, ok: true, imageRef, durationMs: this.now() - started };
+      const r: PullResult = { key: w.key, kind, ok: true, imageRef, durationMs: this.now() - started };
       this.failures.delete(w.key);
       log.info({ imageRef, durationMs: r.durationMs }, 'pulled image');
       this.opts.onResult?.(r);
@@ -207,7 +218,7 @@ export class ImagePuller {
           ? e
           : new RuntimeError('Other', (e as Error).message);
       const failure = this.recordFailure(w.key, err);
-      const r: PullResult = { key: w.key, ok: false, failure, durationMs: this.now() - started };
+      const r: PullResult = { key: w.key, kind, ok: false, failure, durationMs: this.now() - started };
       if (err.kind === 'Canceled') log.info('pull cancelled: the image is no longer wanted');
       else log.warn({ kind: failure.kind, failures: failure.failures, retryInMs: failure.nextAttemptAt - this.now(), err: failure.message }, 'pull failed');
       this.opts.onResult?.(r);

@@ -43,7 +43,14 @@ export interface StatusFacts {
   runtimeError?: string;
   /** The pin file could not be written. */
   writeError?: string;
-  reloadError?: string;
+  /**
+   * Why pins in the file are not (yet) in effect in CRI-O: the reload failed
+   * (ReloadFailed), ended without CRI-O applying it (ReloadNotApplied), or
+   * CRI-O would refuse a file in its folder (CrioConfigRejected). It makes a
+   * set Degraded when it holds one of the `affected` references; with
+   * `affectsAll`, every set (CRI-O may not even run with that file).
+   */
+  pinProblem?: PinProblem;
   overriding: readonly DropinPins[];
   pinFile: string;
   history: ReadonlyMap<string, SetHistory>;
@@ -53,6 +60,14 @@ export interface StatusFacts {
   rolloutWaits?: ReadonlyMap<string, SlotWait>;
   /** Per set key: the set downloads without a rollout slot because this node may not hold one, and why. */
   rolloutUnenforced?: ReadonlyMap<string, string>;
+}
+
+export interface PinProblem {
+  reason: 'ReloadFailed' | 'ReloadNotApplied' | 'CrioConfigRejected';
+  message: string;
+  /** References whose pin is not in effect because of it. */
+  affected: (ref: string) => boolean;
+  affectsAll?: boolean;
 }
 
 const PULL_REASON: Record<FailureKind, string> = {
@@ -147,8 +162,12 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
       counts,
     };
   }
-  if (facts.writeError) return { phase: 'Degraded', reason: 'PinFileWriteFailed', message: `the pin file ${facts.pinFile} could not be written: ${facts.writeError}`, counts };
-  if (facts.reloadError) return { phase: 'Degraded', reason: 'ReloadFailed', message: `CRI-O was not reloaded after the pin file changed (retrying): ${facts.reloadError}`, counts };
+  // A write that fails leaves the previous file in place: only sets with references it lacks are held up.
+  if (facts.writeError && s.references.some((r) => !facts.pinsInFile.has(r.reference))) {
+    return { phase: 'Degraded', reason: 'PinFileWriteFailed', message: `the pin file ${facts.pinFile} could not be written: ${facts.writeError}`, counts };
+  }
+  const pp = facts.pinProblem;
+  if (pp && (pp.affectsAll || s.references.some((r) => pp.affected(r.reference)))) return { phase: 'Degraded', reason: pp.reason, message: pp.message, counts };
   if (facts.runtimeError) return { phase: 'Degraded', reason: 'RuntimeUnavailable', message: `the container runtime could not be reached: ${facts.runtimeError}`, counts };
   if (counts.invalid > 0) {
     const p = s.invalidImages[0]!;

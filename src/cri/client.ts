@@ -72,30 +72,79 @@ export function criTarget(endpoint: string): string {
   return endpoint;
 }
 
+function closeConnection(c: Connection): void {
+  c.images.close();
+  c.runtime.close();
+}
+
+/** The file path of a unix-socket endpoint ("unix:///run/x.sock", "/run/x.sock"), or null for anything else. */
+export function unixSocketPath(endpoint: string): string | null {
+  const t = criTarget(endpoint);
+  return t.startsWith('unix://') ? t.slice('unix://'.length) : null;
+}
+
+/** One gRPC channel with its two service clients, and the calls running on it. */
+interface Connection {
+  images: ServiceClient;
+  runtime: ServiceClient;
+  inflight: number;
+  /** A call on it failed because the runtime could not be reached. */
+  broken: boolean;
+}
+
 export class CriImageRuntime implements ImageRuntime {
   readonly endpoint: string;
   readonly deadlines: CallDeadlines;
-  private readonly images: ServiceClient;
-  private readonly runtime: ServiceClient;
+  private conn: Connection;
 
   constructor(endpoint: string, deadlines: Partial<CallDeadlines> = {}) {
     this.endpoint = endpoint;
     this.deadlines = { ...DEFAULT_DEADLINES, ...deadlines };
-    const pkg = loadCriPackage() as any;
-    const v1 = pkg.runtime.v1;
-    const target = criTarget(endpoint);
-    // Large ListImages answers (thousands of images) exceed the 4 MiB default.
-    const options: grpc.ChannelOptions = { 'grpc.max_receive_message_length': 64 * 1024 * 1024 };
-    this.images = new v1.ImageService(target, grpc.credentials.createInsecure(), options);
-    // Share the channel between the two services.
-    this.runtime = new v1.RuntimeService(target, grpc.credentials.createInsecure(), { ...options, channelOverride: this.images.getChannel() });
+    this.conn = this.connect();
   }
 
-  private call<T>(client: ServiceClient, method: string, req: object, deadlineMs: number | undefined, signal?: AbortSignal): Promise<T> {
+  private connect(): Connection {
+    const pkg = loadCriPackage() as any;
+    const v1 = pkg.runtime.v1;
+    const target = criTarget(this.endpoint);
+    const options: grpc.ChannelOptions = {
+      // Large ListImages answers (thousands of images) exceed the 4 MiB default.
+      'grpc.max_receive_message_length': 64 * 1024 * 1024,
+    };
+    const images = new v1.ImageService(target, grpc.credentials.createInsecure(), options) as ServiceClient;
+    // Share the channel between the two services.
+    const runtime = new v1.RuntimeService(target, grpc.credentials.createInsecure(), { ...options, channelOverride: images.getChannel() }) as ServiceClient;
+    return { images, runtime, inflight: 0, broken: false };
+  }
+
+  /**
+   * The connection for the next call. After the runtime could not be
+   * reached, grpc-js keeps failing calls at once with the last error until
+   * its own reconnect backoff (up to 2 min) runs out, so a runtime that came
+   * back would go unnoticed that long: the next call after such a failure
+   * gets a fresh channel, which connects right away. The agent paces those
+   * calls itself. The old channel closes once its calls are done.
+   */
+  private current(): Connection {
+    if (this.conn.broken) {
+      const old = this.conn;
+      this.conn = this.connect();
+      if (old.inflight === 0) closeConnection(old);
+    }
+    return this.conn;
+  }
+
+  private call<T>(which: 'images' | 'runtime', method: string, req: object, deadlineMs: number | undefined, signal?: AbortSignal): Promise<T> {
+    const conn = this.current();
+    const client = conn[which];
+    conn.inflight++;
     return new Promise<T>((resolve, reject) => {
       const opts: grpc.CallOptions = deadlineMs ? { deadline: Date.now() + deadlineMs } : {};
       const call = client[method]!.call(client, req, new grpc.Metadata(), opts, (err, res) => {
         signal?.removeEventListener('abort', onAbort);
+        conn.inflight--;
+        if (err && err.code === grpc.status.UNAVAILABLE) conn.broken = true;
+        if (conn !== this.conn && conn.inflight === 0) closeConnection(conn);
         if (err) reject(classifyGrpcError(err, method));
         else resolve(res as T);
       });
@@ -108,33 +157,32 @@ export class CriImageRuntime implements ImageRuntime {
   }
 
   async version(): Promise<RuntimeInfo> {
-    const r = await this.call<{ runtimeName: string; runtimeVersion: string; runtimeApiVersion: string }>(this.runtime, 'Version', { version: 'v1' }, this.deadlines.version);
+    const r = await this.call<{ runtimeName: string; runtimeVersion: string; runtimeApiVersion: string }>('runtime', 'Version', { version: 'v1' }, this.deadlines.version);
     return { runtimeName: r.runtimeName, runtimeVersion: r.runtimeVersion, runtimeApiVersion: r.runtimeApiVersion };
   }
 
   async listImages(): Promise<RuntimeImage[]> {
-    const r = await this.call<{ images: WireImage[] }>(this.images, 'ListImages', {}, this.deadlines.listImages);
+    const r = await this.call<{ images: WireImage[] }>('images', 'ListImages', {}, this.deadlines.listImages);
     return (r.images ?? []).map(toImage);
   }
 
   async imageStatus(ref: string, runtimeHandler = ''): Promise<RuntimeImage | null> {
-    const r = await this.call<{ image: WireImage | null }>(this.images, 'ImageStatus', { image: { image: ref, runtimeHandler } }, this.deadlines.imageStatus);
+    const r = await this.call<{ image: WireImage | null }>('images', 'ImageStatus', { image: { image: ref, runtimeHandler } }, this.deadlines.imageStatus);
     return r.image ? toImage(r.image) : null;
   }
 
   async pullImage(ref: string, opts: PullOptions = {}): Promise<string> {
     const req = { image: { image: ref, runtimeHandler: opts.runtimeHandler ?? '' }, auth: wireAuth(opts.auth) };
-    const r = await this.call<{ imageRef: string }>(this.images, 'PullImage', req, undefined, opts.signal);
+    const r = await this.call<{ imageRef: string }>('images', 'PullImage', req, undefined, opts.signal);
     return r.imageRef;
   }
 
   async imageFsInfo(): Promise<ImageFilesystem[]> {
-    const r = await this.call<{ imageFilesystems: { fsId?: { mountpoint?: string }; usedBytes?: { value?: number } }[] }>(this.images, 'ImageFsInfo', {}, this.deadlines.imageFsInfo);
+    const r = await this.call<{ imageFilesystems: { fsId?: { mountpoint?: string }; usedBytes?: { value?: number } }[] }>('images', 'ImageFsInfo', {}, this.deadlines.imageFsInfo);
     return (r.imageFilesystems ?? []).map((f) => ({ mountpoint: f.fsId?.mountpoint ?? '', usedBytes: Number(f.usedBytes?.value ?? 0) }));
   }
 
   close(): void {
-    this.images.close();
-    this.runtime.close();
+    closeConnection(this.conn);
   }
 }

@@ -5,7 +5,12 @@ import type { SetPhase } from '../api/types.ts';
 
 export class AgentMetrics {
   readonly registry = new Registry();
-  readonly pulls = new Counter({ name: 'pinset_pulls_total', help: 'Image pulls by result (success, or the failure kind).', labelNames: ['result'], registers: [this.registry] });
+  readonly pulls = new Counter({
+    name: 'pinset_pulls_total',
+    help: 'Image pulls by result (success, or the failure kind) and kind (download: content absent; name: content present under another name, the pull only adds the name CRI-O pins by).',
+    labelNames: ['result', 'kind'],
+    registers: [this.registry],
+  });
   readonly pullDuration = new Histogram({
     name: 'pinset_pull_duration_seconds',
     help: 'Duration of successful image pulls.',
@@ -16,7 +21,19 @@ export class AgentMetrics {
   readonly imagesPinned = new Gauge({ name: 'pinset_images_pinned', help: 'Entries in the pin file (set images and carried-over pins).', registers: [this.registry] });
   readonly imagesWanted = new Gauge({ name: 'pinset_images_wanted', help: 'Images wanted by the sets selecting this node.', registers: [this.registry] });
   readonly imagesPresent = new Gauge({ name: 'pinset_images_present', help: 'Wanted images present in the runtime.', registers: [this.registry] });
-  readonly reloads = new Counter({ name: 'pinset_reloads_total', help: 'CRI-O reloads by result.', labelNames: ['result'], registers: [this.registry] });
+  readonly reloads = new Counter({
+    name: 'pinset_reloads_total',
+    help: 'CRI-O reloads by result: success (signalled; confirmed where observable), failure (the reload call failed), not_applied (CRI-O did not apply it within the bound).',
+    labelNames: ['result'],
+    registers: [this.registry],
+  });
+  readonly reloadConfirmSeconds = new Histogram({
+    name: 'pinset_reload_confirm_seconds',
+    help: 'From signalling a reload to CRI-O reporting the new pin list.',
+    buckets: [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5],
+    registers: [this.registry],
+  });
+  readonly configRejected = new Gauge({ name: 'pinset_crio_config_rejected_files', help: 'Files in CRI-O\'s configuration that CRI-O would refuse (it then refuses every reload and a start).', registers: [this.registry] });
   readonly pinFileWrites = new Counter({ name: 'pinset_pin_file_writes_total', help: 'Writes of the pin file.', registers: [this.registry] });
   readonly reconciles = new Counter({ name: 'pinset_reconciles_total', help: 'Reconciles by result (success, error, cancelled).', labelNames: ['result'], registers: [this.registry] });
   readonly nodeLockHeld = new Gauge({

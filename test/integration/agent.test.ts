@@ -414,8 +414,8 @@ describe('pinset agent against the API server, CRI-O and systemd stand-ins', () 
     assert.equal((await fetch(`${url}/readyz`)).status, 200);
     const metrics = await (await fetch(`${url}/metrics`)).text();
     const value = (re: RegExp) => Number(re.exec(metrics)?.[1]);
-    assert.equal(value(/^pinset_pulls_total\{result="success"\} (\d+)$/m), 2);
-    assert.ok(value(/^pinset_pulls_total\{result="Unavailable"\} (\d+)$/m) >= 2, 'the failed attempts are counted');
+    assert.equal(value(/^pinset_pulls_total\{result="success",kind="download"\} (\d+)$/m), 2);
+    assert.ok(value(/^pinset_pulls_total\{result="Unavailable",kind="download"\} (\d+)$/m) >= 2, 'the failed attempts are counted');
     assert.equal(value(/^pinset_sets\{phase="Ready"\} (\d+)$/m), 1);
     assert.equal(value(/^pinset_images_pinned (\d+)$/m), 2);
     assert.ok(value(/^pinset_reloads_total\{result="success"\} (\d+)$/m) >= 1);

@@ -179,6 +179,20 @@ describe('computeSetStatuses: phases and reasons', () => {
     );
   });
 
+  test('a pin problem (ReloadNotApplied, CrioConfigRejected) degrades only the sets it affects, unless it affects all', () => {
+    const p = plan([observed('web', [A]), observed('db', [B])]);
+    const problem = { reason: 'CrioConfigRejected' as const, message: 'CRI-O would refuse /etc/crio/crio.conf.d/50-x: toml: ...', affected: (r: string) => r === A };
+    const sets = computeSetStatuses({ ...facts(p, { pinProblem: problem }) }).sets;
+    const web = sets.find((s) => s.name === 'web')!;
+    const db = sets.find((s) => s.name === 'db')!;
+    assert.equal(web.phase, 'Degraded');
+    assert.equal(web.reason, 'CrioConfigRejected');
+    assert.match(web.message!, /50-x/);
+    assert.notEqual(db.reason, 'CrioConfigRejected');
+    const all = computeSetStatuses({ ...facts(p, { pinProblem: { ...problem, reason: 'ReloadNotApplied', affectsAll: true } }) }).sets;
+    assert.deepEqual(all.map((s) => s.reason), ['ReloadNotApplied', 'ReloadNotApplied']);
+  });
+
   test('PinsOverridden names the overriding file and the pin file', () => {
     const s = only(facts(plan([observed('web', [A])]), { overriding: [{ file: 'zz-local.conf', pins: [] }] }));
     assert.equal(s.phase, 'Degraded');
@@ -219,10 +233,11 @@ describe('computeSetStatuses: phases and reasons', () => {
 
   test('ReloadFailed, PinFileWriteFailed and RuntimeUnavailable carry the cause', () => {
     const p = plan([observed('web', [A])]);
-    const reload = only(facts(p, { reloadError: 'ReloadUnit: unit crio.service not loaded' }));
+    const reload = only(facts(p, { pinProblem: { reason: 'ReloadFailed', message: 'CRI-O was not reloaded: ReloadUnit: unit crio.service not loaded', affected: () => true } }));
     assert.equal(reload.reason, 'ReloadFailed');
     assert.match(reload.message!, /crio\.service not loaded/);
-    const write = only(facts(p, { writeError: 'EROFS: read-only file system' }));
+    const write = only(facts(p, { writeError: 'EROFS: read-only file system', pinsInFile: new Set() }));
+    assert.equal(only(facts(p, { writeError: 'EROFS: read-only file system' })).phase, 'Ready', 'a set whose pins the previous file holds is not held up');
     assert.equal(write.reason, 'PinFileWriteFailed');
     assert.ok(write.message!.includes(PIN_FILE) && write.message!.includes('EROFS'));
     const down = only(facts(p, { runtimeError: 'connect ENOENT /var/run/crio/crio.sock' }));
