@@ -396,9 +396,13 @@ export class Agent {
     if (cancelled.length) log.info({ cancelled: cancelled.length }, 'cancelled pulls of images no longer wanted');
     const kinds = new Map<string, PullKind>();
     if (!runtimeError) {
+      // Content the runtime holds under any name with the same digest (another
+      // repository, a mirror's name) is not downloaded again: both runtimes
+      // store content by digest. Such a pull only adds the name.
+      const heldDigests = new Set(view.images.flatMap((i) => i.repoDigests.map((d) => d.slice(d.lastIndexOf('@') + 1))));
       for (const w of plan.wanted) {
         const img = found(w);
-        if (!img) kinds.set(w.key, 'download');
+        if (!img) kinds.set(w.key, heldDigests.has(w.reference.digest) ? 'name' : 'download');
         else if (reportsPins && !img.pinned && pinsInFile.has(w.reference.reference) && this.pinLoaded(w.reference.reference)) kinds.set(w.key, 'name');
         // In place, or waiting for a reload only: no pull, and no pull retry pending.
         else puller.markPresent(w.key);

@@ -9,7 +9,8 @@ import assert from 'node:assert/strict';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus } from '../../src/api/types.ts';
+import { STATUS_ANNOTATION, type NodeSetStatus } from '../../src/api/types.ts';
+import { parseNodeStatus } from '../../src/api/node-status.ts';
 import { ApiServer } from '../support/apiserver.ts';
 import { CriClient } from '../support/containerd.ts';
 import { CountingProxy } from '../support/counting-proxy.ts';
@@ -191,7 +192,7 @@ describe('pinset agent on a real CRI-O', () => {
     bed!.agent = AgentProcess.start([...bed!.args(), '--kubeconfig', await api.writeKubeconfig(bed!.dir)], { env: bed!.node.env });
     const status = (): NodeSetStatus | undefined => {
       const raw = api.get('nodes', NODE)?.metadata.annotations?.[STATUS_ANNOTATION];
-      return raw ? (JSON.parse(raw) as NodeStatus).sets.find((s) => s.name === 'a') : undefined;
+      return raw ? parseNodeStatus(raw).status?.sets.find((s) => s.name === 'a') : undefined;
     };
     await api.waitFor(() => status()?.reason === 'CrioConfigRejected', 30_000, `CrioConfigRejected (now ${JSON.stringify(status())})`);
     assert.ok(status()?.message?.includes(broken));

@@ -17,7 +17,8 @@ import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
-import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus } from '../../src/api/types.ts';
+import { STATUS_ANNOTATION, type NodeSetStatus } from '../../src/api/types.ts';
+import { parseNodeStatus } from '../../src/api/node-status.ts';
 import { CriImageRuntime } from '../../src/cri/client.ts';
 import { PinFile } from '../../src/crio/pinfile.ts';
 import { NoReloader } from '../../src/crio/reload.ts';
@@ -81,7 +82,7 @@ async function makeBed(): Promise<Bed> {
     },
     setStatus(name) {
       const raw = (api.get('nodes', NODE)?.metadata as { annotations?: Record<string, string> } | undefined)?.annotations?.[STATUS_ANNOTATION];
-      return raw ? (JSON.parse(raw) as NodeStatus).sets.find((s) => s.name === name) : undefined;
+      return raw ? parseNodeStatus(raw).status?.sets.find((s) => s.name === name) : undefined;
     },
     async waitForSet(name, pred, what, timeoutMs = 20_000) {
       return (await api.waitFor(

@@ -14,7 +14,8 @@ import assert from 'node:assert/strict';
 import { mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus } from '../../src/api/types.ts';
+import { STATUS_ANNOTATION, type NodeSetStatus } from '../../src/api/types.ts';
+import { parseNodeStatus } from '../../src/api/node-status.ts';
 import { ApiServer } from '../support/apiserver.ts';
 import { startCrioNode, type CrioNode } from '../support/crio-node.ts';
 import { CriClient } from '../support/containerd.ts';
@@ -98,7 +99,7 @@ async function makeBed(crioOpts: Parameters<typeof startCrioNode>[0] = {}): Prom
     },
     setStatus(name) {
       const raw = (api.get('nodes', NODE)?.metadata as { annotations?: Record<string, string> } | undefined)?.annotations?.[STATUS_ANNOTATION];
-      return raw ? (JSON.parse(raw) as NodeStatus).sets.find((s) => s.name === name) : undefined;
+      return raw ? parseNodeStatus(raw).status?.sets.find((s) => s.name === name) : undefined;
     },
     async waitForSet(name, pred, what, timeoutMs = 20_000) {
       return (await api.waitFor(
