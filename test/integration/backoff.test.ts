@@ -17,8 +17,7 @@ import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
-import { STATUS_ANNOTATION, type NodeSetStatus } from '../../src/api/types.ts';
-import { parseNodeStatus } from '../../src/api/node-status.ts';
+import type { NodeSetStatus } from '../../src/api/types.ts';
 import { CriImageRuntime } from '../../src/cri/client.ts';
 import { PinFile } from '../../src/crio/pinfile.ts';
 import { NoReloader } from '../../src/crio/reload.ts';
@@ -26,85 +25,26 @@ import { Agent } from '../../src/agent/agent.ts';
 import { ImagePuller } from '../../src/agent/puller.ts';
 import { LogStatusSink, StatusReporter } from '../../src/agent/status.ts';
 import { createLogger } from '../../src/util/log.ts';
-import { ApiServer } from '../support/apiserver.ts';
-import { startCrioNode, type CrioNode } from '../support/crio-node.ts';
+import { makeNodeBed, NODE, setObject, type NodeBed } from '../support/node-bed.ts';
 import { startFakeCrio } from '../support/fake-crio.ts';
 import { AgentProcess, readPinFile, type LogLine } from '../support/agent-process.ts';
 
-const NODE = 'node-1';
 const A1 = `registry.test/team/app@sha256:${'a'.repeat(64)}`;
 const A2 = `registry.test/team/db@sha256:${'b'.repeat(64)}`;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-function set(name: string, images: string[]) {
-  return { apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name }, spec: { pinnedImages: images.map((n) => ({ name: n })) } };
-}
+const set = setObject;
+let bed: NodeBed | undefined;
 
-interface Bed {
-  api: ApiServer;
-  node: CrioNode;
-  dir: string;
-  agent?: AgentProcess;
-  start(extra?: string[], dropInDir?: string): AgentProcess;
-  setStatus(name: string): NodeSetStatus | undefined;
-  waitForSet(name: string, pred: (s: NodeSetStatus) => boolean, what: string, timeoutMs?: number): Promise<NodeSetStatus>;
-}
-
-let bed: Bed | undefined;
-
-async function makeBed(): Promise<Bed> {
-  const api = await ApiServer.start({ bookmarkIntervalMs: 1000 });
-  const node = await startCrioNode({ catalogue: { [A1]: { size: 100 }, [A2]: { size: 100 } } });
-  const dir = await mkdtemp(join(tmpdir(), 'pinset-backoff-'));
-  await mkdir(join(dir, 'sets.d'));
-  const kubeconfig = await api.writeKubeconfig(dir);
-  api.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: NODE, labels: {} } });
-  const b: Bed = {
-    api,
-    node,
-    dir,
-    start(extra = [], dropInDir = node.dropInDir) {
-      const args = [
-        '--node-name', NODE,
-        '--kubeconfig', kubeconfig,
-        '--static-dir', join(dir, 'sets.d'),
-        '--cri-endpoint', node.endpoint,
-        '--crio-dropin-dir', dropInDir,
-        '--reload', 'dbus',
-        '--auth-file', join(dir, 'no-auth.json'),
-        '--metrics-addr', '',
-        '--resync-interval', '10m',
-        '--log-level', 'debug',
-        ...extra,
-      ];
-      b.agent = AgentProcess.start(args, { env: node.env });
-      return b.agent;
-    },
-    setStatus(name) {
-      const raw = (api.get('nodes', NODE)?.metadata as { annotations?: Record<string, string> } | undefined)?.annotations?.[STATUS_ANNOTATION];
-      return raw ? parseNodeStatus(raw).status?.sets.find((s) => s.name === name) : undefined;
-    },
-    async waitForSet(name, pred, what, timeoutMs = 20_000) {
-      return (await api.waitFor(
-        (): NodeSetStatus | undefined => {
-          const s = b.setStatus(name);
-          return s && pred(s) ? s : undefined;
-        },
-        timeoutMs,
-        `${name}: ${what} (now ${JSON.stringify(b.setStatus(name))})\n${b.agent?.logs().slice(-12).map((l) => JSON.stringify(l)).join('\n')}`,
-      )) as NodeSetStatus;
-    },
-  };
-  return b;
-}
+/** Resyncs far apart, so every retry seen is the backoff's; debug logs, so every attempt is seen. */
+const makeBed = () => makeNodeBed({ catalogue: { [A1]: { size: 100 }, [A2]: { size: 100 } }, resyncInterval: '10m' });
+const startAgent = (b: NodeBed, dropInDir?: string) => b.start(['--log-level', 'debug'], { dropInDir });
 
 afterEach(async () => {
   if (!bed) return;
   const code = await bed.agent?.stop();
   if (bed.agent) assert.equal(code, 0, 'agent exits 0 on SIGTERM');
-  await bed.node.stop();
-  await bed.api.stop();
-  await rm(bed.dir, { recursive: true, force: true });
+  await bed.stop();
   bed = undefined;
 });
 
@@ -115,7 +55,7 @@ describe('every failing step is paced and recovers promptly', () => {
   test('the runtime down: a handful of reconciles, not ~20 a second; one error line; its socket reappearing brings it back', async () => {
     bed = await makeBed();
     bed.api.create(set('a', [A1]));
-    const agent = bed.start();
+    const agent = startAgent(bed);
     await bed.waitForSet('a', ready, 'Ready');
     await sleep(500);
     const mark = agent.mark();
@@ -144,7 +84,7 @@ describe('every failing step is paced and recovers promptly', () => {
     bed = await makeBed();
     bed.node.systemd.failNextReloads(1000);
     bed.api.create(set('a', [A1]));
-    const agent = bed.start();
+    const agent = startAgent(bed);
     await bed.waitForSet('a', (s) => s.reason === 'ReloadFailed', 'ReloadFailed');
     const before = bed.node.systemd.reloads.length;
     const mark = agent.mark();
@@ -289,14 +229,14 @@ async function unblockBeforeTheBackoff(agent: AgentProcess, unblock: () => Promi
   assert.ok(agent.logs().some((l) => l.msg === 'the drop-in folder looks writable again; retrying the pin file now'));
 }
 
-async function fullThenFreed(bed: Bed, mnt: string): Promise<void> {
+async function fullThenFreed(bed: NodeBed, mnt: string): Promise<void> {
   const dropIn = join(mnt, 'crio.conf.d');
   await mkdir(dropIn);
   // The CRI-O stand-in reads this folder: point it there.
   (bed.node.crio as { dropInDir: string }).dropInDir = dropIn;
   // The agent starts on a healthy folder (it takes its node lock and stages its writes beside it)...
   bed.api.create(set('a', [A1]));
-  const agent = bed.start([], dropIn);
+  const agent = startAgent(bed, dropIn);
   await bed.waitForSet('a', ready, 'Ready');
   // ...then the filesystem fills up, and a change cannot be written.
   const filler = join(mnt, 'filler');

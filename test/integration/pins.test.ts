@@ -11,18 +11,14 @@
 // - a starting CRI-O is never signalled.
 import { afterEach, beforeEach, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { mkdir, rm, symlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { STATUS_ANNOTATION, type NodeSetStatus } from '../../src/api/types.ts';
-import { parseNodeStatus } from '../../src/api/node-status.ts';
-import { ApiServer } from '../support/apiserver.ts';
-import { startCrioNode, type CrioNode } from '../support/crio-node.ts';
+import type { NodeSetStatus } from '../../src/api/types.ts';
 import { CriClient } from '../support/containerd.ts';
-import { AgentProcess, readPinFile, runAgentOnce } from '../support/agent-process.ts';
+import { readPinFile, runAgentOnce } from '../support/agent-process.ts';
 import type { CatalogueImage } from '../support/fake-crio.ts';
+import { makeNodeBed, setObject, type NodeBed } from '../support/node-bed.ts';
 
-const NODE = 'node-1';
 const hex = (c: string) => c.repeat(64);
 const D = (c: string) => `sha256:${hex(c)}`;
 
@@ -49,93 +45,23 @@ const CATALOGUE: Record<string, CatalogueImage> = {
   [A2]: { size: 100 },
 };
 
-function set(name: string, images: string[]) {
-  return { apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name }, spec: { pinnedImages: images.map((n) => ({ name: n })) } };
-}
+const set = setObject;
+let bed: NodeBed;
 
-interface Bed {
-  api: ApiServer;
-  node: CrioNode;
-  dir: string;
-  staticDir: string;
-  agent?: AgentProcess;
-  args(extra?: string[]): string[];
-  start(extra?: string[]): AgentProcess;
-  setStatus(name: string): NodeSetStatus | undefined;
-  waitForSet(name: string, pred: (s: NodeSetStatus) => boolean, what: string, timeoutMs?: number): Promise<NodeSetStatus>;
-  events(reason: string): { reason?: string; message?: string }[];
-}
-
-let bed: Bed;
-
-async function makeBed(crioOpts: Parameters<typeof startCrioNode>[0] = {}): Promise<Bed> {
-  const api = await ApiServer.start({ bookmarkIntervalMs: 1000 });
-  const node = await startCrioNode({ catalogue: CATALOGUE, ...crioOpts });
-  const dir = await mkdtemp(join(tmpdir(), 'pinset-pins-it-'));
-  const staticDir = join(dir, 'sets.d');
-  await mkdir(staticDir);
-  const kubeconfig = await api.writeKubeconfig(dir);
-  api.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: NODE, labels: {} } });
-  const b: Bed = {
-    api,
-    node,
-    dir,
-    staticDir,
-    args: (extra = []) => [
-      '--node-name', NODE,
-      '--kubeconfig', kubeconfig,
-      '--static-dir', staticDir,
-      '--cri-endpoint', node.endpoint,
-      '--crio-dropin-dir', node.dropInDir,
-      '--reload', 'dbus',
-      '--auth-file', join(dir, 'no-auth.json'),
-      '--metrics-addr', '',
-      '--resync-interval', '10m',
-      ...extra,
-    ],
-    start(extra = []) {
-      b.agent = AgentProcess.start(b.args(extra), { env: node.env });
-      return b.agent;
-    },
-    setStatus(name) {
-      const raw = (api.get('nodes', NODE)?.metadata as { annotations?: Record<string, string> } | undefined)?.annotations?.[STATUS_ANNOTATION];
-      return raw ? parseNodeStatus(raw).status?.sets.find((s) => s.name === name) : undefined;
-    },
-    async waitForSet(name, pred, what, timeoutMs = 20_000) {
-      return (await api.waitFor(
-        (): NodeSetStatus | undefined => {
-          const s = b.setStatus(name);
-          return s && pred(s) ? s : undefined;
-        },
-        timeoutMs,
-        `${name}: ${what} (now ${JSON.stringify(b.setStatus(name))})\n${b.agent?.logs().slice(-12).map((l) => JSON.stringify(l)).join('\n')}`,
-      )) as NodeSetStatus;
-    },
-    events(reason) {
-      return (api.list('events', { namespace: 'default' }) as { reason?: string; message?: string }[]).filter((e) => e.reason === reason);
-    },
-  };
-  return b;
-}
+/** Resyncs far apart, so what happens is the agent's own doing, not the resync's. */
+const makeBed = (crioOpts: Omit<Parameters<typeof makeNodeBed>[0], 'catalogue'> = {}) => makeNodeBed({ catalogue: CATALOGUE, resyncInterval: '10m', ...crioOpts });
 
 async function teardown(): Promise<void> {
   const code = await bed.agent?.stop();
   if (bed.agent) assert.equal(code, 0, 'agent exits 0 on SIGTERM');
-  await bed.node.stop();
-  await bed.api.stop();
-  await rm(bed.dir, { recursive: true, force: true });
+  await bed.stop();
 }
 
 const ready = (s: NodeSetStatus) => s.phase === 'Ready';
 const reloadsDone = () => bed.node.systemd.reloadCount('crio.service');
 
 /** Static-folder-only flags for --once (no API). */
-function onceArgs(extra: string[] = []): string[] {
-  const args = bed.args(extra);
-  const i = args.indexOf('--kubeconfig');
-  args.splice(i, 2);
-  return args;
-}
+const onceArgs = (extra: string[] = []) => bed.args(extra, { api: false });
 
 describe('presence by the name CRI-O pins', () => {
   beforeEach(async () => (bed = await makeBed()));
