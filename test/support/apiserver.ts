@@ -21,7 +21,32 @@
 //   write (no new resourceVersion, no watch event), as with etcd.
 // - Errors are metav1.Status objects (kind Status, status Failure, reason, code).
 // - Lists report metadata.resourceVersion; built-in list items carry no
-//   kind/apiVersion, custom resource items do. `limit` is ignored (no continue).
+//   kind/apiVersion, custom resource items do.
+// - Pagination (etcd3 store, storage/continue.go): `limit` returns at most
+//   that many items in key order and, when keys remain, metadata.continue
+//   (base64url of {"v":"meta.k8s.io/v1","rv":N,"start":"<last key>\u0000"})
+//   and, without selectors, remainingItemCount. Every page of a list is read
+//   at the first page's resourceVersion and reports it. A continue token
+//   whose resourceVersion has been compacted (compact(), or more than
+//   historyLimit writes since) is 410 Expired, offering a token that
+//   continues at the latest resourceVersion; a malformed one is 400;
+//   continue with a resourceVersion other than "0" is 400. resourceVersion=0
+//   is served as from the watch cache: limit ignored, one page.
+// - Content negotiation (handlers/negotiation, response.go): the Accept
+//   header's clauses by q; `as=PartialObjectMetadata` / `as=PartialObjectMetadataList`
+//   with `g=meta.k8s.io;v=v1` (or v1beta1) answer metadata only:
+//   {kind: PartialObjectMetadataList, apiVersion: meta.k8s.io/v1, metadata
+//   (resourceVersion, continue, remainingItemCount), items: [{kind:
+//   PartialObjectMetadata, apiVersion, metadata}]}, each item's whole
+//   metadata (managedFields too); watch events carry PartialObjectMetadata
+//   objects, bookmarks too, ERROR events their Status. A clause the server
+//   cannot serve (an unknown `as=`, `as=` without g/v) is skipped and the
+//   next one tried (so `...;as=PartialObjectMetadataList;...,application/json`
+//   falls back to whole objects); none left is 406 NotAcceptable. The single
+//   form asked for on a list is 406 after the list is read; the list form
+//   on a watch sends whole objects (the encoder logs and sends the
+//   original); the list form on a single object is 406 (after a write has
+//   happened, as on the real server). Responses are application/json.
 // - Watch: resourceVersion absent or "0" starts with synthetic ADDED events
 //   for current objects; a resourceVersion older than the kept history gets a
 //   200 stream with one ERROR event (Status 410 Expired) and the stream ends.
@@ -55,8 +80,15 @@
 // makeInformer takes no field selector (use `new ListWatch(path, new Watch(kc),
 // listFn, false, labelSelector, fieldSelector)`), and an informer whose watch
 // fails with a transport error emits 'error' and stops until start() is called.
-// Not modelled: namespaces (any namespace exists), admission, RBAC, pagination,
-// server-side apply (415), dryRun, OpenAPI schema validation (see `validators`).
+// Not modelled: namespaces (any namespace exists), admission, RBAC,
+// server-side apply (415), dryRun, OpenAPI schema validation (see `validators`),
+// YAML, protobuf and CBOR encodings and Tables (a request the real server
+// would answer in one of those is 406 here, never answered in another form),
+// resourceVersionMatch.
+//
+// Scale: written to hold 5000 Nodes of realistic size (bench/scale.ts);
+// lists are paged from the store without copying, the history keeps
+// historyLimit events (two copies of the object each).
 //
 // Test controls (methods on the server object, used by tests directly):
 //   ApiServer.start(opts?)       listen on 127.0.0.1:0. opts: bookmarkIntervalMs
@@ -77,11 +109,14 @@
 //                                anywhere, remove() ignores finalizers. Errors throw
 //                                KubeStatusError. Results are copies.
 //   resourceVersion              the current global resourceVersion
-//   compact()                    forget the watch history: a watch from any older
-//                                resourceVersion now gets 410 Expired
+//   compact()                    forget the watch history (etcd compaction): a watch or a
+//                                continue token from any older resourceVersion now gets
+//                                410 Expired
 //   restart()                    what clients see of an API server restart: watches end
-//                                cleanly, older resourceVersions get 410, and no bookmark
-//                                is sent until the next event (or progressNotify())
+//                                cleanly, watches from older resourceVersions get 410, and
+//                                no bookmark is sent until the next event (or
+//                                progressNotify()); list continue tokens still work (etcd
+//                                serves them)
 //   progressNotify()             an etcd progress notification: every resource's watch
 //                                cache has now processed an event, so bookmarks flow
 //   dropWatches({graceful?})     end every open watch: abruptly (socket destroyed,
@@ -91,7 +126,7 @@
 //   setAvailable(false|true)     while false every connection is destroyed on arrival
 //                                and open ones are cut; the port is kept
 //   connections                  TCP connections made, refused ones included
-//   requests                     log of {method, path, query, contentType, body, status, userAgent};
+//   requests                     log of {method, path, query, contentType, body, status, userAgent, accept};
 //                                body is parsed JSON when the request sent JSON
 //   waitFor(predicate, timeoutMs?, what?)  poll every 10 ms until predicate returns a
 //                                truthy value (returned); a throw counts as "not yet"
@@ -141,7 +176,8 @@ export interface StatusCause {
 export interface KubeStatus {
   kind: 'Status';
   apiVersion: 'v1';
-  metadata: Record<string, never>;
+  /** Empty, except the continue token a 410 for an expired continue offers (storage/etcd3 handleCompactedErrorForPaging). */
+  metadata: { continue?: string };
   status: 'Failure' | 'Success';
   message?: string;
   reason?: string;
@@ -174,6 +210,8 @@ export interface RecordedRequest {
   status: number;
   /** The User-Agent header. */
   userAgent: string;
+  /** The Accept header ('' when absent). */
+  accept: string;
 }
 
 export interface ApiServerOptions {
@@ -306,6 +344,157 @@ const unsupportedPatch = (rt: ResourceType, contentType: string) =>
     `the body of the request was in an unknown format (${contentType || 'no Content-Type'}) - accepted media types include: ` +
       `application/json-patch+json, application/merge-patch+json${rt.builtin ? ', application/strategic-merge-patch+json' : ''}`,
   );
+
+// ---------------------------------------------------------------------------
+// Content negotiation (k8s.io/apiserver pkg/endpoints/handlers/negotiation
+// and response.go): the Accept header picks a media type and, with
+// `as=`/`g=`/`v=`, a transformation of the answer.
+
+/** Media types the real server offers for these resources (SupportedMediaTypes), in its order. */
+const MEDIA_TYPES = ['application/json', 'application/yaml', 'application/vnd.kubernetes.protobuf'] as const;
+/** Custom resources without a transformation: the CRD handler's StandardSerializers. */
+const CR_MEDIA_TYPES: readonly string[] = ['application/json', 'application/yaml'];
+/** Media types with a stream serializer (YAML has none), for `stream=watch`. */
+const STREAM_MEDIA_TYPES: readonly string[] = ['application/json', 'application/vnd.kubernetes.protobuf'];
+const META_GROUP = 'meta.k8s.io';
+const META_VERSIONS: readonly string[] = ['v1', 'v1beta1'];
+
+/** The transformation an Accept header asked for (MediaTypeOptions.Convert). */
+export interface ConvertTarget {
+  kind: 'PartialObjectMetadata' | 'PartialObjectMetadataList';
+  /** meta.k8s.io/v1 or meta.k8s.io/v1beta1 */
+  apiVersion: string;
+}
+
+interface AcceptClause {
+  type: string;
+  subType: string;
+  q: number;
+  params: Record<string, string>;
+}
+
+/** github.com/munnerz/goautoneg ParseAccept: clauses by q, then the more specific first. */
+function parseAccept(header: string): AcceptClause[] {
+  const clauses: AcceptClause[] = [];
+  for (const part of header.split(',')) {
+    const [range = '', ...paramParts] = part.split(';');
+    const [type = '', subType] = range.split('/', 2).map((x) => x.trim());
+    if (subType === undefined && type !== '*') continue;
+    const clause: AcceptClause = { type, subType: subType ?? '*', q: 1, params: {} };
+    for (const p of paramParts) {
+      const eq = p.indexOf('=');
+      if (eq < 0) continue;
+      const key = p.slice(0, eq).trim();
+      const value = p.slice(eq + 1).trim();
+      if (key === 'q') clause.q = Number.parseFloat(value) || 0;
+      else clause.params[key] = value;
+    }
+    clauses.push(clause);
+  }
+  const rank = (c: AcceptClause) => (c.type === '*' ? 2 : c.subType === '*' ? 1 : 0);
+  return clauses.map((c, i) => ({ c, i })).sort((a, b) => b.c.q - a.c.q || rank(a.c) - rank(b.c) || a.i - b.i).map((x) => x.c);
+}
+
+const notAcceptable = (message: string) => failure(406, 'NotAcceptable', message);
+
+/**
+ * The answer's form for this Accept header (NegotiateOutputMediaType with
+ * RequestScope.AllowsMediaTypeTransform): the first clause the server can
+ * serve wins, a clause asking for a transformation it does not know (an
+ * unknown `as=`, or `as=` without `g=meta.k8s.io;v=v1`) is skipped, and when
+ * no clause is left the answer is 406. Returns the transformation, if any.
+ */
+function negotiate(header: string, rt: ResourceType): ConvertTarget | undefined {
+  if (header.trim() === '') return undefined;
+  for (const clause of parseAccept(header)) {
+    for (const mediaType of MEDIA_TYPES) {
+      const [type, subType] = mediaType.split('/') as [string, string];
+      const matches = (clause.type === type && (clause.subType === subType || clause.subType === '*')) || (clause.type === '*' && clause.subType === '*');
+      if (!matches) continue;
+      const p = clause.params;
+      if (p.stream !== undefined && p.stream !== '' && (p.stream !== 'watch' || !STREAM_MEDIA_TYPES.includes(mediaType))) continue;
+      if (p.sv !== undefined && p.sv !== '' && p.sv !== 'v1') continue;
+      const converts = p.as !== undefined || p.g !== undefined || p.v !== undefined;
+      let target: ConvertTarget | 'Table' | undefined;
+      if (!converts) {
+        if (!rt.builtin && !CR_MEDIA_TYPES.includes(mediaType)) continue;
+      } else {
+        if (p.g !== META_GROUP || !META_VERSIONS.includes(p.v ?? '')) continue;
+        if (p.as === 'PartialObjectMetadata' || p.as === 'PartialObjectMetadataList') target = { kind: p.as, apiVersion: `${META_GROUP}/${p.v}` };
+        else if (p.as === 'Table' && (mediaType === 'application/json' || mediaType === 'application/yaml')) target = 'Table';
+        else continue;
+      }
+      // Chosen. The stand-in encodes JSON only and builds no Tables: it
+      // refuses what the real server would serve rather than answer in
+      // another form than the one asked for.
+      if (mediaType !== 'application/json') throw notAcceptable(`the test API server encodes only application/json, not ${mediaType}`);
+      if (target === 'Table') throw notAcceptable('the test API server does not build Tables (as=Table)');
+      return target;
+    }
+  }
+  throw notAcceptable(`only the following media types are accepted: ${MEDIA_TYPES.join(', ')}`);
+}
+
+/** The Go type a transformation error names (%T of the stored object in response.go). */
+const goTypeOf = (rt: ResourceType, list: boolean) => (rt.builtin ? `*core.${rt.kind}${list ? 'List' : ''}` : `*unstructured.Unstructured${list ? 'List' : ''}`);
+
+/**
+ * An answer as the negotiated transformation makes it (response.go
+ * doTransformObject): PartialObjectMetadata carries the whole
+ * metadata (managedFields too) and nothing else; asking for the single form
+ * on a list, or the list form on a single object, is 406. Status objects
+ * pass unchanged.
+ */
+function transformed(target: ConvertTarget | undefined, rt: ResourceType, body: unknown, list: boolean): unknown {
+  if (!target || !isMap(body) || body.kind === 'Status') return body;
+  if (target.kind === 'PartialObjectMetadata') {
+    if (list) throw notAcceptable(`you requested PartialObjectMetadata, but the requested object is a list (${goTypeOf(rt, true)})`);
+    return { kind: 'PartialObjectMetadata', apiVersion: target.apiVersion, metadata: body.metadata };
+  }
+  if (!list) throw notAcceptable(`you requested PartialObjectMetadataList, but the requested object is not a list (${goTypeOf(rt, false)})`);
+  const items = Array.isArray(body.items) ? body.items : [];
+  return {
+    kind: 'PartialObjectMetadataList',
+    apiVersion: target.apiVersion,
+    metadata: body.metadata,
+    items: items.map((o: KubeObject) => ({ kind: 'PartialObjectMetadata', apiVersion: target.apiVersion, metadata: o.metadata })),
+  };
+}
+
+// ---------------------------------------------------------------------------
+// Continue tokens (k8s.io/apiserver pkg/storage/continue.go): base64url
+// (no padding) of {"v":"meta.k8s.io/v1","rv":<list resourceVersion>,"start":<key after the last item>}.
+
+function encodeContinue(startKey: string, rv: number): string {
+  return Buffer.from(JSON.stringify({ v: 'meta.k8s.io/v1', rv, start: startKey })).toString('base64url');
+}
+
+function decodeContinue(token: string): { startKey: string; rv: number } {
+  const invalidToken = (why: string) => badRequest(`invalid continue token: continue key is not valid${why}`);
+  if (!/^[A-Za-z0-9_-]*$/.test(token) || token.length % 4 === 1) throw invalidToken(': illegal base64 data');
+  let c: unknown;
+  try {
+    c = JSON.parse(Buffer.from(token, 'base64url').toString('utf8'));
+  } catch (err) {
+    throw invalidToken(`: ${(err as Error).message}`);
+  }
+  if (!isMap(c)) throw invalidToken('');
+  if (c.v !== 'meta.k8s.io/v1') throw invalidToken(`: server does not recognize this encoded version ${String(c.v)}`);
+  if (typeof c.rv !== 'number' || !Number.isInteger(c.rv) || c.rv === 0) throw invalidToken(': incorrect encoded start resourceVersion (version meta.k8s.io/v1)');
+  if (typeof c.start !== 'string' || c.start === '') throw invalidToken(': encoded start key empty (version meta.k8s.io/v1)');
+  // path.Clean must not change the key: no way out of the resource's prefix.
+  const key = c.start.startsWith('/') ? c.start : `/${c.start}`;
+  let cleaned = path.posix.normalize(key);
+  if (cleaned.length > 1 && cleaned.endsWith('/')) cleaned = cleaned.slice(0, -1);
+  if (cleaned !== key) throw invalidToken(`: ${c.start}`);
+  return { startKey: key.slice(1), rv: c.rv };
+}
+
+/** storage/etcd3/errors.go: the answer to a continue token whose resourceVersion was compacted. */
+const INCONSISTENT_CONTINUE =
+  'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, ' +
+  'or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an ' +
+  'inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.';
 
 // ---------------------------------------------------------------------------
 // JSON values: copies, canonical form, merge patch (RFC 7386), JSON patch (RFC 6902)
@@ -685,6 +874,8 @@ interface Watcher {
   labels: LabelRequirement[];
   fields: FieldRequirement[];
   bookmarks: boolean;
+  /** The transformation of every event's object the Accept header asked for. */
+  convert: ConvertTarget | undefined;
   query: Record<string, string>;
   res: http.ServerResponse;
   timers: NodeJS.Timeout[];
@@ -729,8 +920,14 @@ export class ApiServer {
    * lastProcessedResourceVersion): until there is one, no bookmark is sent.
    */
   readonly #lastProcessedRv = new Map<ResourceName, number>();
-  /** Every event up to and including this resourceVersion has left the history. */
+  /**
+   * Every event up to and including this resourceVersion has left the
+   * history (etcd's compaction): no watch and no list page from an older
+   * resourceVersion.
+   */
   #compactedRv = 0;
+  /** The watch cache starts here (a restart): watches from older resourceVersions get 410; list pages do not (etcd serves them). */
+  #watchFloorRv = 0;
   #rv = 1;
   #available = true;
   #stopped = false;
@@ -860,7 +1057,7 @@ export class ApiServer {
    */
   restart(): void {
     this.dropWatches({ graceful: true });
-    this.compact();
+    this.#watchFloorRv = this.#rv;
     this.#lastProcessedRv.clear();
   }
 
@@ -1134,17 +1331,90 @@ export class ApiServer {
     return { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Success', details: { ...detailsOf(rt, name), uid: old.metadata.uid }, code: 200 };
   }
 
+  /**
+   * A list, paginated as etcd3's store and the cacher page it: `limit`
+   * items at most, in key order, and a continue token when keys remain
+   * after the last one (matching the selectors or not, as etcd's `More`);
+   * every page of one list is read at the first page's resourceVersion,
+   * which each page reports; remainingItemCount only without selectors.
+   * A token whose resourceVersion was compacted is 410 Expired, with a
+   * token that continues at the latest resourceVersion. resourceVersion=0
+   * is served from the watch cache, which ignores limit; resourceVersion=N
+   * with limit is a list at exactly N (the legacy rule of
+   * storage.ValidateListOptions).
+   */
   #list(rt: ResourceType, namespace: string | undefined, query: Record<string, string>): JsonMap {
     const labels = parseLabelSelector(query.labelSelector ?? '');
     const fields = parseFieldSelector(rt, query.fieldSelector ?? '');
-    const items = this.#objectsOf(rt, namespace)
-      .filter((o) => labelsMatch(labels, o.metadata.labels) && fieldsMatch(fields, o))
-      .map((o) => {
-        if (!rt.builtin) return o;
-        const { apiVersion: _a, kind: _k, ...rest } = o;
-        return rest;
-      });
-    return { kind: `${rt.kind}List`, apiVersion: apiVersionOf(rt), metadata: { resourceVersion: this.resourceVersion }, items };
+    const rvParam = query.resourceVersion ?? '';
+    const token = query.continue ?? '';
+    if (query.limit !== undefined && !/^-?[0-9]+$/.test(query.limit)) throw badRequest(`limit: invalid value ${JSON.stringify(query.limit)}`);
+    let limit = query.limit === undefined ? 0 : Number(query.limit);
+    let atRv: number | undefined;
+    let startKey: string | undefined;
+    if (token !== '') {
+      const c = decodeContinue(token);
+      if (rvParam !== '' && rvParam !== '0') throw badRequest('specifying resource version is not allowed when using continue');
+      if (c.rv > 0) atRv = c.rv;
+      startKey = c.startKey;
+    } else if (rvParam === '0') {
+      limit = 0;
+    } else if (rvParam !== '') {
+      if (!/^[0-9]+$/.test(rvParam)) throw badRequest(`invalid resource version: ${JSON.stringify(rvParam)}`);
+      if (limit > 0) atRv = Number(rvParam);
+    }
+    const listRv = atRv ?? this.#rv;
+    // Keys as etcd3 stores them below the resource's prefix: namespace/name, or name.
+    const keyOf = (o: KubeObject) => (rt.namespaced && namespace === undefined ? `${o.metadata.namespace}/${o.metadata.name}` : String(o.metadata.name));
+    let objects = atRv === undefined ? this.#objectsOf(rt, namespace) : this.#objectsAt(rt, namespace, atRv, token);
+    if (startKey !== undefined) objects = objects.filter((o) => keyOf(o) >= startKey);
+    const page: KubeObject[] = [];
+    let last = -1;
+    for (let i = 0; i < objects.length && (limit <= 0 || page.length < limit); i++) {
+      const o = objects[i]!;
+      last = i;
+      if (labelsMatch(labels, o.metadata.labels) && fieldsMatch(fields, o)) page.push(o);
+    }
+    const metadata: JsonMap = { resourceVersion: String(listRv) };
+    const remaining = objects.length - (last + 1);
+    if (limit > 0 && remaining > 0) {
+      metadata.continue = encodeContinue(`${keyOf(objects[last]!)}\u0000`, listRv);
+      if (labels.length === 0 && fields.length === 0) metadata.remainingItemCount = remaining;
+    }
+    const items = page.map((o) => {
+      if (!rt.builtin) return o;
+      const { apiVersion: _a, kind: _k, ...rest } = o;
+      return rest;
+    });
+    return { kind: `${rt.kind}List`, apiVersion: apiVersionOf(rt), metadata, items };
+  }
+
+  /**
+   * The objects of a type as they were at resourceVersion `rv`, in key
+   * order: today's, with every later change in the history undone. 410
+   * Expired when the history no longer reaches back that far.
+   */
+  #objectsAt(rt: ResourceType, namespace: string | undefined, rv: number, token: string): KubeObject[] {
+    if (rv < this.#compactedRv) {
+      if (token === '') throw failure(410, 'Expired', 'The resourceVersion for the provided list is too old.');
+      const err = failure(410, 'Expired', INCONSISTENT_CONTINUE);
+      const { startKey } = decodeContinue(token);
+      err.status.metadata = { continue: encodeContinue(startKey, -1) };
+      throw err;
+    }
+    const at = new Map(this.#bucket(rt));
+    for (let i = this.#history.length - 1; i >= 0; i--) {
+      const ev = this.#history[i]!;
+      if (ev.rv <= rv) break;
+      if (ev.plural !== rt.plural) continue;
+      const key = objectKey(ev.object.metadata.namespace, ev.object.metadata.name!);
+      if (ev.type === 'ADDED') at.delete(key);
+      else at.set(key, ev.prev!);
+    }
+    return [...at.entries()]
+      .filter(([, o]) => namespace === undefined || o.metadata.namespace === namespace)
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+      .map(([, o]) => o);
   }
 
   // ------------------------------------------------------------------- watch
@@ -1167,7 +1437,18 @@ export class ApiServer {
   }
 
   #send(w: Watcher, ev: WatchEvent): void {
-    if (!w.res.writableEnded && !w.res.destroyed) w.res.write(`${JSON.stringify(ev)}\n`);
+    if (w.res.writableEnded || w.res.destroyed) return;
+    let object = ev.object;
+    if (w.convert && ev.type !== 'ERROR') {
+      // watchEmbeddedEncoder: an object the transformation refuses (the
+      // list form asked for on a watch) is logged and sent unchanged.
+      try {
+        object = transformed(w.convert, w.rt, object, false);
+      } catch {
+        object = ev.object;
+      }
+    }
+    w.res.write(`${JSON.stringify({ type: ev.type, object })}\n`);
   }
 
   #bookmark(w: Watcher, annotations?: Record<string, string>, rv: string = this.resourceVersion): WatchEvent {
@@ -1182,7 +1463,7 @@ export class ApiServer {
     this.#watches.delete(w);
   }
 
-  #watch(rt: ResourceType, namespace: string | undefined, query: Record<string, string>, res: http.ServerResponse): void {
+  #watch(rt: ResourceType, namespace: string | undefined, query: Record<string, string>, res: http.ServerResponse, convert?: ConvertTarget): void {
     const rvParam = query.resourceVersion ?? '';
     let since: number | undefined;
     if (rvParam !== '' && rvParam !== '0') {
@@ -1202,6 +1483,7 @@ export class ApiServer {
       labels: parseLabelSelector(query.labelSelector ?? ''),
       fields: parseFieldSelector(rt, query.fieldSelector ?? ''),
       bookmarks: query.allowWatchBookmarks === 'true',
+      convert,
       query,
       res,
       timers: [],
@@ -1213,8 +1495,8 @@ export class ApiServer {
     if (since === undefined || initial) {
       for (const o of this.#objectsOf(rt, namespace)) if (this.#matches(w, o)) this.#send(w, { type: 'ADDED', object: o });
       if (initial && w.bookmarks) this.#send(w, this.#bookmark(w, { 'k8s.io/initial-events-end': 'true' }));
-    } else if (since < this.#compactedRv) {
-      const status = failure(410, 'Expired', `too old resource version: ${since} (${this.#compactedRv + 1})`).status;
+    } else if (since < Math.max(this.#compactedRv, this.#watchFloorRv)) {
+      const status = failure(410, 'Expired', `too old resource version: ${since} (${Math.max(this.#compactedRv, this.#watchFloorRv) + 1})`).status;
       this.#send(w, { type: 'ERROR', object: status });
       res.end();
       return;
@@ -1284,6 +1566,7 @@ export class ApiServer {
       body: undefined,
       status: 0,
       userAgent: req.headers['user-agent'] ?? '',
+      accept: req.headers.accept ?? '',
     };
     this.requests.push(entry);
     try {
@@ -1325,26 +1608,30 @@ export class ApiServer {
     const { rt, namespace, name, sub } = target;
     if (sub !== undefined && (sub !== 'status' || !rt.statusSubresource)) throw notFound(rt, name ?? '');
     const notAllowed = () => failure(405, 'MethodNotAllowed', 'the server does not allow this method on the requested resource');
+    // Every handler negotiates first, so a 406 comes before any change;
+    // the transformation is applied to the answer, after the change.
+    const convert = negotiate(r.accept, rt);
+    const answer = (code: number, body: unknown, list = false) => sendJson(res, code, transformed(convert, rt, body, list));
     if (name === undefined) {
       if (method === 'GET') {
-        if (query.watch === 'true' || query.watch === '1') this.#watch(rt, namespace, query, res);
-        else sendJson(res, 200, this.#list(rt, namespace, query));
+        if (query.watch === 'true' || query.watch === '1') this.#watch(rt, namespace, query, res, convert);
+        else answer(200, this.#list(rt, namespace, query), true);
         return;
       }
-      if (method === 'POST' && (namespace !== undefined || !rt.namespaced)) return sendJson(res, 201, this.#create(rt, namespace, r.body, { manager: fieldManagerOf(r) }));
+      if (method === 'POST' && (namespace !== undefined || !rt.namespaced)) return answer(201, this.#create(rt, namespace, r.body, { manager: fieldManagerOf(r) }));
       throw notAllowed();
     }
     const opts = { status: sub === 'status', manager: fieldManagerOf(r) };
     switch (method) {
       case 'GET':
-        return sendJson(res, 200, this.#mustGet(rt, namespace, name));
+        return answer(200, this.#mustGet(rt, namespace, name));
       case 'PUT':
-        return sendJson(res, 200, this.#update(rt, namespace, name, r.body, opts));
+        return answer(200, this.#update(rt, namespace, name, r.body, opts));
       case 'PATCH':
-        return sendJson(res, 200, this.#patch(rt, namespace, name, r.contentType, r.body, opts));
+        return answer(200, this.#patch(rt, namespace, name, r.contentType, r.body, opts));
       case 'DELETE':
         if (sub) throw notAllowed();
-        return sendJson(res, 200, this.#delete(rt, namespace, name, r.body));
+        return answer(200, this.#delete(rt, namespace, name, r.body));
       default:
         throw notAllowed();
     }
