@@ -140,11 +140,17 @@ export class KubeHttp {
     return text;
   }
 
-  /** A request whose answer is JSON; a non-2xx status throws KubeApiError. */
-  async json<T>(method: string, path: string, query: Query = {}, body?: unknown, opts: { timeoutMs?: number; contentType?: string } = {}): Promise<T> {
+  /**
+   * A request whose answer is JSON; a non-2xx status throws KubeApiError.
+   * `accept` replaces the Accept header (e.g. to ask for metadata only).
+   */
+  async json<T>(method: string, path: string, query: Query = {}, body?: unknown, opts: { timeoutMs?: number; contentType?: string; accept?: string } = {}): Promise<T> {
     const url = this.url(path, query);
     const signal = AbortSignal.timeout(opts.timeoutMs ?? 60_000);
-    const { res } = await this.#send(method, url, body === undefined ? undefined : JSON.stringify(body), opts.contentType ? { 'Content-Type': opts.contentType } : {}, signal);
+    const headers: Record<string, string> = {};
+    if (opts.contentType) headers['Content-Type'] = opts.contentType;
+    if (opts.accept) headers.Accept = opts.accept;
+    const { res } = await this.#send(method, url, body === undefined ? undefined : JSON.stringify(body), headers, signal);
     const text = await this.#readAll(res);
     const code = res.statusCode ?? 0;
     if (code < 200 || code > 299) {
@@ -158,9 +164,9 @@ export class KubeHttp {
    * Open a streaming GET (a watch). Resolves once a 200 answer's headers are
    * in; any other status rejects with KubeApiError.
    */
-  async stream(path: string, query: Query = {}): Promise<OpenStream> {
+  async stream(path: string, query: Query = {}, opts: { accept?: string } = {}): Promise<OpenStream> {
     const url = this.url(path, query);
-    const { req, res } = await this.#send('GET', url);
+    const { req, res } = await this.#send('GET', url, undefined, opts.accept ? { Accept: opts.accept } : {});
     const code = res.statusCode ?? 0;
     if (code !== 200) {
       const text = await this.#readAll(res).catch(() => '');

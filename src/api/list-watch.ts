@@ -18,23 +18,26 @@
 //   never by a request merely starting or a list succeeding while the watch
 //   keeps failing;
 // - a failure never changes the cache: the last observation stays until a
-//   successful list or watch says otherwise.
+//   successful list or watch says otherwise;
+// - lists are read in pages (limit 500, as the reflector's pager), into a
+//   fresh map that replaces the cache only once the last page is in;
+// - metadataOnly asks for PartialObjectMetadata on lists and watches (as
+//   controller-runtime's metadata informers do), and `transform` keeps of
+//   each object only what the consumer reads (client-go's SetTransform), so
+//   a cache of thousands of Nodes holds neither their status nor their
+//   managedFields (./list-pages.ts).
 import type { Logger } from '../util/log.ts';
 import { Backoff, type BackoffPolicy } from '../agent/backoff.ts';
 import { KubeApiError, type KubeHttp, type OpenStream } from './kube-http.ts';
+import { DEFAULT_PAGE_SIZE, listAll, METADATA_LIST_ACCEPT, METADATA_LIST_KIND, METADATA_WATCH_ACCEPT } from './list-pages.ts';
 
 export interface KubeObjectLike {
   metadata?: { name?: string; namespace?: string; resourceVersion?: string };
 }
 
-interface ListResponse<T> {
-  metadata?: { resourceVersion?: string };
-  items?: T[];
-}
-
-interface WatchEvent<T> {
+interface WatchEvent {
   type: 'ADDED' | 'MODIFIED' | 'DELETED' | 'BOOKMARK' | 'ERROR';
-  object: T & { code?: number; message?: string; reason?: string };
+  object: KubeObjectLike & { code?: number; message?: string; reason?: string };
 }
 
 export const DEFAULT_MIN_WATCH_TIMEOUT_MS = 10 * 60_000;
@@ -57,7 +60,18 @@ export interface ListWatchOptions {
   healthyAfterMs?: number;
   backoff?: BackoffPolicy;
   random?: () => number;
+  /** Items per list request (limit/continue); 0 lists in one request. */
+  pageSize?: number;
+  /** Ask for metadata only (PartialObjectMetadataList on lists, PartialObjectMetadata on watches). */
+  metadataOnly?: boolean;
 }
+
+/**
+ * What the cache keeps of each object it reads (a list item or a watch
+ * event's object, whole or metadata only). It must keep metadata.name,
+ * metadata.namespace and metadata.resourceVersion.
+ */
+export type Transform<T> = (obj: KubeObjectLike) => T;
 
 export type ListWatchEvent = 'add' | 'update' | 'delete' | 'synced' | 'failure';
 
@@ -84,6 +98,9 @@ function errText(err: unknown): string {
 export class ListWatchCache<T extends KubeObjectLike> {
   readonly what: string;
   readonly #opts: Required<Omit<ListWatchOptions, 'fieldSelector' | 'labelSelector'>> & Pick<ListWatchOptions, 'fieldSelector' | 'labelSelector'>;
+  readonly #transform: Transform<T>;
+  /** Whether a metadata-only list was answered with whole objects (said once). */
+  #toldWholeObjects = false;
   readonly #backoff: Backoff;
   readonly #objects = new Map<string, T>();
   readonly #handlers: { [K in keyof Handler<T>]: Handler<T>[K][] } = { add: [], update: [], delete: [], synced: [], failure: [] };
@@ -94,14 +111,17 @@ export class ListWatchCache<T extends KubeObjectLike> {
   #stream: OpenStream | undefined;
   #wake: (() => void) | undefined;
 
-  constructor(opts: ListWatchOptions) {
+  constructor(opts: ListWatchOptions, transform: Transform<T> = (o) => o as T) {
     this.what = opts.what;
+    this.#transform = transform;
     this.#opts = {
       minWatchTimeoutMs: DEFAULT_MIN_WATCH_TIMEOUT_MS,
       idleGraceMs: 60_000,
       healthyAfterMs: 30_000,
       backoff: WATCH_BACKOFF,
       random: Math.random,
+      pageSize: DEFAULT_PAGE_SIZE,
+      metadataOnly: false,
       // An option given as undefined keeps its default.
       ...(Object.fromEntries(Object.entries(opts).filter(([, v]) => v !== undefined)) as ListWatchOptions),
     };
@@ -201,11 +221,24 @@ export class ListWatchCache<T extends KubeObjectLike> {
   }
 
   async #list(): Promise<void> {
-    const { fieldSelector, labelSelector } = this.#opts;
-    const list = await this.#opts.http.json<ListResponse<T>>('GET', this.#opts.path, { fieldSelector, labelSelector });
+    const { fieldSelector, labelSelector, metadataOnly } = this.#opts;
+    const list = await listAll<KubeObjectLike, T>(
+      {
+        http: this.#opts.http,
+        path: this.#opts.path,
+        fieldSelector,
+        labelSelector,
+        pageSize: this.#opts.pageSize,
+        accept: metadataOnly ? METADATA_LIST_ACCEPT : undefined,
+      },
+      this.#transform,
+    );
     if (this.#stopped) return;
-    const items = Array.isArray(list.items) ? list.items : [];
-    const fresh = new Map(items.map((o) => [keyOf(o), o]));
+    if (metadataOnly && list.kind !== METADATA_LIST_KIND && !this.#toldWholeObjects) {
+      this.#toldWholeObjects = true;
+      this.#opts.log.warn({ watch: this.what, kind: list.kind }, 'the API server answered whole objects to a metadata-only list; keeping only what is needed of each');
+    }
+    const fresh = new Map(list.items.map((o) => [keyOf(o), o]));
     for (const [key, old] of [...this.#objects]) {
       if (!fresh.has(key)) {
         this.#objects.delete(key);
@@ -213,7 +246,7 @@ export class ListWatchCache<T extends KubeObjectLike> {
       }
     }
     for (const [key, obj] of fresh) this.#upsert(key, obj);
-    this.#rv = list.metadata?.resourceVersion ?? '';
+    this.#rv = list.resourceVersion;
     this.#synced = true;
     this.#emit('synced');
   }
@@ -237,14 +270,11 @@ export class ListWatchCache<T extends KubeObjectLike> {
     const opened = Date.now();
     let stream: OpenStream;
     try {
-      stream = await this.#opts.http.stream(this.#opts.path, {
-        watch: 'true',
-        resourceVersion: this.#rv,
-        allowWatchBookmarks: 'true',
-        timeoutSeconds,
-        fieldSelector,
-        labelSelector,
-      });
+      stream = await this.#opts.http.stream(
+        this.#opts.path,
+        { watch: 'true', resourceVersion: this.#rv, allowWatchBookmarks: 'true', timeoutSeconds, fieldSelector, labelSelector },
+        { accept: this.#opts.metadataOnly ? METADATA_WATCH_ACCEPT : undefined },
+      );
     } catch (err) {
       if (err instanceof KubeApiError && err.code === 410) return { kind: 'expired', healthy: false };
       return { kind: 'error', healthy: false, err: err as Error };
@@ -266,9 +296,9 @@ export class ListWatchCache<T extends KubeObjectLike> {
     armIdle();
     stream.onData(armIdle);
     stream.onLine((line) => {
-      let ev: WatchEvent<T>;
+      let ev: WatchEvent;
       try {
-        ev = JSON.parse(line) as WatchEvent<T>;
+        ev = JSON.parse(line) as WatchEvent;
       } catch {
         serverError = new Error(`the watch sent a line that is not JSON: ${line.slice(0, 100)}`);
         stream.abort(serverError);
@@ -278,14 +308,14 @@ export class ListWatchCache<T extends KubeObjectLike> {
       switch (ev.type) {
         case 'ADDED':
         case 'MODIFIED':
-          this.#upsert(keyOf(obj), obj);
+          this.#upsert(keyOf(obj), this.#transform(obj));
           break;
         case 'DELETED': {
           const key = keyOf(obj);
           const old = this.#objects.get(key);
           if (old) {
             this.#objects.delete(key);
-            this.#emit('delete', obj);
+            this.#emit('delete', this.#transform(obj));
           }
           break;
         }

@@ -3,16 +3,16 @@
 // the set's status subresource when (and only when) it differs from what is
 // there. Level-triggered: every pass recomputes from the caches, so a missed
 // or repeated event costs nothing but a recomputation.
-import { CustomObjectsApi, PatchStrategy, setHeaderOptions, type KubeConfig, type V1Node } from '@kubernetes/client-node';
+import { CustomObjectsApi, PatchStrategy, setHeaderOptions, type KubeConfig } from '@kubernetes/client-node';
 import { KubeHttp } from '../api/kube-http.ts';
 import { ListWatchCache, type ListWatchOptions } from '../api/list-watch.ts';
 import { selectorErrors, selectorMatches } from '../api/selector.ts';
-import { GROUP, PLURAL, STATUS_ANNOTATION, VERSION, type PinnedImageSet, type PinnedImageSetStatus } from '../api/types.ts';
+import { GROUP, PLURAL, VERSION, type PinnedImageSet, type PinnedImageSetStatus } from '../api/types.ts';
 import type { Logger } from '../util/log.ts';
 import type { ControllerMetrics } from './metrics.ts';
-import { parseNodeStatus } from '../api/node-status.ts';
 import { sameJson } from '../util/json.ts';
 import { rollUp, type ObservedNode } from './rollup.ts';
+import { changedSetNames, observeNode, sameLabels, StringPool, type ObservedNodeEntry } from './observed-nodes.ts';
 
 export interface SetStatusControllerOptions {
   kubeConfig: KubeConfig;
@@ -25,7 +25,7 @@ export interface SetStatusControllerOptions {
   now?: () => Date;
   /** Watch tuning; see ListWatchOptions (timeoutSeconds is drawn from [min, 2 * min)). */
   minWatchTimeoutMs?: number;
-  watch?: Partial<Pick<ListWatchOptions, 'idleGraceMs' | 'healthyAfterMs' | 'backoff'>>;
+  watch?: Partial<Pick<ListWatchOptions, 'idleGraceMs' | 'healthyAfterMs' | 'backoff' | 'pageSize'>>;
 }
 
 /** Every write the controller makes carries this field manager (the sets' managedFields name it). */
@@ -34,10 +34,6 @@ export const CONTROLLER_FIELD_MANAGER = 'pinset-controller';
 type SetObject = PinnedImageSet;
 
 const SET_NODE_STATES = ['matched', 'ready', 'progressing', 'degraded'] as const;
-
-interface NodeSnapshot extends ObservedNode {
-  raw: string | undefined;
-}
 
 const SETS_PATH = `/apis/${GROUP}/${VERSION}/${PLURAL}`;
 const NODES_PATH = '/api/v1/nodes';
@@ -49,16 +45,19 @@ function errorText(err: unknown): string {
   return typeof code === 'number' ? `HTTP ${code}: ${msg.split('\n')[0]}` : msg;
 }
 
-function sameLabels(a: Readonly<Record<string, string>>, b: Readonly<Record<string, string>>): boolean {
-  const ak = Object.keys(a);
-  return ak.length === Object.keys(b).length && ak.every((k) => Object.prototype.hasOwnProperty.call(b, k) && a[k] === b[k]);
-}
+/** Whether each set object's selector is valid, worked out once per object (a change brings a new object). */
+const validSelector = new WeakMap<PinnedImageSet, boolean>();
 
 /** Whether a set's selector selects these labels; an invalid selector selects nothing. */
 function selects(set: PinnedImageSet, labels: Readonly<Record<string, string>> | undefined): boolean {
   if (!labels) return false;
   const sel = set.spec?.nodeSelector;
-  return selectorErrors(sel).length === 0 && selectorMatches(sel, labels);
+  let valid = validSelector.get(set);
+  if (valid === undefined) {
+    valid = selectorErrors(sel).length === 0;
+    validSelector.set(set, valid);
+  }
+  return valid && selectorMatches(sel, labels);
 }
 
 export class SetStatusController {
@@ -69,9 +68,10 @@ export class SetStatusController {
   readonly #now: () => Date;
   readonly #custom: CustomObjectsApi;
   readonly #http: KubeHttp;
-  readonly #nodeInformer: ListWatchCache<V1Node>;
+  /** Nodes as ./observed-nodes.ts keeps them: name, labels, the roll-up's fields of the report. */
+  readonly #nodeInformer: ListWatchCache<ObservedNodeEntry>;
   readonly #setInformer: ListWatchCache<SetObject>;
-  readonly #nodes = new Map<string, NodeSnapshot>();
+  readonly #strings = new StringPool();
   /** Status written by this replica and not yet seen back in the set cache, by set name. */
   readonly #written = new Map<string, { uid: string | undefined; status: PinnedImageSetStatus }>();
   readonly #dirty = new Set<string>();
@@ -93,14 +93,17 @@ export class SetStatusController {
     this.#custom = kc.makeApiClient(CustomObjectsApi);
     this.#http = new KubeHttp(kc, { userAgent: CONTROLLER_FIELD_MANAGER });
     const common = { http: this.#http, log: this.#log, minWatchTimeoutMs: opts.minWatchTimeoutMs, ...opts.watch };
-    this.#nodeInformer = new ListWatchCache<V1Node>({ ...common, what: 'nodes', path: NODES_PATH });
+    // Nodes: metadata only, paginated, and of that only what the roll-up reads.
+    this.#nodeInformer = new ListWatchCache<ObservedNodeEntry>({ ...common, what: 'nodes', path: NODES_PATH, metadataOnly: true }, (o) =>
+      observeNode(o, this.#strings),
+    );
     this.#setInformer = new ListWatchCache<SetObject>({ ...common, what: 'pinnedimagesets', path: SETS_PATH });
 
-    this.#nodeInformer.on('add', (n) => this.#onNode(n, false));
-    this.#nodeInformer.on('update', (n) => this.#onNode(n, false));
-    this.#nodeInformer.on('delete', (n) => this.#onNode(n, true));
+    this.#nodeInformer.on('add', (n) => this.#onNode(undefined, n));
+    this.#nodeInformer.on('update', (n, old) => this.#onNode(old, n));
+    this.#nodeInformer.on('delete', (n) => this.#onNode(n, undefined));
     this.#setInformer.on('add', (s) => this.#onSet(s, false));
-    this.#setInformer.on('update', (s) => this.#onSet(s, false));
+    this.#setInformer.on('update', (s, old) => this.#onSet(s, false, old));
     this.#setInformer.on('delete', (s) => this.#onSet(s, true));
     for (const [inf, resource] of [[this.#nodeInformer, 'nodes'], [this.#setInformer, 'pinnedimagesets']] as const) {
       // ListWatchCache retries on its own, with backoff; this only counts.
@@ -158,33 +161,40 @@ export class SetStatusController {
     this.#http.close();
   }
 
-  #onNode(node: V1Node, deleted: boolean): void {
-    const name = node.metadata?.name;
+  /**
+   * A node appeared, changed or went away: mark the sets whose roll-up it
+   * changes. Kubelets update their Node every few seconds to minutes; when
+   * neither the labels nor the report changed, nothing is marked, and when
+   * only the report changed, only the sets whose entries changed.
+   */
+  #onNode(prev: ObservedNodeEntry | undefined, next: ObservedNodeEntry | undefined): void {
+    const name = next?.name ?? prev?.name;
     if (!name) return;
-    const prev = this.#nodes.get(name);
-    let next: NodeSnapshot | undefined;
-    if (!deleted) {
-      const labels = node.metadata?.labels ?? {};
-      const raw = node.metadata?.annotations?.[STATUS_ANNOTATION];
-      // Kubelets update their Node every few seconds; only labels and the
-      // status annotation matter here.
-      if (prev && prev.raw === raw && sameLabels(prev.labels, labels)) return;
-      next = { name, labels: { ...labels }, raw, reading: prev && prev.raw === raw ? prev.reading : parseNodeStatus(raw) };
-      if (next.reading.error) this.#log.debug({ node: name, err: next.reading.error }, 'unreadable status annotation');
-      this.#nodes.set(name, next);
-    } else {
-      if (!prev) return;
-      this.#nodes.delete(name);
+    let only: Set<string> | undefined;
+    if (prev && next && sameLabels(prev.labels, next.labels)) {
+      only = changedSetNames(prev.reading, next.reading);
+      if (only?.size === 0) return;
     }
+    if (next?.reading.error && next.reading.error !== prev?.reading.error) this.#log.debug({ node: name, err: next.reading.error }, 'unreadable status annotation');
     for (const set of this.#setInformer.list()) {
+      if (only && !only.has(set.metadata.name)) continue;
       if (selects(set, prev?.labels) || selects(set, next?.labels)) this.#mark(set.metadata.name);
     }
   }
 
-  #onSet(set: SetObject, deleted: boolean): void {
+  #onSet(set: SetObject, deleted: boolean, old?: SetObject): void {
     const name = set.metadata?.name;
     if (!name) return;
     const mine = this.#written.get(name);
+    // The watch bringing back this replica's own status write, on the same
+    // object and generation: nothing the roll-up reads has changed.
+    const echo =
+      !deleted &&
+      mine !== undefined &&
+      mine.uid === set.metadata.uid &&
+      old?.metadata.uid === set.metadata.uid &&
+      old?.metadata.generation === set.metadata.generation &&
+      sameJson(mine.status, set.status);
     if (deleted || (mine && (mine.uid !== set.metadata.uid || sameJson(mine.status, set.status)))) this.#written.delete(name);
     this.#retry.delete(name);
     if (deleted) {
@@ -192,7 +202,7 @@ export class SetStatusController {
       this.#setMetrics(name, undefined, new Map());
       return;
     }
-    this.#mark(name);
+    if (!echo) this.#mark(name);
   }
 
   #markAll(): void {
@@ -242,7 +252,7 @@ export class SetStatusController {
   async #flush(): Promise<void> {
     const names = [...this.#dirty].sort();
     this.#dirty.clear();
-    const nodes = [...this.#nodes.values()];
+    const nodes: readonly ObservedNode[] = this.#nodeInformer.list();
     for (const name of names) {
       if (!this.#leading || this.#stopped) return;
       const set = this.#setInformer.get(name);

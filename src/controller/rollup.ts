@@ -11,18 +11,34 @@ import {
   type PinnedImageSet,
   type PinnedImageSetStatus,
 } from '../api/types.ts';
-import type { NodeStatusReading } from '../api/node-status.ts';
 
 /** At most this many entries in status.degradedNodes, so the object stays small in a large cluster. */
 export const MAX_DEGRADED_NODES = 10;
 /** Node names listed in the Degraded condition's message. */
 const NAMES_IN_MESSAGE = 3;
 
+/** What the roll-up reads of a node's entry for one set. */
+export type SetReport = Pick<
+  NodeSetStatus,
+  'name' | 'uid' | 'source' | 'desiredGeneration' | 'currentGeneration' | 'phase' | 'reason' | 'message' | 'lastFailedGenerationError'
+>;
+
+/**
+ * What the roll-up reads of a node's report: a NodeStatusReading
+ * (readNodeStatus), or the controller's compact copy of one
+ * (./observed-nodes.ts).
+ */
+export interface ReportReading {
+  status?: { sets: readonly SetReport[] };
+  /** Why the annotation could not be read (the node counts as not reporting). */
+  error?: string;
+}
+
 export interface ObservedNode {
   name: string;
   labels: Readonly<Record<string, string>>;
-  /** The node's parsed status annotation (see readNodeStatus). */
-  reading: NodeStatusReading;
+  /** The node's parsed status annotation. */
+  reading: ReportReading;
 }
 
 export const CONDITION_READY = 'Ready';
@@ -44,7 +60,7 @@ export const REASON = {
  * carries a uid it must be this object's uid: a set deleted and created again
  * under the same name is a new object whose nodes have not reported yet.
  */
-export function reportFor(reading: NodeStatusReading, set: Pick<PinnedImageSet, 'metadata'>): NodeSetStatus | undefined {
+export function reportFor(reading: ReportReading, set: Pick<PinnedImageSet, 'metadata'>): SetReport | undefined {
   const uid = set.metadata.uid;
   for (const entry of reading.status?.sets ?? []) {
     if (entry.source === 'static' || entry.name !== set.metadata.name) continue;
@@ -76,7 +92,7 @@ export function cutBytes(s: string, max: number): string {
 
 type Verdict = { kind: 'ready' } | { kind: 'progressing'; unreported: boolean } | { kind: 'degraded'; node: DegradedNode };
 
-function judge(nodeName: string, reading: NodeStatusReading, set: PinnedImageSet, generation: number): Verdict {
+function judge(nodeName: string, reading: ReportReading, set: PinnedImageSet, generation: number): Verdict {
   // No annotation, or one that cannot be read: the node has not told us
   // anything about this generation yet.
   const entry = reportFor(reading, set);

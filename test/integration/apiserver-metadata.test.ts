@@ -217,6 +217,16 @@ describe('in-process API server: metadata-only answers (Accept: ...;as=PartialOb
     assert.deepEqual(bookmark.object, { kind: 'PartialObjectMetadata', apiVersion: 'meta.k8s.io/v1', metadata: { resourceVersion: server.resourceVersion } });
   });
 
+  test('a server that transforms nothing (partialObjectMetadata: false) answers the fallback clause, or 406 without one', async (t) => {
+    const server = await ApiServer.start({ partialObjectMetadata: false });
+    t.after(() => server.stop());
+    server.create(node('a'));
+    const whole = await get(server, NODES, `${META_LIST},application/json`);
+    assert.equal(whole.body.kind, 'NodeList');
+    assert.deepEqual(whole.body.items[0].status.capacity, { cpu: '4' });
+    assertFailure(await get(server, NODES, META_LIST), 406, 'NotAcceptable', ACCEPTED);
+  });
+
   test('the Accept header of every request is recorded', async (t) => {
     const server = await startServer(t);
     await get(server, NODES, META_LIST);

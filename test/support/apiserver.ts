@@ -97,7 +97,9 @@
 //                                (watch events kept, default 1000), token (when set,
 //                                a request without `Authorization: Bearer <token>` gets
 //                                401, and the kubeconfig carries it), validators
-//                                (per resource, (obj) => ["field: message"] -> 422).
+//                                (per resource, (obj) => ["field: message"] -> 422),
+//                                partialObjectMetadata (default true; false: a server that
+//                                transforms nothing, so as= clauses are skipped).
 //   url                          http://127.0.0.1:PORT
 //   kubeConfig()                 a KubeConfig for this server
 //   writeKubeconfig(dir)         writes DIR/kubeconfig (mode 0600) for another process
@@ -220,6 +222,12 @@ export interface ApiServerOptions {
   historyLimit?: number;
   token?: string;
   validators?: Partial<Record<ResourceName, (obj: KubeObject) => string[]>>;
+  /**
+   * false: a server that transforms no answer (an aggregated API server on
+   * the generic DefaultEndpointRestrictions, or one older than Kubernetes
+   * 1.15): an Accept clause with as= is skipped like an unknown one.
+   */
+  partialObjectMetadata?: boolean;
 }
 
 export interface OpenWatch {
@@ -404,7 +412,7 @@ const notAcceptable = (message: string) => failure(406, 'NotAcceptable', message
  * unknown `as=`, or `as=` without `g=meta.k8s.io;v=v1`) is skipped, and when
  * no clause is left the answer is 406. Returns the transformation, if any.
  */
-function negotiate(header: string, rt: ResourceType): ConvertTarget | undefined {
+function negotiate(header: string, rt: ResourceType, transforms = true): ConvertTarget | undefined {
   if (header.trim() === '') return undefined;
   for (const clause of parseAccept(header)) {
     for (const mediaType of MEDIA_TYPES) {
@@ -419,7 +427,7 @@ function negotiate(header: string, rt: ResourceType): ConvertTarget | undefined 
       if (!converts) {
         if (!rt.builtin && !CR_MEDIA_TYPES.includes(mediaType)) continue;
       } else {
-        if (p.g !== META_GROUP || !META_VERSIONS.includes(p.v ?? '')) continue;
+        if (!transforms || p.g !== META_GROUP || !META_VERSIONS.includes(p.v ?? '')) continue;
         if (p.as === 'PartialObjectMetadata' || p.as === 'PartialObjectMetadataList') target = { kind: p.as, apiVersion: `${META_GROUP}/${p.v}` };
         else if (p.as === 'Table' && (mediaType === 'application/json' || mediaType === 'application/yaml')) target = 'Table';
         else continue;
@@ -908,6 +916,7 @@ export class ApiServer {
   readonly #historyLimit: number;
   readonly #token: string | undefined;
   readonly #validators: ApiServerOptions['validators'];
+  readonly #partialObjectMetadata: boolean;
   readonly #objects = new Map(
     TYPES.map((t): [ResourceName, Map<string, KubeObject>] => [t.plural, new Map()]),
   );
@@ -939,6 +948,7 @@ export class ApiServer {
     this.#historyLimit = opts.historyLimit ?? 1000;
     this.#token = opts.token;
     this.#validators = opts.validators;
+    this.#partialObjectMetadata = opts.partialObjectMetadata ?? true;
     this.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
     server.on('request', (req, res) => this.#onRequest(req, res));
     server.on('connection', (socket: Socket) => {
@@ -1610,7 +1620,7 @@ export class ApiServer {
     const notAllowed = () => failure(405, 'MethodNotAllowed', 'the server does not allow this method on the requested resource');
     // Every handler negotiates first, so a 406 comes before any change;
     // the transformation is applied to the answer, after the change.
-    const convert = negotiate(r.accept, rt);
+    const convert = negotiate(r.accept, rt, this.#partialObjectMetadata);
     const answer = (code: number, body: unknown, list = false) => sendJson(res, code, transformed(convert, rt, body, list));
     if (name === undefined) {
       if (method === 'GET') {
