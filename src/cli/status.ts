@@ -1,6 +1,12 @@
 // `pinset status`: what each agent reports in its Node's `pinset.dev/status`
-// annotation, as a node-by-set table or as JSON.
-import { CoreV1Api, CustomObjectsApi, type KubeConfig, type V1Node } from '@kubernetes/client-node';
+// annotation, as a node-by-set table or as JSON. Nodes are listed as
+// metadata only (PartialObjectMetadataList: no status.images, conditions or
+// spec), in pages of --chunk-size, and of each only its name, labels and
+// parsed report are kept: over 5000 Nodes that is a few MB, where the whole
+// Nodes in one answer are hundreds (BENCHMARKS.md, "Scale").
+import { CustomObjectsApi, type KubeConfig } from '@kubernetes/client-node';
+import { KubeApiError, KubeHttp } from '../api/kube-http.ts';
+import { DEFAULT_PAGE_SIZE, listAll, METADATA_LIST_ACCEPT } from '../api/list-pages.ts';
 import { selectorErrors, selectorMatches } from '../api/selector.ts';
 import { GROUP, PLURAL, VERSION, type NodeSetStatus, type PinnedImageSet } from '../api/types.ts';
 import { loadClientKubeConfig } from '../api/kubeconfig.ts';
@@ -13,7 +19,13 @@ export const STATUS_FLAGS: readonly FlagSpec[] = [
   { name: 'output', type: 'string', default: 'table', choices: ['table', 'wide', 'json'], help: 'output format (wide adds each set\'s disk estimate for what it still has to download)', short: 'o' },
   { name: 'kubeconfig', env: 'KUBECONFIG', type: 'string', help: 'kubeconfig file; the usual search (~/.kube/config, in-cluster) when unset' },
   { name: 'timeout', env: 'PINSET_STATUS_TIMEOUT', type: 'duration', default: '15s', help: 'give up reaching the API server after this long' },
+  { name: 'chunk-size', env: 'PINSET_STATUS_CHUNK_SIZE', type: 'int', default: DEFAULT_PAGE_SIZE, help: 'list Nodes this many at a time (kubectl\'s --chunk-size); 0 lists them in one request' },
 ];
+
+/** What a metadata-only list brings of a Node (a whole Node from a server that cannot send less). */
+interface NodeMetadata {
+  metadata?: { name?: string; labels?: Record<string, string>; annotations?: Record<string, string> };
+}
 
 export interface NodeReport {
   name: string;
@@ -163,6 +175,7 @@ function terminalWidth(): number {
 }
 
 function apiError(err: unknown): string {
+  if (err instanceof KubeApiError) return err.message;
   const code = (err as { code?: unknown } | null)?.code;
   const body = (err as { body?: unknown } | null)?.body;
   if (typeof code === 'number') {
@@ -212,13 +225,24 @@ export async function run(argv: string[]): Promise<number> {
   const timeoutMs = values.timeout as number;
   const setName = values.set as string | undefined;
 
-  let nodes: V1Node[];
+  let reports: NodeReport[];
+  const http = new KubeHttp(kc, { userAgent: 'pinset-status', connectTimeoutMs: timeoutMs });
   try {
-    const list = await withTimeout(kc.makeApiClient(CoreV1Api).listNode(), timeoutMs, 'listing nodes');
-    nodes = list.items;
+    const list = await withTimeout(
+      listAll<NodeMetadata, NodeReport>({ http, path: '/api/v1/nodes', pageSize: values['chunk-size'] as number, accept: METADATA_LIST_ACCEPT, timeoutMs }, (n) => ({
+        name: n.metadata?.name ?? '',
+        labels: n.metadata?.labels ?? {},
+        reading: readNodeStatus(n.metadata?.annotations),
+      })),
+      timeoutMs,
+      'listing nodes',
+    );
+    reports = list.items;
   } catch (err) {
     process.stderr.write(`pinset status: cannot list nodes from the API server at ${server}: ${apiError(err)}\n`);
     return 1;
+  } finally {
+    http.close();
   }
 
   // With --set, the object (when readable) says which nodes should have
@@ -240,12 +264,6 @@ export async function run(argv: string[]): Promise<number> {
       if (code === 404) process.stderr.write(`pinset status: PinnedImageSet ${setName} does not exist; showing what nodes report under that name\n`);
     }
   }
-
-  const reports: NodeReport[] = nodes.map((n) => ({
-    name: n.metadata?.name ?? '',
-    labels: n.metadata?.labels ?? {},
-    reading: readNodeStatus(n.metadata?.annotations),
-  }));
 
   if (values.output === 'json') {
     const items = [...reports]

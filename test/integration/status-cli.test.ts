@@ -4,10 +4,11 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdtemp, readFile, rm, symlink } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { ApiServer } from '../support/apiserver.ts';
+import { METADATA_LIST_ACCEPT } from '../../src/api/list-pages.ts';
 import { STATUS_ANNOTATION, type NodeSetStatus } from '../../src/api/types.ts';
 import { formatAge, renderTable, statusRows } from '../../src/cli/status.ts';
 import { encodeNodeStatus } from '../../src/api/node-status.ts';
@@ -161,6 +162,33 @@ describe('pinset status', () => {
     const only = await pinset(['--kubeconfig', kubeconfig, '-ojson', '--set', 'local-tools']);
     const doc2 = JSON.parse(only.stdout) as typeof doc;
     assert.deepEqual(doc2.nodes.find((n) => n.node === 'worker-a')!.status?.sets.map((s) => s.name), ['local-tools']);
+  });
+
+  test('lists Nodes as metadata only, in pages of --chunk-size', async () => {
+    api.requests.length = 0;
+    const paged = await pinset(['--kubeconfig', kubeconfig, '--chunk-size', '2']);
+    const whole = await pinset(['--kubeconfig', kubeconfig]);
+    assert.equal(paged.code, 0, paged.stderr);
+    assert.equal(paged.stdout, whole.stdout, 'the same table however it was paged');
+    const lists = api.requests.filter((r) => r.path === '/api/v1/nodes' && r.userAgent === 'pinset-status');
+    assert.deepEqual(lists.map((r) => r.query.limit), ['2', '2', '2', '500'], 'five nodes in three pages of two, then one of 500');
+    assert.ok(lists.every((r) => r.accept === METADATA_LIST_ACCEPT && r.status === 200));
+    assert.ok(lists[1]!.query.continue && lists[2]!.query.continue);
+  });
+
+  test('a list refused by the API server exits 1 with the server\'s message', async () => {
+    const strict = await ApiServer.start({ token: 'sesame' });
+    const strictDir = await mkdtemp(path.join(tmpdir(), 'pinset-status-401-'));
+    try {
+      const file = await strict.writeKubeconfig(strictDir);
+      await writeFile(file, (await readFile(file, 'utf8')).replace('sesame', 'wrong'));
+      const { code, stderr } = await pinset(['--kubeconfig', file]);
+      assert.equal(code, 1);
+      assert.match(stderr, /^pinset status: cannot list nodes from the API server at .+: HTTP 401: Unauthorized\n$/);
+    } finally {
+      await strict.stop();
+      await rm(strictDir, { recursive: true, force: true });
+    }
   });
 
   test('exits 1 with a clear message when the API server cannot be reached', async () => {
