@@ -702,5 +702,12 @@ describe('in-process API server through @kubernetes/client-node', () => {
     assertStatus(invalid, 422, 'Invalid');
     assert.equal(invalid.message, 'PinnedImageSet.pinset.dev "set-a" is invalid: spec.pinnedImages: Required value');
     assert.deepEqual(invalid.details?.causes, [{ reason: 'FieldValueInvalid', field: 'spec.pinnedImages', message: 'Required value' }]);
+
+    // A test control may set or clear .status through the main resource; as
+    // on the real server only a spec change moves the generation.
+    server.create(pinnedImageSet('set-b', [IMAGE]));
+    assert.equal(server.patch('pinnedimagesets', 'set-b', { status: { observedGeneration: 1 } }).metadata.generation, 1);
+    assert.equal(server.patch('pinnedimagesets', 'set-b', { status: null }).metadata.generation, 1);
+    assert.equal(server.patch('pinnedimagesets', 'set-b', { spec: { pinnedImages: [{ name: OTHER_IMAGE }] } }).metadata.generation, 2);
   });
 });

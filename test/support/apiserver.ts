@@ -128,7 +128,7 @@
 //   setAvailable(false|true)     while false every connection is destroyed on arrival
 //                                and open ones are cut; the port is kept
 //   connections                  TCP connections made, refused ones included
-//   requests                     log of {method, path, query, contentType, body, status, userAgent, accept};
+//   requests                     log of {method, path, query, contentType, body, status, userAgent, accept, at};
 //                                body is parsed JSON when the request sent JSON
 //   waitFor(predicate, timeoutMs?, what?)  poll every 10 ms until predicate returns a
 //                                truthy value (returned); a throw counts as "not yet"
@@ -214,6 +214,8 @@ export interface RecordedRequest {
   userAgent: string;
   /** The Accept header ('' when absent). */
   accept: string;
+  /** When the request arrived (ms since the epoch). */
+  at: number;
 }
 
 export interface ApiServerOptions {
@@ -1289,7 +1291,10 @@ export class ApiServer {
         if (old.status !== undefined) next.status = clone(old.status);
         else delete next.status;
       }
-      const content = (o: KubeObject) => canonical({ ...o, metadata: undefined });
+      // customresource strategy PrepareForUpdate: the generation counts
+      // changes outside metadata and status (a test control may set .status
+      // through the main resource; that is no spec change).
+      const content = (o: KubeObject) => canonical({ ...o, metadata: undefined, status: undefined });
       if (rt.generation && content(old) !== content(next)) m.generation = (old.metadata.generation ?? 0) + 1;
     }
     this.#validate(rt, next);
@@ -1577,6 +1582,7 @@ export class ApiServer {
       status: 0,
       userAgent: req.headers['user-agent'] ?? '',
       accept: req.headers.accept ?? '',
+      at: Date.now(),
     };
     this.requests.push(entry);
     try {
