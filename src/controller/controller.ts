@@ -12,7 +12,7 @@ import type { Logger } from '../util/log.ts';
 import type { ControllerMetrics } from './metrics.ts';
 import { sameJson } from '../util/json.ts';
 import { rollUp, type ObservedNode } from './rollup.ts';
-import { changedSetNames, observeNode, sameLabels, StringPool, type ObservedNodeEntry } from './observed-nodes.ts';
+import { changedSetNames, observeNode, sameLabels, SharedValues, type ObservedNodeEntry } from './observed-nodes.ts';
 
 export interface SetStatusControllerOptions {
   kubeConfig: KubeConfig;
@@ -71,7 +71,7 @@ export class SetStatusController {
   /** Nodes as ./observed-nodes.ts keeps them: name, labels, the roll-up's fields of the report. */
   readonly #nodeInformer: ListWatchCache<ObservedNodeEntry>;
   readonly #setInformer: ListWatchCache<SetObject>;
-  readonly #strings = new StringPool();
+  readonly #shared = new SharedValues();
   /** Status written by this replica and not yet seen back in the set cache, by set name. */
   readonly #written = new Map<string, { uid: string | undefined; status: PinnedImageSetStatus }>();
   readonly #dirty = new Set<string>();
@@ -95,7 +95,7 @@ export class SetStatusController {
     const common = { http: this.#http, log: this.#log, minWatchTimeoutMs: opts.minWatchTimeoutMs, ...opts.watch };
     // Nodes: metadata only, paginated, and of that only what the roll-up reads.
     this.#nodeInformer = new ListWatchCache<ObservedNodeEntry>({ ...common, what: 'nodes', path: NODES_PATH, metadataOnly: true }, (o) =>
-      observeNode(o, this.#strings),
+      observeNode(o, this.#shared),
     );
     this.#setInformer = new ListWatchCache<SetObject>({ ...common, what: 'pinnedimagesets', path: SETS_PATH });
 

@@ -1,13 +1,15 @@
 // What the controller keeps of each Node: its name, its labels, and of its
 // `pinset.dev/status` annotation the fields the roll-up reads. The Node
 // cache holds this instead of the object (the list and watch ask for
-// metadata only, so status.images, conditions and managedFields never
-// arrive; of the metadata only this stays). At 5000 Nodes the annotation as
-// text is several KB per node; parsed and kept whole it is more: the
+// metadata only, so status.images and conditions never arrive; of the
+// metadata only this stays, not managedFields nor other annotations). The
 // compact copy drops the image counts, the agent's file name, the time, and
-// messages of sets that are not Degraded, and shares the strings every node
-// repeats (set names, uids, phases, reasons, common label values).
-// BENCHMARKS.md ("Scale") has the figures.
+// messages of sets that are not Degraded, and shares what nodes repeat: set
+// entries, whole lists of them, label values. Measured by
+// bench/node-cache-heap.ts (BENCHMARKS.md, "Scale"): at 5000 Nodes the whole
+// Nodes took 126 MB of heap, their metadata 16 MB, the annotation parsed
+// whole with the labels 19 MB, its text with the labels 8 MB (to be parsed
+// again at every roll-up), and this copy 2.5 MB.
 import { readNodeStatus } from '../api/node-status.ts';
 import type { KubeObjectLike } from '../api/list-watch.ts';
 import type { ObservedNode, ReportReading, SetReport } from './rollup.ts';
@@ -18,40 +20,63 @@ export interface ObservedNodeEntry extends ObservedNode {
 }
 
 /**
- * One copy of each string many nodes repeat. Bounded: past `max` distinct
- * strings it starts over (hand-edited annotations could bring any number).
+ * One copy of each value many nodes repeat: strings (label values, set
+ * names, uids, reasons), set entries (a set's entry is the same on every
+ * node that has reached the same generation the same way) and whole lists
+ * of entries (nodes selected by the same sets in the same state share one).
+ * Shared values are frozen: nothing may change them in place. Bounded: past
+ * `max` distinct values of a kind that kind starts over (hand-edited
+ * annotations could bring any number); values already handed out stay valid.
  */
-export class StringPool {
+export class SharedValues {
   readonly #strings = new Map<string, string>();
+  readonly #entries = new Map<string, SetReport>();
+  readonly #lists = new Map<string, readonly SetReport[]>();
+  /** The key each shared entry was stored under. */
+  readonly #entryKeys = new WeakMap<SetReport, string>();
   readonly #max: number;
   constructor(max = 50_000) {
     this.#max = max;
   }
-  get size(): number {
-    return this.#strings.size;
+  get size(): { strings: number; entries: number; lists: number } {
+    return { strings: this.#strings.size, entries: this.#entries.size, lists: this.#lists.size };
   }
-  intern(s: string): string {
-    const had = this.#strings.get(s);
-    if (had !== undefined) return had;
-    if (this.#strings.size >= this.#max) this.#strings.clear();
-    this.#strings.set(s, s);
-    return s;
+  #put<V>(map: Map<string, V>, key: string, value: V): V {
+    if (map.size >= this.#max) map.clear();
+    map.set(key, value);
+    return value;
+  }
+  string(s: string): string {
+    return this.#strings.get(s) ?? this.#put(this.#strings, s, s);
+  }
+  entry(e: SetReport): SetReport {
+    const key = JSON.stringify([e.name, e.uid, e.source, e.desiredGeneration, e.currentGeneration, e.phase, e.reason, e.message, e.lastFailedGenerationError]);
+    const had = this.#entries.get(key);
+    if (had) return had;
+    const shared = Object.freeze({ ...e });
+    this.#entryKeys.set(shared, key);
+    return this.#put(this.#entries, key, shared);
+  }
+  entries(list: readonly SetReport[]): readonly SetReport[] {
+    const shared = list.map((e) => this.entry(e));
+    const key = shared.map((e) => this.#entryKeys.get(e)).join('\n');
+    return this.#lists.get(key) ?? this.#put(this.#lists, key, Object.freeze(shared));
   }
 }
 
 /** Label values longer than this are kept as they come (a hostname, a unique id: nothing to share). */
 const MAX_SHARED_LABEL_VALUE = 63;
 
-function compactEntry(e: SetReport, pool: StringPool): SetReport {
+function compactEntry(e: SetReport, shared: SharedValues): SetReport {
   const out: SetReport = {
-    name: pool.intern(e.name),
+    name: shared.string(e.name),
     source: e.source === 'static' ? 'static' : 'api',
     desiredGeneration: e.desiredGeneration,
     currentGeneration: e.currentGeneration,
-    phase: pool.intern(e.phase) as SetReport['phase'],
-    reason: pool.intern(e.reason),
+    phase: shared.string(e.phase) as SetReport['phase'],
+    reason: shared.string(e.reason),
   };
-  if (e.uid !== undefined) out.uid = pool.intern(e.uid);
+  if (e.uid !== undefined) out.uid = shared.string(e.uid);
   // The roll-up quotes these only for a Degraded node (status.degradedNodes).
   if (e.phase === 'Degraded') {
     if (e.message !== undefined) out.message = e.message;
@@ -61,24 +86,24 @@ function compactEntry(e: SetReport, pool: StringPool): SetReport {
 }
 
 /** The roll-up's view of a status annotation's value. Never throws. */
-export function compactReading(annotations: Readonly<Record<string, string>> | undefined, pool: StringPool): ReportReading {
+export function compactReading(annotations: Readonly<Record<string, string>> | undefined, shared: SharedValues): ReportReading {
   const reading = readNodeStatus(annotations);
   if (reading.error !== undefined) return { error: reading.error };
   if (!reading.status) return {};
-  return { status: { sets: reading.status.sets.map((e) => compactEntry(e, pool)) } };
+  return { status: { sets: shared.entries(reading.status.sets.map((e) => compactEntry(e, shared))) } };
 }
 
 /** What the cache keeps of a Node read from the API (metadata only or whole). */
-export function observeNode(obj: KubeObjectLike, pool: StringPool): ObservedNodeEntry {
+export function observeNode(obj: KubeObjectLike, shared: SharedValues): ObservedNodeEntry {
   const meta = (obj.metadata ?? {}) as { name?: string; resourceVersion?: string; labels?: Record<string, string>; annotations?: Record<string, string> };
   const name = meta.name ?? '';
   const labels: Record<string, string> = {};
-  for (const [k, v] of Object.entries(meta.labels ?? {})) labels[k] = typeof v === 'string' && v.length <= MAX_SHARED_LABEL_VALUE ? pool.intern(v) : v;
+  for (const [k, v] of Object.entries(meta.labels ?? {})) labels[k] = typeof v === 'string' && v.length <= MAX_SHARED_LABEL_VALUE ? shared.string(v) : v;
   return {
     metadata: { name, resourceVersion: meta.resourceVersion },
     name,
     labels,
-    reading: compactReading(meta.annotations, pool),
+    reading: compactReading(meta.annotations, shared),
   };
 }
 
@@ -89,6 +114,7 @@ export function sameLabels(a: Readonly<Record<string, string>>, b: Readonly<Reco
 
 function sameEntry(a: SetReport, b: SetReport): boolean {
   return (
+    a === b ||
     a.name === b.name &&
     a.uid === b.uid &&
     a.source === b.source &&

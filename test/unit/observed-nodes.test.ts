@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { readNodeStatus } from '../../src/api/node-status.ts';
 import { STATUS_ANNOTATION, type NodeSetStatus } from '../../src/api/types.ts';
-import { changedSetNames, compactReading, observeNode, StringPool } from '../../src/controller/observed-nodes.ts';
+import { changedSetNames, compactReading, observeNode, SharedValues } from '../../src/controller/observed-nodes.ts';
 import { rollUpSetStatus } from '../../src/controller/rollup.ts';
 
 const UID = '5f0c7e0e-0000-4000-8000-000000000001';
@@ -41,7 +41,7 @@ describe('what the controller keeps of a Node', () => {
       spec: { podCIDR: '10.0.0.0/24' },
       status: { images: [{ names: ['a'], sizeBytes: 1 }] },
     };
-    const kept = observeNode(node, new StringPool());
+    const kept = observeNode(node, new SharedValues());
     assert.deepEqual(Object.keys(kept).sort(), ['labels', 'metadata', 'name', 'reading']);
     assert.deepEqual(kept.metadata, { name: 'n1', resourceVersion: '42' });
     assert.deepEqual(kept.labels, { role: 'worker' });
@@ -51,7 +51,7 @@ describe('what the controller keeps of a Node', () => {
   });
 
   test('a Degraded entry keeps its messages (the roll-up quotes them); an unreadable annotation keeps its error', () => {
-    const pool = new StringPool();
+    const pool = new SharedValues();
     const degraded = entry({ phase: 'Degraded', reason: 'ImageNotFound', lastFailedGeneration: 3, lastFailedGenerationError: 'manifest unknown', message: 'one image missing' });
     const r = compactReading(annotations([degraded]), pool);
     assert.equal(r.status!.sets[0]!.lastFailedGenerationError, 'manifest unknown');
@@ -71,14 +71,14 @@ describe('what the controller keeps of a Node', () => {
     ];
     const set = { apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name: 'upgrade', uid: UID, generation: 3 }, spec: { pinnedImages: [] } };
     const now = new Date('2025-03-01T10:00:00Z');
-    const pool = new StringPool();
+    const pool = new SharedValues();
     const whole = cases.map((sets, i) => ({ name: `n${i}`, labels: {}, reading: readNodeStatus(annotations(sets)) }));
     const compact = cases.map((sets, i) => ({ name: `n${i}`, labels: {}, reading: compactReading(annotations(sets), pool) }));
     assert.deepEqual(rollUpSetStatus(set, compact, now), rollUpSetStatus(set, whole, now));
   });
 
   test('changedSetNames: the sets whose entries changed; every set when readability changed', () => {
-    const pool = new StringPool();
+    const pool = new SharedValues();
     const r = (sets: NodeSetStatus[]) => compactReading(annotations(sets), pool);
     const other = entry({ name: 'other', uid: 'u2' });
     assert.deepEqual(changedSetNames(r([entry(), other]), r([entry({ images: { wanted: 1, present: 0, pinned: 0, failed: 0, invalid: 0 } }), other])), new Set());
@@ -88,14 +88,19 @@ describe('what the controller keeps of a Node', () => {
     assert.equal(changedSetNames(compactReading(undefined, pool), r([entry()])), undefined);
   });
 
-  test('StringPool returns one copy of each string and starts over past its bound', () => {
-    const pool = new StringPool(3);
-    const a = pool.intern(['up', 'grade'].join(''));
-    assert.equal(pool.intern('upgrade'), a);
-    pool.intern('b');
-    pool.intern('c');
-    assert.equal(pool.size, 3);
-    pool.intern('d');
-    assert.equal(pool.size, 1);
+  test('SharedValues: one frozen copy of each entry and of each list of entries; bounded', () => {
+    const shared = new SharedValues(3);
+    const a = compactReading(annotations([entry(), entry({ name: 'other', uid: 'u2' })]), shared);
+    const b = compactReading(annotations([entry(), entry({ name: 'other', uid: 'u2' })]), shared);
+    assert.equal(a.status!.sets, b.status!.sets, 'two nodes in the same state share one list');
+    assert.ok(Object.isFrozen(a.status!.sets) && Object.isFrozen(a.status!.sets[0]));
+    const c = compactReading(annotations([entry(), entry({ name: 'other', uid: 'u2', phase: 'Progressing' })]), shared);
+    assert.notEqual(c.status!.sets, a.status!.sets);
+    assert.equal(c.status!.sets[0], a.status!.sets[0], 'the unchanged entry is still shared');
+    assert.equal(shared.string(['up', 'grade'].join('')), 'upgrade');
+    for (const s of ['x1', 'x2', 'x3', 'x4']) shared.string(s);
+    assert.ok(shared.size.strings <= 3, 'bounded');
+    // Values handed out before a start-over stay valid.
+    assert.equal(a.status!.sets[0]!.name, 'upgrade');
   });
 });
