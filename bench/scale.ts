@@ -27,14 +27,16 @@
 //     BENCH_SCALE_SLOT_LEASE_SECONDS (10; the agent's default is 60, which
 //     only slows the waiting nodes' pace), each downloading 1 to 5 s: the
 //     most downloading at once, and that every one finished.
-// BENCH_SCALE_BEFORE=<dir of another checkout, with node_modules> measures
-// that checkout's controller and `pinset status` against the same API
-// server too (start, RSS, one node changing), for a before/after table.
+// BENCH_SCALE_BEFORE=<dir of another checkout, with node_modules> and
+// BENCH_SCALE_BUNDLE=<a dist/pinset.mjs> measure that build's controller
+// (start, RSS, one node changing, a new generation on all nodes) and
+// `pinset status` against the same API server too.
 // Knobs: BENCH_SCALE_NODES (5000), BENCH_SCALE_SETS (20),
 // BENCH_CONTROLLER_NODE_OPTIONS (the Containerfile's --max-semi-space-size=1).
 import { spawn, type ChildProcess } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -59,6 +61,7 @@ const ROLLOUT_SECONDS = Number(process.env.BENCH_SCALE_ROLLOUT_SECONDS ?? 60);
 const REST_SECONDS = Number(process.env.BENCH_SCALE_REST_SECONDS ?? 600);
 const STATUS_RUNS = Number(process.env.BENCH_SCALE_STATUS_RUNS ?? 3);
 const BEFORE = process.env.BENCH_SCALE_BEFORE ?? '';
+const BUNDLE = process.env.BENCH_SCALE_BUNDLE ?? '';
 const SLOT_NODES = Number(process.env.BENCH_SCALE_SLOT_NODES ?? 1000);
 const SLOT_MAX = Number(process.env.BENCH_SCALE_SLOT_MAX ?? 50);
 const SLOT_LEASE_MS = Number(process.env.BENCH_SCALE_SLOT_LEASE_SECONDS ?? 10) * 1000;
@@ -69,6 +72,7 @@ const PIN_FILE = '99-pinset-6f1c2a4e-0d7b-4c56-9a51-3e8f0b2d7c11.conf';
 const SETS_PATH = '/apis/pinset.dev/v1alpha1/pinnedimagesets';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const THIS_CHECKOUT = 'this checkout (sources)';
 const say = (line = '') => process.stdout.write(`${line}\n`);
 const mb = (kb: number) => +(kb / 1024).toFixed(1);
 
@@ -192,23 +196,63 @@ for (const signal of ['SIGINT', 'SIGTERM'] as const) {
   });
 }
 
+/** How to run `pinset`: from a checkout's sources, or a bundle (dist/pinset.mjs) run as the command it is. */
+interface Cli {
+  label: string;
+  /** The command and the arguments before the subcommand. */
+  argv: string[];
+  cwd: string;
+  /** Environment of the controller (the image's NODE_OPTIONS for sources; a bundle carries its flags). */
+  controllerEnv: NodeJS.ProcessEnv;
+  /** Environment of `pinset status` (as a person runs it). */
+  statusEnv: NodeJS.ProcessEnv;
+}
+
+function withoutNodeOptions(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+  const out = { ...env };
+  delete out.NODE_OPTIONS;
+  return out;
+}
+
+function sourcesCli(root: string, label: string): Cli {
+  return {
+    label,
+    argv: [NODE, path.join(root, 'src/cli/main.ts')],
+    cwd: root,
+    controllerEnv: { ...process.env, NODE_OPTIONS: CONTROLLER_NODE_OPTIONS },
+    statusEnv: withoutNodeOptions(process.env),
+  };
+}
+
+function bundleCli(file: string): Cli {
+  // Its first line is `#!/usr/bin/env -S node <flags>`: Node.js 24 first on the PATH.
+  const env = withoutNodeOptions({ ...process.env, PATH: `${path.dirname(NODE)}:${process.env.PATH ?? ''}` });
+  return { label: `bundle ${file}`, argv: [file], cwd: path.dirname(file), controllerEnv: env, statusEnv: env };
+}
+
+async function freePort(): Promise<number> {
+  const server = net.createServer();
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const { port } = server.address() as net.AddressInfo;
+  await new Promise((r) => server.close(r));
+  return port;
+}
+
 class ControllerProcess {
   readonly child: ChildProcess;
   readonly lines: Record<string, unknown>[] = [];
   stderr = '';
   readonly started = Date.now();
+  readonly metricsUrl: string;
 
-  constructor(root: string, kubeconfig: string) {
+  /** Metrics on, as deployed (on a loopback port here): the heap figures come from them. */
+  constructor(cli: Cli, kubeconfig: string, metricsPort: number) {
+    const [command, ...pre] = cli.argv;
+    this.metricsUrl = `http://127.0.0.1:${metricsPort}/metrics`;
     this.child = spawn(
-      NODE,
-      [
-        path.join(root, 'src/cli/main.ts'), 'controller',
-        '--kubeconfig', kubeconfig,
-        '--identity', `bench-${path.basename(root)}`,
-        '--metrics-addr', '',
-        '--log-level', 'info',
-      ],
-      { cwd: root, env: { ...process.env, NODE_OPTIONS: CONTROLLER_NODE_OPTIONS }, stdio: ['ignore', 'pipe', 'pipe'] },
+      command!,
+      [...pre, 'controller', '--kubeconfig', kubeconfig, '--identity', 'bench-controller', '--metrics-addr', `127.0.0.1:${metricsPort}`, '--log-level', 'info'],
+      { cwd: cli.cwd, env: cli.controllerEnv, stdio: ['ignore', 'pipe', 'pipe'] },
     );
     children.add(this.child);
     this.child.once('exit', () => children.delete(this.child));
@@ -235,6 +279,16 @@ class ControllerProcess {
     return this.child.pid!;
   }
 
+  /** V8's heap in use (prom-client's nodejs_heap_size_used_bytes), MB. */
+  async heapUsedMb(): Promise<number> {
+    try {
+      const text = await (await fetch(this.metricsUrl)).text();
+      return mb(Number(/^nodejs_heap_size_used_bytes (\S+)$/m.exec(text)?.[1] ?? NaN) / 1024);
+    } catch {
+      return NaN;
+    }
+  }
+
   async stop(): Promise<void> {
     if (this.child.exitCode !== null) return;
     const exited = new Promise((r) => this.child.once('exit', r));
@@ -246,9 +300,9 @@ class ControllerProcess {
 }
 
 /** Runs a command under GNU time: wall time and maximum RSS of the process. */
-async function timed(args: string[], cwd: string, env: NodeJS.ProcessEnv): Promise<{ ms: number; maxRssKb: number; stdoutBytes: number; code: number | null; stderr: string }> {
+async function timed(argv: string[], cwd: string, env: NodeJS.ProcessEnv): Promise<{ ms: number; maxRssKb: number; stdoutBytes: number; code: number | null; stderr: string }> {
   const started = Date.now();
-  const child = spawn('/usr/bin/time', ['-v', NODE, ...args], { cwd, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn('/usr/bin/time', ['-v', ...argv], { cwd, env, stdio: ['ignore', 'pipe', 'pipe'] });
   let stdoutBytes = 0;
   let stderr = '';
   child.stdout!.on('data', (c: Buffer) => (stdoutBytes += c.length));
@@ -274,16 +328,21 @@ function expectedMatched(set: BenchSet): number {
   return n;
 }
 
-async function startController(api: ApiServer, root: string, kubeconfig: string, sets: BenchSet[]) {
+/**
+ * Starts a controller once every set's status has been cleared, and waits
+ * until it has written each set's status as the nodes report it (all Ready
+ * for the current generation; with `noNodes`, no node matched).
+ */
+async function startController(api: ApiServer, cli: Cli, kubeconfig: string, sets: BenchSet[], noNodes = false) {
+  for (const s of sets) api.patch('pinnedimagesets', s.name, { status: null });
   const from = api.requests.length;
-  const c = new ControllerProcess(root, kubeconfig);
-  // Every set's status as the nodes report it: all Ready for the current generation.
+  const c = new ControllerProcess(cli, kubeconfig, await freePort());
   await waitFor(
     () => {
       if (c.child.exitCode !== null) throw new Error(`the controller exited (${c.child.exitCode}): ${c.stderr}`);
       return sets.every((s) => {
         const st = setStatus(api, s.name);
-        return st?.observedGeneration === s.generation && st.nodes?.ready === expectedMatched(s);
+        return st?.observedGeneration === s.generation && st.nodes?.ready === (noNodes ? 0 : expectedMatched(s)) && st.nodes?.matched === (noNodes ? 0 : expectedMatched(s));
       });
     },
     300_000,
@@ -445,14 +504,13 @@ async function slotRollout(api: ApiServer) {
   };
 }
 
-async function statusRuns(root: string, kubeconfig: string) {
-  const env: NodeJS.ProcessEnv = { ...process.env, COLUMNS: '200' };
-  delete env.NODE_OPTIONS;
+async function statusRuns(cli: Cli, kubeconfig: string) {
+  const env: NodeJS.ProcessEnv = { ...cli.statusEnv, COLUMNS: '200' };
   const out: Record<string, { ms: number; maxRssMb: number; outputBytes: number }> = {};
   for (const output of ['table', 'json']) {
     const runs = [];
     for (let r = 0; r < STATUS_RUNS; r++) {
-      const x = await timed([path.join(root, 'src/cli/main.ts'), 'status', '--kubeconfig', kubeconfig, '-o', output], root, env);
+      const x = await timed([...cli.argv, 'status', '--kubeconfig', kubeconfig, '-o', output], cli.cwd, env);
       if (x.code !== 0) throw new Error(`pinset status -o ${output} failed (${x.code}): ${x.stderr}`);
       runs.push(x);
     }
@@ -475,14 +533,13 @@ export async function runScale(): Promise<Record<string, unknown>> {
 
     // What the controller holds with the sets and no Node: Node.js, the Kubernetes client, the caches empty.
     {
-      const empty = await startController(api, ROOT, kubeconfig, []);
-      await waitFor(() => sets.every((s) => setStatus(api, s.name)?.nodes?.matched === 0), 60_000, 'every set rolled up over no nodes', 50);
+      const empty = await startController(api, sourcesCli(ROOT, THIS_CHECKOUT), kubeconfig, sets, true);
       await sleep(10_000);
       const base = procStatus(empty.c.pid);
+      const heap = await empty.c.heapUsedMb();
       await empty.c.stop();
-      say(`controller with ${SETS} sets and no Nodes: RSS ${mb(base.rssKb)} MB, peak ${mb(base.hwmKb)} MB`);
-      results.controllerNoNodes = { rssMb: mb(base.rssKb), peakMb: mb(base.hwmKb) };
-      for (const s of sets) api.patch('pinnedimagesets', s.name, { status: null });
+      say(`controller with ${SETS} sets and no Nodes: RSS ${mb(base.rssKb)} MB, peak ${mb(base.hwmKb)} MB, heap used ${heap} MB`);
+      results.controllerNoNodes = { rssMb: mb(base.rssKb), peakMb: mb(base.hwmKb), heapUsedMb: heap };
     }
 
     const t = Date.now();
@@ -491,12 +548,13 @@ export async function runScale(): Promise<Record<string, unknown>> {
     results.nodeSizes = sizes;
 
     // The controller on this checkout.
-    const { c, startMs, nodeListRequests, nodeListAccept, nodeListLimit } = await startController(api, ROOT, kubeconfig, sets);
+    const { c, startMs, nodeListRequests, nodeListAccept, nodeListLimit } = await startController(api, sourcesCli(ROOT, THIS_CHECKOUT), kubeconfig, sets);
     try {
       say(`controller: every set rolled up ${startMs} ms after start; Nodes listed in ${nodeListRequests} request(s), limit ${nodeListLimit || 'none'}, Accept ${nodeListAccept}`);
       await sleep(10_000);
       const settled = procStatus(c.pid);
-      say(`controller RSS settled: ${mb(settled.rssKb)} MB, peak since start ${mb(settled.hwmKb)} MB`);
+      const settledHeap = await c.heapUsedMb();
+      say(`controller RSS settled: ${mb(settled.rssKb)} MB, peak since start ${mb(settled.hwmKb)} MB, heap used ${settledHeap} MB`);
       resetPeak(c.pid);
       const oneNode = await oneNodeChanges(api, sets);
       say(`one node changes: last change to status written, ms: ${oneNode.join(', ')} (median ${median(oneNode)}, max ${Math.max(...oneNode)})`);
@@ -505,7 +563,8 @@ export async function runScale(): Promise<Record<string, unknown>> {
       resetPeak(c.pid);
       const rest = await atRest(api, REST_SECONDS);
       const afterRest = procStatus(c.pid);
-      say(`at rest for ${rest.seconds} s (${rest.kubeletUpdates} kubelet status updates): ${rest.requestsPerMinute} requests/min ${JSON.stringify(rest.perMinute)}; writes other than the leader Lease: ${rest.writesOtherThanLeases}; RSS ${mb(afterRest.rssKb)} MB, peak ${mb(afterRest.hwmKb)} MB`);
+      const restHeap = await c.heapUsedMb();
+      say(`at rest for ${rest.seconds} s (${rest.kubeletUpdates} kubelet status updates): ${rest.requestsPerMinute} requests/min ${JSON.stringify(rest.perMinute)}; writes other than the leader Lease: ${rest.writesOtherThanLeases}; RSS ${mb(afterRest.rssKb)} MB, peak ${mb(afterRest.hwmKb)} MB, heap used ${restHeap} MB`);
       results.controller = {
         startMs,
         nodeListRequests,
@@ -513,15 +572,16 @@ export async function runScale(): Promise<Record<string, unknown>> {
         nodeListAccept,
         settledRssMb: mb(settled.rssKb),
         startPeakMb: mb(settled.hwmKb),
+        settledHeapUsedMb: settledHeap,
         oneNodeChangeMs: oneNode,
         oneNodeChangeMedianMs: median(oneNode),
         rollout: { ...rollout, peakRssMb: mb(rollout.peakRssKb) },
-        rest: { ...rest, rssMb: mb(afterRest.rssKb), peakMb: mb(afterRest.hwmKb) },
+        rest: { ...rest, rssMb: mb(afterRest.rssKb), peakMb: mb(afterRest.hwmKb), heapUsedMb: restHeap },
       };
     } finally {
       await c.stop();
     }
-    const status = await statusRuns(ROOT, kubeconfig);
+    const status = await statusRuns(sourcesCli(ROOT, THIS_CHECKOUT), kubeconfig);
     say(`pinset status over ${NODES} nodes: table ${status.table!.ms} ms, max RSS ${status.table!.maxRssMb} MB; -o json ${status.json!.ms} ms, max RSS ${status.json!.maxRssMb} MB`);
     results.status = status;
 
@@ -535,31 +595,50 @@ export async function runScale(): Promise<Record<string, unknown>> {
       results.slots = slots;
     }
 
-    if (BEFORE) {
-      const before = await startController(api, BEFORE, kubeconfig, sets);
+    // Other builds against the same API server: a checkout before these changes, a bundle.
+    const others: Cli[] = [];
+    if (BEFORE) others.push(sourcesCli(BEFORE, `sources of ${BEFORE}`));
+    if (BUNDLE) others.push(bundleCli(BUNDLE));
+    const otherResults: Record<string, unknown>[] = [];
+    for (const cli of others) {
+      const o = await startController(api, cli, kubeconfig, sets);
       try {
         await sleep(10_000);
-        const settled = procStatus(before.c.pid);
-        resetPeak(before.c.pid);
+        const settled = procStatus(o.c.pid);
+        const settledHeap = await o.c.heapUsedMb();
+        resetPeak(o.c.pid);
         const oneNode = await oneNodeChanges(api, sets);
-        const after = procStatus(before.c.pid);
-        say(`before (${BEFORE}): start ${before.startMs} ms in ${before.nodeListRequests} list request(s); RSS ${mb(settled.rssKb)} MB, peak ${mb(settled.hwmKb)} MB; one node changes: median ${median(oneNode)} ms; peak during those ${mb(after.hwmKb)} MB`);
-        const beforeStatus = await statusRuns(BEFORE, kubeconfig);
-        say(`before: pinset status table ${beforeStatus.table!.ms} ms, max RSS ${beforeStatus.table!.maxRssMb} MB; -o json ${beforeStatus.json!.ms} ms, max RSS ${beforeStatus.json!.maxRssMb} MB`);
-        results.before = {
-          root: BEFORE,
-          startMs: before.startMs,
-          nodeListRequests: before.nodeListRequests,
+        const rollout = await fleetRollout(api, sets[0]!, o.c.pid);
+        const rest = await atRest(api, Math.min(REST_SECONDS, 120));
+        const after = procStatus(o.c.pid);
+        const afterHeap = await o.c.heapUsedMb();
+        say(
+          `${cli.label}: every set rolled up ${o.startMs} ms after start, Nodes listed in ${o.nodeListRequests} request(s); RSS settled ${mb(settled.rssKb)} MB, peak since start ${mb(settled.hwmKb)} MB, heap used ${settledHeap} MB; ` +
+            `one node changes: median ${median(oneNode)} ms; new generation on all nodes: ${rollout.lastChangeToStatusMs} ms after the last change, peak ${mb(rollout.peakRssKb)} MB; ` +
+            `${rest.seconds} s at rest: ${rest.requestsPerMinute} requests/min, ${rest.writesOtherThanLeases} writes other than the Lease; RSS after ${mb(after.rssKb)} MB, heap used ${afterHeap} MB`,
+        );
+        const st = await statusRuns(cli, kubeconfig);
+        say(`${cli.label}: pinset status table ${st.table!.ms} ms, max RSS ${st.table!.maxRssMb} MB; -o json ${st.json!.ms} ms, max RSS ${st.json!.maxRssMb} MB`);
+        otherResults.push({
+          label: cli.label,
+          startMs: o.startMs,
+          nodeListRequests: o.nodeListRequests,
+          nodeListAccept: o.nodeListAccept,
           settledRssMb: mb(settled.rssKb),
           startPeakMb: mb(settled.hwmKb),
+          settledHeapUsedMb: settledHeap,
           oneNodeChangeMedianMs: median(oneNode),
-          peakDuringChangesMb: mb(after.hwmKb),
-          status: beforeStatus,
-        };
+          rollout: { ...rollout, peakRssMb: mb(rollout.peakRssKb) },
+          rest,
+          rssAfterMb: mb(after.rssKb),
+          heapUsedAfterMb: afterHeap,
+          status: st,
+        });
       } finally {
-        await before.c.stop();
+        await o.c.stop();
       }
     }
+    if (otherResults.length) results.others = otherResults;
     await writeFile(RESULTS, JSON.stringify(results, null, 2) + '\n');
     say(`raw results: ${path.relative(process.cwd(), RESULTS)}`);
     return results;

@@ -4,7 +4,7 @@
 // spec), in pages of --chunk-size, and of each only its name, labels and
 // parsed report are kept: over 5000 Nodes that is a few MB, where the whole
 // Nodes in one answer are hundreds (BENCHMARKS.md, "Scale").
-import { CustomObjectsApi, type KubeConfig } from '@kubernetes/client-node';
+import type { KubeConfig } from '@kubernetes/client-node';
 import { KubeApiError, KubeHttp } from '../api/kube-http.ts';
 import { DEFAULT_PAGE_SIZE, listAll, METADATA_LIST_ACCEPT } from '../api/list-pages.ts';
 import { selectorErrors, selectorMatches } from '../api/selector.ts';
@@ -18,7 +18,7 @@ export const STATUS_FLAGS: readonly FlagSpec[] = [
   { name: 'set', type: 'string', help: 'show only this PinnedImageSet' },
   { name: 'output', type: 'string', default: 'table', choices: ['table', 'wide', 'json'], help: 'output format (wide adds each set\'s disk estimate for what it still has to download)', short: 'o' },
   { name: 'kubeconfig', env: 'KUBECONFIG', type: 'string', help: 'kubeconfig file; the usual search (~/.kube/config, in-cluster) when unset' },
-  { name: 'timeout', env: 'PINSET_STATUS_TIMEOUT', type: 'duration', default: '15s', help: 'give up reaching the API server after this long' },
+  { name: 'timeout', env: 'PINSET_STATUS_TIMEOUT', type: 'duration', default: '15s', help: 'give up on an API request (a page of Nodes) after this long' },
   { name: 'chunk-size', env: 'PINSET_STATUS_CHUNK_SIZE', type: 'int', default: DEFAULT_PAGE_SIZE, help: 'list Nodes this many at a time (kubectl\'s --chunk-size); 0 lists them in one request' },
 ];
 
@@ -156,16 +156,23 @@ function cut(s: string, width: number): string {
   return chars.length <= width ? s : `${chars.slice(0, Math.max(0, width - 1)).join('')}…`;
 }
 
-/** kubectl-style columns; the ERROR column is cut so each line fits `width`. */
-export function renderTable(rows: readonly StatusRow[], width: number, wide = false): string {
+/** The table's lines, header first: kubectl-style columns, the ERROR column cut so each line fits `width`. */
+export function* tableLines(rows: readonly StatusRow[], width: number, wide = false): Generator<string> {
   const cols = wide ? (['node', 'set', 'phase', 'images', 'generation', 'age', 'estimate'] as const) : (['node', 'set', 'phase', 'images', 'generation', 'age'] as const);
-  const widths = cols.map((c) => Math.max(HEADERS[c].length, ...rows.map((r) => [...r[c]].length)));
+  // Not Math.max(...rows): a spread of tens of thousands of arguments overflows the stack.
+  const widths = cols.map((c) => rows.reduce((w, r) => Math.max(w, [...r[c]].length), HEADERS[c].length));
   const line = (r: Record<keyof StatusRow, string>) => {
     const left = cols.map((c, i) => r[c] + ' '.repeat(widths[i]! - [...r[c]].length + GAP)).join('');
     const room = Math.max(MIN_ERROR_WIDTH, width - [...left].length);
     return (left + cut(r.error, room)).trimEnd();
   };
-  return [line(HEADERS), ...rows.map(line)].join('\n') + '\n';
+  yield line(HEADERS);
+  for (const r of rows) yield line(r);
+}
+
+/** The whole table as one string (see tableLines). */
+export function renderTable(rows: readonly StatusRow[], width: number, wide = false): string {
+  return [...tableLines(rows, width, wide)].join('\n') + '\n';
 }
 
 function terminalWidth(): number {
@@ -193,20 +200,46 @@ function apiError(err: unknown): string {
   return `${String(e?.message ?? err)}${cause ? ` (${String(cause)})` : ''}`;
 }
 
-async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  p.catch(() => {});
-  try {
-    return await Promise.race([
-      p,
-      new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new Error(`no answer within ${ms}ms while ${what}`)), ms);
-      }),
-    ]);
-  } finally {
-    clearTimeout(timer);
-  }
+/** One node in `-o json`. */
+export interface JsonItem {
+  node: string;
+  status: NodeStatusReading['status'] | null;
+  error?: string;
+  droppedEntries?: string[];
 }
+
+function jsonItem(r: NodeReport, setName: string | undefined): JsonItem {
+  const status = r.reading.status && setName ? { ...r.reading.status, sets: r.reading.status.sets.filter((s) => s.name === setName) } : r.reading.status;
+  return {
+    node: r.name,
+    status: status ?? null,
+    ...(r.reading.error ? { error: r.reading.error } : {}),
+    ...(r.reading.droppedEntries ? { droppedEntries: r.reading.droppedEntries } : {}),
+  };
+}
+
+/**
+ * `{"nodes": [...]}` exactly as JSON.stringify(doc, null, 2) writes it, item
+ * by item, so thousands of nodes never make one string.
+ */
+export function writeJsonNodes(items: readonly JsonItem[], write: (text: string) => void): void {
+  if (items.length === 0) {
+    write('{\n  "nodes": []\n}\n');
+    return;
+  }
+  write('{\n  "nodes": [\n');
+  let batch = '';
+  items.forEach((item, i) => {
+    batch += JSON.stringify(item, null, 2).replace(/^/gm, '    ') + (i < items.length - 1 ? ',\n' : '\n');
+    if (batch.length > 1 << 16) {
+      write(batch);
+      batch = '';
+    }
+  });
+  write(`${batch}  ]\n}\n`);
+}
+
+const byName = <T extends { name: string }>(a: T, b: T) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
 
 export async function run(argv: string[]): Promise<number> {
   const { values } = parseFlags(STATUS_FLAGS, argv);
@@ -224,68 +257,68 @@ export async function run(argv: string[]): Promise<number> {
   const server = kc.getCurrentCluster()?.server ?? '(no cluster)';
   const timeoutMs = values.timeout as number;
   const setName = values.set as string | undefined;
-
-  let reports: NodeReport[];
+  const json = values.output === 'json';
+  const now = new Date();
   const http = new KubeHttp(kc, { userAgent: 'pinset-status', connectTimeoutMs: timeoutMs });
+
+  // What is kept of each node while the list is read: its rows of the
+  // table, or its item of the JSON; the Node itself goes with its page.
+  let kept: { name: string; rows?: StatusRow[]; item?: JsonItem }[];
   try {
-    const list = await withTimeout(
-      listAll<NodeMetadata, NodeReport>({ http, path: '/api/v1/nodes', pageSize: values['chunk-size'] as number, accept: METADATA_LIST_ACCEPT, timeoutMs }, (n) => ({
-        name: n.metadata?.name ?? '',
-        labels: n.metadata?.labels ?? {},
-        reading: readNodeStatus(n.metadata?.annotations),
-      })),
-      timeoutMs,
-      'listing nodes',
-    );
-    reports = list.items;
-  } catch (err) {
-    process.stderr.write(`pinset status: cannot list nodes from the API server at ${server}: ${apiError(err)}\n`);
-    return 1;
+    // With --set, the object (when readable) says which nodes should have
+    // reported on it; without it only the reports themselves are shown.
+    let only: Parameters<typeof statusRows>[2];
+    if (setName) {
+      only = { name: setName };
+      try {
+        const set = await http.json<PinnedImageSet>('GET', `/apis/${GROUP}/${VERSION}/${PLURAL}/${encodeURIComponent(setName)}`, {}, undefined, { timeoutMs });
+        const sel = set?.spec?.nodeSelector;
+        const valid = selectorErrors(sel).length === 0;
+        only = { name: setName, uid: set?.metadata?.uid, selects: (labels) => valid && selectorMatches(sel, labels) };
+      } catch (err) {
+        if (err instanceof KubeApiError && err.code === 404) process.stderr.write(`pinset status: PinnedImageSet ${setName} does not exist; showing what nodes report under that name\n`);
+      }
+    }
+    try {
+      // --timeout bounds each request (a page), not the whole list, which grows with the cluster.
+      const list = await listAll<NodeMetadata, { name: string; rows?: StatusRow[]; item?: JsonItem }>(
+        { http, path: '/api/v1/nodes', pageSize: values['chunk-size'] as number, accept: METADATA_LIST_ACCEPT, timeoutMs },
+        (n) => {
+          const report: NodeReport = { name: n.metadata?.name ?? '', labels: n.metadata?.labels ?? {}, reading: readNodeStatus(n.metadata?.annotations) };
+          return json ? { name: report.name, item: jsonItem(report, setName) } : { name: report.name, rows: statusRows([report], now, only) };
+        },
+      );
+      kept = list.items;
+    } catch (err) {
+      process.stderr.write(`pinset status: cannot list nodes from the API server at ${server}: ${apiError(err)}\n`);
+      return 1;
+    }
   } finally {
     http.close();
   }
+  kept.sort(byName);
 
-  // With --set, the object (when readable) says which nodes should have
-  // reported on it; without it only the reports themselves are shown.
-  let only: Parameters<typeof statusRows>[2];
-  if (setName) {
-    only = { name: setName };
-    try {
-      const set = (await withTimeout(
-        kc.makeApiClient(CustomObjectsApi).getClusterCustomObject({ group: GROUP, version: VERSION, plural: PLURAL, name: setName }),
-        timeoutMs,
-        `reading PinnedImageSet ${setName}`,
-      )) as PinnedImageSet;
-      const sel = set?.spec?.nodeSelector;
-      const valid = selectorErrors(sel).length === 0;
-      only = { name: setName, uid: set?.metadata?.uid, selects: (labels) => valid && selectorMatches(sel, labels) };
-    } catch (err) {
-      const code = (err as { code?: unknown } | null)?.code;
-      if (code === 404) process.stderr.write(`pinset status: PinnedImageSet ${setName} does not exist; showing what nodes report under that name\n`);
+  const write = (text: string) => void process.stdout.write(text);
+  if (json) {
+    writeJsonNodes(
+      kept.map((k) => k.item!),
+      write,
+    );
+    return 0;
+  }
+  const rows = kept.flatMap((k) => k.rows ?? []);
+  if (rows.length === 0) {
+    write(setName ? `No node reports on set ${setName}.\n` : 'No nodes found.\n');
+    return 0;
+  }
+  let batch = '';
+  for (const line of tableLines(rows, terminalWidth(), values.output === 'wide')) {
+    batch += `${line}\n`;
+    if (batch.length > 1 << 16) {
+      write(batch);
+      batch = '';
     }
   }
-
-  if (values.output === 'json') {
-    const items = [...reports]
-      .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
-      .map((r) => {
-        const status = r.reading.status && setName ? { ...r.reading.status, sets: r.reading.status.sets.filter((s) => s.name === setName) } : r.reading.status;
-        return {
-          node: r.name,
-          status: status ?? null,
-          ...(r.reading.error ? { error: r.reading.error } : {}),
-          ...(r.reading.droppedEntries ? { droppedEntries: r.reading.droppedEntries } : {}),
-        };
-      });
-    process.stdout.write(`${JSON.stringify({ nodes: items }, null, 2)}\n`);
-    return 0;
-  }
-
-  const rows = statusRows(reports, new Date(), only);
-  if (rows.length === 0) {
-    process.stdout.write(setName ? `No node reports on set ${setName}.\n` : 'No nodes found.\n');
-    return 0;
-  }
-  process.stdout.write(renderTable(rows, terminalWidth(), values.output === 'wide'));
+  write(batch);
   return 0;
 }

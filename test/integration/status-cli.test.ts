@@ -10,7 +10,7 @@ import path from 'node:path';
 import { ApiServer } from '../support/apiserver.ts';
 import { METADATA_LIST_ACCEPT } from '../../src/api/list-pages.ts';
 import { STATUS_ANNOTATION, type NodeSetStatus } from '../../src/api/types.ts';
-import { formatAge, renderTable, statusRows } from '../../src/cli/status.ts';
+import { formatAge, renderTable, statusRows, tableLines, writeJsonNodes, type JsonItem } from '../../src/cli/status.ts';
 import { encodeNodeStatus } from '../../src/api/node-status.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '../..');
@@ -292,6 +292,29 @@ describe('status table pieces', () => {
     const err = out[1]!.split(/\s{2,}/)[6]!;
     assert.equal([...err].length, 20);
     assert.equal(err, 'PullFailed: line on…');
+  });
+
+  test('-o json is written item by item, byte for byte as one JSON.stringify of the document', () => {
+    const items: JsonItem[] = Array.from({ length: 300 }, (_, i) => ({
+      node: `node-${i}`,
+      status: i % 7 === 0 ? null : { version: 2, pinFile: 'x.conf', updatedAt: '2025-01-01T00:00:00Z', sets: [{ name: 's', source: 'api', desiredGeneration: 1, currentGeneration: 1, phase: 'Ready', reason: 'AllImagesPinned', images: { wanted: 1, present: 1, pinned: 1, failed: 0, invalid: 0 } }] },
+      ...(i % 11 === 0 ? { error: 'not JSON' } : {}),
+    }));
+    for (const list of [items, items.slice(0, 1), []]) {
+      const chunks: string[] = [];
+      writeJsonNodes(list, (t) => chunks.push(t));
+      assert.equal(chunks.join(''), `${JSON.stringify({ nodes: list }, null, 2)}\n`);
+      if (list.length === 300) assert.ok(chunks.length > 2, 'written in pieces');
+    }
+  });
+
+  test('a table of 100000 rows: a header and a line per row, columns as wide as the widest value', () => {
+    const row = { node: 'n', set: 's', phase: 'Ready', images: '1/1', generation: '1/1', age: '1m', estimate: '-', error: '' };
+    const rows = Array.from({ length: 100_000 }, (_, i) => ({ ...row, node: `node-${i}` }));
+    const lines = [...tableLines(rows, 120)];
+    assert.equal(lines.length, 100_001);
+    assert.match(lines[100_000]!, /^node-99999 {3}s/);
+    assert.match(lines[1]!, /^node-0 {7}s/, 'node-0 padded to the width of node-99999');
   });
 });
 
