@@ -12,7 +12,11 @@
 //   5. footprint (BENCH_ONLY=memory): RSS idle watching the API, idle on the
 //      static folder with metrics served, peak and idle with an N-image set
 //      from the API, `--once` whole process with K images present, and the
-//      agent's own CPU time while K images are pulled, next to containerd's.
+//      agent's own CPU time while K images are pulled, next to containerd's;
+//   6. scale: the controller and `pinset status` over 5000 Nodes, rollout
+//      slots with 1000 simulated nodes (bench/scale.ts, also `npm run
+//      bench:scale`; BENCH_ONLY=scale runs it alone, without root or
+//      containerd).
 //
 // The agent is the bundle as shipped (dist/, `npm run build`; refused when
 // built from other sources), or with BENCH_AGENT=sources the TypeScript
@@ -38,6 +42,7 @@ import { startCrioNode } from '../test/support/crio-node.ts';
 import { pushRandom, pushSingleLayer, type PushedImage } from '../test/support/images.ts';
 import { Registry } from '../test/support/registry.ts';
 import { NODE_FLAGS } from '../scripts/build.ts';
+import { runScale } from './scale.ts';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 5);
 const K = Number(process.env.BENCH_K ?? 16);
@@ -684,6 +689,10 @@ async function benchMemory(registry: Registry, mirrors: Record<string, string>):
 }
 
 async function main(): Promise<number> {
+  if (ONLY === 'scale') {
+    await runScale();
+    return 0;
+  }
   const missing = missingComponents(NEEDS);
   if (missing.length) {
     process.stderr.write(`bench: missing components; install with: ${installCommand(missing)}\n`);
@@ -705,6 +714,7 @@ async function main(): Promise<number> {
     if (ONLY === '' || ONLY === 'memory') Object.assign(results, await benchMemory(registry, mirrors));
     await writeFile(RESULTS, JSON.stringify(results, null, 2) + '\n');
     say(`\nraw results: ${path.relative(process.cwd(), RESULTS)}`);
+    if (ONLY === '') await runScale();
     return 0;
   } finally {
     await registry.stop();

@@ -26,7 +26,9 @@
 //     set with maxConcurrentNodes BENCH_SCALE_SLOT_MAX (50), slot Leases of
 //     BENCH_SCALE_SLOT_LEASE_SECONDS (10; the agent's default is 60, which
 //     only slows the waiting nodes' pace), each downloading 1 to 5 s: the
-//     most downloading at once, and that every one finished.
+//     most downloading at once, and that every one finished;
+//   - annotation writes per node per set rollout, from three real agents
+//     (bench/agent-writes.ts; BENCH_SCALE_AGENT_WRITES=0 skips it).
 // BENCH_SCALE_BEFORE=<dir of another checkout, with node_modules> and
 // BENCH_SCALE_BUNDLE=<a dist/pinset.mjs> measure that build's controller
 // (start, RSS, one node changing, a new generation on all nodes) and
@@ -49,6 +51,7 @@ import { LeaseRolloutSlots } from '../src/rollout/lease-slots.ts';
 import { DEFAULT_SLOT_NAMESPACE, slotFree, slotSelector } from '../src/rollout/slots.ts';
 import { ApiServer, type RecordedRequest } from '../test/support/apiserver.ts';
 import { simulateRollout } from '../test/support/rollout-agents.ts';
+import { measureAgentWrites } from './agent-writes.ts';
 import { NODE_POOLS, nodeName, realisticNode } from './scale-nodes.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -65,6 +68,7 @@ const BUNDLE = process.env.BENCH_SCALE_BUNDLE ?? '';
 const SLOT_NODES = Number(process.env.BENCH_SCALE_SLOT_NODES ?? 1000);
 const SLOT_MAX = Number(process.env.BENCH_SCALE_SLOT_MAX ?? 50);
 const SLOT_LEASE_MS = Number(process.env.BENCH_SCALE_SLOT_LEASE_SECONDS ?? 10) * 1000;
+const AGENT_WRITES = process.env.BENCH_SCALE_AGENT_WRITES !== '0';
 const CONTROLLER_NODE_OPTIONS = process.env.BENCH_CONTROLLER_NODE_OPTIONS ?? '--max-semi-space-size=1';
 /** kubelet's nodeStatusReportFrequency: a Node's status is written at least this often. */
 const KUBELET_REPORT_MS = 5 * 60_000;
@@ -189,11 +193,9 @@ function resetPeak(pid: number): void {
 
 /** Controllers still running, ended if the benchmark is interrupted. */
 const children = new Set<ChildProcess>();
-for (const signal of ['SIGINT', 'SIGTERM'] as const) {
-  process.once(signal, () => {
-    for (const c of children) c.kill('SIGKILL');
-    process.exit(130);
-  });
+function onInterrupt(): void {
+  for (const c of children) c.kill('SIGKILL');
+  process.exit(130);
 }
 
 /** How to run `pinset`: from a checkout's sources, or a bundle (dist/pinset.mjs) run as the command it is. */
@@ -524,6 +526,7 @@ async function statusRuns(cli: Cli, kubeconfig: string) {
 export async function runScale(): Promise<Record<string, unknown>> {
   const machine = `${os.cpus().length} CPUs (${os.cpus()[0]?.model ?? '?'}), ${(os.totalmem() / 2 ** 30).toFixed(1)} GiB RAM, Node ${process.version}`;
   say(`\n## Scale: ${NODES} Nodes, ${SETS} sets (in-process API server; the controller a process of its own)\n`);
+  process.once('SIGINT', onInterrupt).once('SIGTERM', onInterrupt);
   const api = await ApiServer.start({ historyLimit: 2000 });
   const dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-bench-scale-'));
   const results: Record<string, unknown> = { machine, nodes: NODES, sets: SETS, controllerNodeOptions: CONTROLLER_NODE_OPTIONS, date: new Date().toISOString() };
@@ -595,6 +598,8 @@ export async function runScale(): Promise<Record<string, unknown>> {
       results.slots = slots;
     }
 
+    if (AGENT_WRITES) results.agentWrites = await measureAgentWrites(say);
+
     // Other builds against the same API server: a checkout before these changes, a bundle.
     const others: Cli[] = [];
     if (BEFORE) others.push(sourcesCli(BEFORE, `sources of ${BEFORE}`));
@@ -645,6 +650,7 @@ export async function runScale(): Promise<Record<string, unknown>> {
   } finally {
     await api.stop();
     await rm(dir, { recursive: true, force: true });
+    process.off('SIGINT', onInterrupt).off('SIGTERM', onInterrupt);
   }
 }
 
