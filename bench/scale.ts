@@ -3,24 +3,30 @@
 // it metadata, plus each agent's status annotation) and 20 sets, on the
 // in-process API server (test/support/apiserver.ts), which runs in this
 // process; the controller runs as its own process (`pinset controller`,
-// leader election on, the image's NODE_OPTIONS) so its memory is its own.
+// leader election and metrics on, as deployed) so its memory is its own.
 //
-//   npm run bench:scale                   # alone, about 15 minutes
+//   npm run bench:scale                   # builds dist/, then about 25 minutes
 //   BENCH_ONLY=scale npm run bench        # the same, as a section of npm run bench
 //
-// Measured (results printed as Markdown, raw in bench/scale.json):
+// Measured (printed; raw in bench/scale.json), on the bundle as shipped
+// (dist/, run with the Node.js flags of its first line; refused when built
+// from other sources), and more briefly on the sources (BENCH_SCALE_CLI,
+// default "bundle,sources": the first gets every measurement, the others
+// the controller's and `pinset status`'s):
 //   - the controller: start to every set's status written; RSS (VmRSS) and
-//     peak (VmHWM, reset before each phase through /proc/PID/clear_refs);
+//     peak (VmHWM, reset before each phase through /proc/PID/clear_refs),
+//     and V8's heap in use (its metrics); with the sets and no Node too;
 //   - the time from the last annotation change to the set's status written
 //     (the status PATCH arriving at the API server): one node changing,
-//     BENCH_SCALE_SAMPLES times; and all nodes reporting a set's new
-//     generation (two annotation writes per node, Progressing at once and
-//     Ready after a pull of random length, spread over BENCH_SCALE_ROLLOUT_SECONDS);
+//     BENCH_SCALE_SAMPLES (10) times each way; and all nodes reporting a
+//     set's new generation (two annotation writes per node, Progressing at
+//     once and Ready after a pull of random length, spread over
+//     BENCH_SCALE_ROLLOUT_SECONDS, 60);
 //   - API requests of the controller at rest, by kind, over
-//     BENCH_SCALE_REST_SECONDS, while kubelets update their Nodes' status
-//     every 5 minutes (nodeStatusReportFrequency);
+//     BENCH_SCALE_REST_SECONDS (600), while kubelets update their Nodes'
+//     status every 5 minutes (nodeStatusReportFrequency);
 //   - `pinset status` (table and JSON) over all nodes: wall time and maximum
-//     RSS (GNU time -v), median of BENCH_SCALE_STATUS_RUNS;
+//     RSS (GNU time -v), median of BENCH_SCALE_STATUS_RUNS (3);
 //   - rollout slots: BENCH_SCALE_SLOT_NODES (1000) simulated nodes following
 //     the agents' slot protocol (src/rollout/gate.ts over Lease slots) for a
 //     set with maxConcurrentNodes BENCH_SCALE_SLOT_MAX (50), slot Leases of
@@ -29,12 +35,12 @@
 //     most downloading at once, and that every one finished;
 //   - annotation writes per node per set rollout, from three real agents
 //     (bench/agent-writes.ts; BENCH_SCALE_AGENT_WRITES=0 skips it).
-// BENCH_SCALE_BEFORE=<dir of another checkout, with node_modules> and
-// BENCH_SCALE_BUNDLE=<a dist/pinset.mjs> measure that build's controller
-// (start, RSS, one node changing, a new generation on all nodes) and
-// `pinset status` against the same API server too.
-// Knobs: BENCH_SCALE_NODES (5000), BENCH_SCALE_SETS (20),
-// BENCH_CONTROLLER_NODE_OPTIONS (the Containerfile's --max-semi-space-size=1).
+// BENCH_SCALE_BEFORE=<dir of another checkout, with node_modules> measures
+// that checkout's sources the same way as the other builds, for a
+// before/after. Sources run with the bundle's Node.js flags
+// (scripts/build.ts NODE_FLAGS) unless BENCH_SCALE_NODE_FLAGS says otherwise
+// (space-separated; "" for Node's defaults). Knobs: BENCH_SCALE_NODES
+// (5000), BENCH_SCALE_SETS (20).
 import { spawn, type ChildProcess } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -49,6 +55,8 @@ import { AGENT_FIELD_MANAGER } from '../src/agent/node-sinks.ts';
 import { clientNodeLeaseApi } from '../src/rollout/lease-api.ts';
 import { LeaseRolloutSlots } from '../src/rollout/lease-slots.ts';
 import { DEFAULT_SLOT_NAMESPACE, slotFree, slotSelector } from '../src/rollout/slots.ts';
+import { NODE_FLAGS } from '../scripts/build.ts';
+import { argvFor, bundledCli } from '../test/support/agent-process.ts';
 import { ApiServer, type RecordedRequest } from '../test/support/apiserver.ts';
 import { simulateRollout } from '../test/support/rollout-agents.ts';
 import { measureAgentWrites } from './agent-writes.ts';
@@ -64,19 +72,23 @@ const ROLLOUT_SECONDS = Number(process.env.BENCH_SCALE_ROLLOUT_SECONDS ?? 60);
 const REST_SECONDS = Number(process.env.BENCH_SCALE_REST_SECONDS ?? 600);
 const STATUS_RUNS = Number(process.env.BENCH_SCALE_STATUS_RUNS ?? 3);
 const BEFORE = process.env.BENCH_SCALE_BEFORE ?? '';
-const BUNDLE = process.env.BENCH_SCALE_BUNDLE ?? '';
 const SLOT_NODES = Number(process.env.BENCH_SCALE_SLOT_NODES ?? 1000);
 const SLOT_MAX = Number(process.env.BENCH_SCALE_SLOT_MAX ?? 50);
 const SLOT_LEASE_MS = Number(process.env.BENCH_SCALE_SLOT_LEASE_SECONDS ?? 10) * 1000;
 const AGENT_WRITES = process.env.BENCH_SCALE_AGENT_WRITES !== '0';
-const CONTROLLER_NODE_OPTIONS = process.env.BENCH_CONTROLLER_NODE_OPTIONS ?? '--max-semi-space-size=1';
+/** Node.js flags for programs run from sources: the bundle's (scripts/build.ts NODE_FLAGS) unless given. */
+const SOURCE_NODE_FLAGS: string[] = process.env.BENCH_SCALE_NODE_FLAGS !== undefined ? process.env.BENCH_SCALE_NODE_FLAGS.split(' ').filter(Boolean) : [...NODE_FLAGS];
+type Build = 'bundle' | 'sources';
+const BUILDS = (process.env.BENCH_SCALE_CLI ?? 'bundle,sources').split(',').map((b) => {
+  if (b !== 'bundle' && b !== 'sources') throw new Error(`BENCH_SCALE_CLI: ${JSON.stringify(b)} is not bundle or sources`);
+  return b as Build;
+});
 /** kubelet's nodeStatusReportFrequency: a Node's status is written at least this often. */
 const KUBELET_REPORT_MS = 5 * 60_000;
 const PIN_FILE = '99-pinset-6f1c2a4e-0d7b-4c56-9a51-3e8f0b2d7c11.conf';
 const SETS_PATH = '/apis/pinset.dev/v1alpha1/pinnedimagesets';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-const THIS_CHECKOUT = 'this checkout (sources)';
 const say = (line = '') => process.stdout.write(`${line}\n`);
 const mb = (kb: number) => +(kb / 1024).toFixed(1);
 
@@ -198,38 +210,30 @@ function onInterrupt(): void {
   process.exit(130);
 }
 
-/** How to run `pinset`: from a checkout's sources, or a bundle (dist/pinset.mjs) run as the command it is. */
+/** How to run `pinset`: the bundle (dist/pinset.mjs) with the Node.js flags of its first line, or a checkout's sources. */
 interface Cli {
   label: string;
   /** The command and the arguments before the subcommand. */
   argv: string[];
   cwd: string;
-  /** Environment of the controller (the image's NODE_OPTIONS for sources; a bundle carries its flags). */
-  controllerEnv: NodeJS.ProcessEnv;
-  /** Environment of `pinset status` (as a person runs it). */
-  statusEnv: NodeJS.ProcessEnv;
+  env: NodeJS.ProcessEnv;
 }
 
-function withoutNodeOptions(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
-  const out = { ...env };
-  delete out.NODE_OPTIONS;
-  return out;
+/** This process's environment without NODE_OPTIONS: the flags are on the command line. */
+function cleanEnv(): NodeJS.ProcessEnv {
+  const env = { ...process.env };
+  delete env.NODE_OPTIONS;
+  return env;
 }
 
 function sourcesCli(root: string, label: string): Cli {
-  return {
-    label,
-    argv: [NODE, path.join(root, 'src/cli/main.ts')],
-    cwd: root,
-    controllerEnv: { ...process.env, NODE_OPTIONS: CONTROLLER_NODE_OPTIONS },
-    statusEnv: withoutNodeOptions(process.env),
-  };
+  return { label, argv: [NODE, ...SOURCE_NODE_FLAGS, path.join(root, 'src/cli/main.ts')], cwd: root, env: cleanEnv() };
 }
 
-function bundleCli(file: string): Cli {
-  // Its first line is `#!/usr/bin/env -S node <flags>`: Node.js 24 first on the PATH.
-  const env = withoutNodeOptions({ ...process.env, PATH: `${path.dirname(NODE)}:${process.env.PATH ?? ''}` });
-  return { label: `bundle ${file}`, argv: [file], cwd: path.dirname(file), controllerEnv: env, statusEnv: env };
+async function cliOf(build: Build): Promise<Cli> {
+  if (build === 'sources') return sourcesCli(ROOT, 'sources');
+  // Refuses a dist/ built from other sources than these.
+  return { label: 'bundle', argv: [NODE, ...argvFor(await bundledCli())], cwd: ROOT, env: cleanEnv() };
 }
 
 async function freePort(): Promise<number> {
@@ -254,7 +258,7 @@ class ControllerProcess {
     this.child = spawn(
       command!,
       [...pre, 'controller', '--kubeconfig', kubeconfig, '--identity', 'bench-controller', '--metrics-addr', `127.0.0.1:${metricsPort}`, '--log-level', 'info'],
-      { cwd: cli.cwd, env: cli.controllerEnv, stdio: ['ignore', 'pipe', 'pipe'] },
+      { cwd: cli.cwd, env: cli.env, stdio: ['ignore', 'pipe', 'pipe'] },
     );
     children.add(this.child);
     this.child.once('exit', () => children.delete(this.child));
@@ -507,7 +511,7 @@ async function slotRollout(api: ApiServer) {
 }
 
 async function statusRuns(cli: Cli, kubeconfig: string) {
-  const env: NodeJS.ProcessEnv = { ...cli.statusEnv, COLUMNS: '200' };
+  const env: NodeJS.ProcessEnv = { ...cli.env, COLUMNS: '200' };
   const out: Record<string, { ms: number; maxRssMb: number; outputBytes: number }> = {};
   for (const output of ['table', 'json']) {
     const runs = [];
@@ -529,14 +533,17 @@ export async function runScale(): Promise<Record<string, unknown>> {
   process.once('SIGINT', onInterrupt).once('SIGTERM', onInterrupt);
   const api = await ApiServer.start({ historyLimit: 2000 });
   const dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-bench-scale-'));
-  const results: Record<string, unknown> = { machine, nodes: NODES, sets: SETS, controllerNodeOptions: CONTROLLER_NODE_OPTIONS, date: new Date().toISOString() };
+  const clis = await Promise.all(BUILDS.map(cliOf));
+  const main = clis[0]!;
+  say(`measured: ${clis.map((c) => `${c.label} (${c.argv.join(' ')})`).join('; ')}${BEFORE ? `; and the sources of ${BEFORE}` : ''}`);
+  const results: Record<string, unknown> = { machine, nodes: NODES, sets: SETS, builds: clis.map((c) => ({ label: c.label, argv: c.argv })), date: new Date().toISOString() };
   try {
     const kubeconfig = await api.writeKubeconfig(dir);
     const sets = createSets(api);
 
     // What the controller holds with the sets and no Node: Node.js, the Kubernetes client, the caches empty.
     {
-      const empty = await startController(api, sourcesCli(ROOT, THIS_CHECKOUT), kubeconfig, sets, true);
+      const empty = await startController(api, main, kubeconfig, sets, true);
       await sleep(10_000);
       const base = procStatus(empty.c.pid);
       const heap = await empty.c.heapUsedMb();
@@ -551,7 +558,7 @@ export async function runScale(): Promise<Record<string, unknown>> {
     results.nodeSizes = sizes;
 
     // The controller on this checkout.
-    const { c, startMs, nodeListRequests, nodeListAccept, nodeListLimit } = await startController(api, sourcesCli(ROOT, THIS_CHECKOUT), kubeconfig, sets);
+    const { c, startMs, nodeListRequests, nodeListAccept, nodeListLimit } = await startController(api, main, kubeconfig, sets);
     try {
       say(`controller: every set rolled up ${startMs} ms after start; Nodes listed in ${nodeListRequests} request(s), limit ${nodeListLimit || 'none'}, Accept ${nodeListAccept}`);
       await sleep(10_000);
@@ -584,7 +591,7 @@ export async function runScale(): Promise<Record<string, unknown>> {
     } finally {
       await c.stop();
     }
-    const status = await statusRuns(sourcesCli(ROOT, THIS_CHECKOUT), kubeconfig);
+    const status = await statusRuns(main, kubeconfig);
     say(`pinset status over ${NODES} nodes: table ${status.table!.ms} ms, max RSS ${status.table!.maxRssMb} MB; -o json ${status.json!.ms} ms, max RSS ${status.json!.maxRssMb} MB`);
     results.status = status;
 
@@ -600,10 +607,9 @@ export async function runScale(): Promise<Record<string, unknown>> {
 
     if (AGENT_WRITES) results.agentWrites = await measureAgentWrites(say);
 
-    // Other builds against the same API server: a checkout before these changes, a bundle.
-    const others: Cli[] = [];
+    // The other builds against the same API server: the sources, a checkout before these changes.
+    const others: Cli[] = clis.slice(1);
     if (BEFORE) others.push(sourcesCli(BEFORE, `sources of ${BEFORE}`));
-    if (BUNDLE) others.push(bundleCli(BUNDLE));
     const otherResults: Record<string, unknown>[] = [];
     for (const cli of others) {
       const o = await startController(api, cli, kubeconfig, sets);
