@@ -308,13 +308,13 @@ describe('status table pieces', () => {
     }
   });
 
-  test('a table of 100000 rows: a header and a line per row, columns as wide as the widest value', () => {
+  test('a table of 250000 rows: a header and a line per row, columns as wide as the widest value', () => {
     const row = { node: 'n', set: 's', phase: 'Ready', images: '1/1', generation: '1/1', age: '1m', estimate: '-', error: '' };
-    const rows = Array.from({ length: 100_000 }, (_, i) => ({ ...row, node: `node-${i}` }));
+    const rows = Array.from({ length: 250_000 }, (_, i) => ({ ...row, node: `node-${i}` }));
     const lines = [...tableLines(rows, 120)];
-    assert.equal(lines.length, 100_001);
-    assert.match(lines[100_000]!, /^node-99999 {3}s/);
-    assert.match(lines[1]!, /^node-0 {7}s/, 'node-0 padded to the width of node-99999');
+    assert.equal(lines.length, 250_001);
+    assert.match(lines[250_000]!, /^node-249999 {3}s/);
+    assert.match(lines[1]!, /^node-0 {8}s/, 'node-0 padded to the width of node-249999');
   });
 });
 
