@@ -220,24 +220,68 @@ function jsonItem(r: NodeReport, setName: string | undefined): JsonItem {
 }
 
 /**
- * `{"nodes": [...]}` exactly as JSON.stringify(doc, null, 2) writes it, item
- * by item, so thousands of nodes never make one string.
+ * `{"nodes": [...]}` exactly as JSON.stringify(doc, null, 2) writes it, in
+ * pieces (one per item), so thousands of nodes never make one string.
  */
-export function writeJsonNodes(items: readonly JsonItem[], write: (text: string) => void): void {
+export function* jsonPieces(items: readonly JsonItem[]): Generator<string> {
   if (items.length === 0) {
-    write('{\n  "nodes": []\n}\n');
+    yield '{\n  "nodes": []\n}\n';
     return;
   }
-  write('{\n  "nodes": [\n');
-  let batch = '';
-  items.forEach((item, i) => {
-    batch += JSON.stringify(item, null, 2).replace(/^/gm, '    ') + (i < items.length - 1 ? ',\n' : '\n');
-    if (batch.length > 1 << 16) {
-      write(batch);
+  yield '{\n  "nodes": [\n';
+  for (let i = 0; i < items.length; i++) yield JSON.stringify(items[i], null, 2).replace(/^/gm, '    ') + (i < items.length - 1 ? ',\n' : '\n');
+  yield '  ]\n}\n';
+}
+
+/** Pieces of output are written in batches of about this many characters. */
+const WRITE_BATCH = 1 << 16;
+
+/**
+ * Writes the pieces to `out` in batches, waiting for 'drain' whenever the
+ * stream asks to: process.stdout on a pipe writes asynchronously, so a
+ * loop that never waits holds the whole output in memory until the reader
+ * catches up (27 MB of JSON over 5000 Nodes doubled the peak RSS of
+ * `pinset status -o json | ...`; BENCHMARKS.md, "Scale"). Resolves with
+ * the stream's error if it has one (EPIPE: the reader went away), and
+ * writes nothing after it.
+ */
+export async function writePieces(pieces: Iterable<string>, out: NodeJS.WritableStream): Promise<Error | undefined> {
+  let failed: Error | undefined;
+  const onError = (err: Error) => {
+    failed ??= err;
+  };
+  out.on('error', onError);
+  const drained = () =>
+    new Promise<void>((resolve) => {
+      const done = () => {
+        out.off('drain', done);
+        out.off('error', done);
+        out.off('close', done);
+        resolve();
+      };
+      out.on('drain', done).on('error', done).on('close', done);
+    });
+  try {
+    let batch = '';
+    const flush = async () => {
+      const ok = out.write(batch);
       batch = '';
+      if (!ok && !failed) await drained();
+    };
+    for (const piece of pieces) {
+      if (failed) return failed;
+      batch += piece;
+      if (batch.length >= WRITE_BATCH) await flush();
     }
-  });
-  write(`${batch}  ]\n}\n`);
+    if (batch && !failed) await flush();
+    return failed;
+  } finally {
+    out.off('error', onError);
+  }
+}
+
+function* terminated(lines: Iterable<string>): Generator<string> {
+  for (const line of lines) yield `${line}\n`;
 }
 
 const byName = <T extends { name: string }>(a: T, b: T) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
@@ -299,27 +343,13 @@ export async function run(argv: string[]): Promise<number> {
   }
   kept.sort(byName);
 
-  const write = (text: string) => void process.stdout.write(text);
-  if (json) {
-    writeJsonNodes(
-      kept.map((k) => k.item!),
-      write,
-    );
-    return 0;
+  const rows = json ? [] : kept.flatMap((k) => k.rows ?? []);
+  const empty = setName ? `No node reports on set ${setName}.\n` : 'No nodes found.\n';
+  const pieces = json ? jsonPieces(kept.map((k) => k.item!)) : rows.length === 0 ? [empty] : terminated(tableLines(rows, terminalWidth(), values.output === 'wide'));
+  const err = await writePieces(pieces, process.stdout);
+  if (err && (err as NodeJS.ErrnoException).code !== 'EPIPE') {
+    process.stderr.write(`pinset status: cannot write the output: ${err.message}\n`);
+    return 1;
   }
-  const rows = kept.flatMap((k) => k.rows ?? []);
-  if (rows.length === 0) {
-    write(setName ? `No node reports on set ${setName}.\n` : 'No nodes found.\n');
-    return 0;
-  }
-  let batch = '';
-  for (const line of tableLines(rows, terminalWidth(), values.output === 'wide')) {
-    batch += `${line}\n`;
-    if (batch.length > 1 << 16) {
-      write(batch);
-      batch = '';
-    }
-  }
-  write(batch);
   return 0;
 }

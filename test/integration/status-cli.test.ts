@@ -2,15 +2,16 @@
 // the in-process API server holding Nodes with status annotations.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { Readable, Writable } from 'node:stream';
 import { ApiServer } from '../support/apiserver.ts';
 import { METADATA_LIST_ACCEPT } from '../../src/api/list-pages.ts';
 import { STATUS_ANNOTATION, type NodeSetStatus } from '../../src/api/types.ts';
-import { formatAge, renderTable, statusRows, tableLines, writeJsonNodes, type JsonItem } from '../../src/cli/status.ts';
+import { formatAge, jsonPieces, renderTable, statusRows, tableLines, writePieces, type JsonItem } from '../../src/cli/status.ts';
 import { encodeNodeStatus } from '../../src/api/node-status.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '../..');
@@ -236,6 +237,58 @@ describe('pinset status', () => {
     }
   });
 
+  test('a reader that stops early (`| head`): the output stops, exit 0, nothing on stderr; a slow reader gets all of it', async () => {
+    // Enough nodes that the output is many times a pipe's 64 KiB.
+    const big = await ApiServer.start();
+    const bigDir = await mkdtemp(path.join(tmpdir(), 'pinset-status-big-'));
+    try {
+      const file = await big.writeKubeconfig(bigDir);
+      const sets = Array.from({ length: 8 }, (_, k) => entry({ name: `set-${k}`, uid: `uid-${k}` }));
+      for (let i = 0; i < 400; i++) big.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: `node-${String(i).padStart(3, '0')}`, annotations: { [STATUS_ANNOTATION]: reportV2(60_000, sets) } } });
+      const run = (reader: (out: Readable) => Promise<string>) =>
+        new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve, reject) => {
+          const child = spawn(NODE, ['src/cli/main.ts', 'status', '--kubeconfig', file, '-o', 'json'], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+          let stderr = '';
+          child.stderr.setEncoding('utf8').on('data', (c: string) => (stderr += c));
+          const timer = setTimeout(() => child.kill('SIGKILL'), 30_000);
+          const out = reader(child.stdout);
+          child.once('error', reject).once('close', (code) => {
+            clearTimeout(timer);
+            void out.then((stdout) => resolve({ code, stdout, stderr }));
+          });
+        });
+
+      const head = await run(
+        (out) =>
+          new Promise((resolve) => {
+            out.once('data', (c: Buffer) => {
+              out.destroy();
+              resolve(c.toString());
+            });
+          }),
+      );
+      assert.equal(head.code, 0, head.stderr);
+      assert.equal(head.stderr, '');
+      assert.match(head.stdout, /^\{\n {2}"nodes": \[/);
+
+      const slow = await run(async (out) => {
+        let text = '';
+        for await (const c of out) {
+          text += String(c);
+          await new Promise((r) => setTimeout(r, 2));
+        }
+        return text;
+      });
+      assert.equal(slow.code, 0, slow.stderr);
+      const doc = JSON.parse(slow.stdout) as { nodes: { node: string }[] };
+      assert.equal(doc.nodes.length, 400);
+      assert.ok(slow.stdout.length > 10 * 65536, `${slow.stdout.length} bytes`);
+    } finally {
+      await big.stop();
+      await rm(bigDir, { recursive: true, force: true });
+    }
+  });
+
   test('a bad -o value is a usage error', async () => {
     const { code, stderr } = await pinset(['--kubeconfig', kubeconfig, '-o', 'yaml']);
     assert.equal(code, 2);
@@ -301,11 +354,53 @@ describe('status table pieces', () => {
       ...(i % 11 === 0 ? { error: 'not JSON' } : {}),
     }));
     for (const list of [items, items.slice(0, 1), []]) {
-      const chunks: string[] = [];
-      writeJsonNodes(list, (t) => chunks.push(t));
-      assert.equal(chunks.join(''), `${JSON.stringify({ nodes: list }, null, 2)}\n`);
-      if (list.length === 300) assert.ok(chunks.length > 2, 'written in pieces');
+      const pieces = [...jsonPieces(list)];
+      assert.equal(pieces.join(''), `${JSON.stringify({ nodes: list }, null, 2)}\n`);
+      assert.equal(pieces.length, list.length === 0 ? 1 : list.length + 2, 'one piece per item, an opening and a closing');
     }
+  });
+
+  test('output waits for the reader: no write while the stream asks for a drain, and all of it arrives', async () => {
+    const received: string[] = [];
+    let writesWhileFull = 0;
+    let writes = 0;
+    // A reader slower than the writer: each chunk taken on a later turn of the event loop.
+    const out = new Writable({
+      highWaterMark: 1024,
+      write(chunk: Buffer, _enc, done) {
+        received.push(chunk.toString());
+        setImmediate(done);
+      },
+    });
+    const write = out.write.bind(out) as (chunk: string) => boolean;
+    out.write = ((chunk: string) => {
+      writes++;
+      if (out.writableNeedDrain) writesWhileFull++;
+      return write(chunk);
+    }) as typeof out.write;
+    const pieces = Array.from({ length: 5000 }, (_, i) => `line ${i} ${'x'.repeat(80)}\n`);
+    assert.equal(await writePieces(pieces, out), undefined);
+    assert.equal(received.join(''), pieces.join(''));
+    assert.ok(writes > 2, `written in batches (${writes} writes)`);
+    assert.equal(writesWhileFull, 0, 'never wrote to a stream waiting for a drain');
+  });
+
+  test('a write error stops the output: the error is returned and no further piece is read', async () => {
+    let taken = 0;
+    function* pieces() {
+      for (let i = 0; i < 1000; i++) {
+        taken++;
+        yield 'y'.repeat(1000);
+      }
+    }
+    const out = new Writable({
+      write(_chunk, _enc, done) {
+        done(Object.assign(new Error('write EPIPE'), { code: 'EPIPE' }));
+      },
+    });
+    const err = await writePieces(pieces(), out);
+    assert.equal((err as NodeJS.ErrnoException | undefined)?.code, 'EPIPE');
+    assert.ok(taken < 1000, `stopped after ${taken} of 1000 pieces`);
   });
 
   test('a table of 250000 rows: a header and a line per row, columns as wide as the widest value', () => {
