@@ -40,7 +40,8 @@
 // before/after. Sources run with the bundle's Node.js flags
 // (scripts/build.ts NODE_FLAGS) unless BENCH_SCALE_NODE_FLAGS says otherwise
 // (space-separated; "" for Node's defaults). Knobs: BENCH_SCALE_NODES
-// (5000), BENCH_SCALE_SETS (20).
+// (5000), BENCH_SCALE_SETS (20), BENCH_SCALE_RESULTS (the raw results' file,
+// bench/scale.json).
 import { spawn, type ChildProcess } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -64,7 +65,7 @@ import { NODE_POOLS, nodeName, realisticNode } from './scale-nodes.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const NODE = path.join(ROOT, 'node_modules/.bin/node');
-const RESULTS = fileURLToPath(new URL('./scale.json', import.meta.url));
+const RESULTS = process.env.BENCH_SCALE_RESULTS ? path.resolve(process.env.BENCH_SCALE_RESULTS) : fileURLToPath(new URL('./scale.json', import.meta.url));
 const NODES = Number(process.env.BENCH_SCALE_NODES ?? 5000);
 const SETS = Number(process.env.BENCH_SCALE_SETS ?? 20);
 const SAMPLES = Number(process.env.BENCH_SCALE_SAMPLES ?? 10);
