@@ -1,9 +1,9 @@
 // `pinset status`: what each agent reports in its Node's `pinset.dev/status`
 // annotation, as a node-by-set table or as JSON. Nodes are listed as
 // metadata only (PartialObjectMetadataList: no status.images, conditions or
-// spec), in pages of --chunk-size, and of each only its name, labels and
-// parsed report are kept: over 5000 Nodes that is a few MB, where the whole
-// Nodes in one answer are hundreds (BENCHMARKS.md, "Scale").
+// spec), in pages of --chunk-size, and of each only its rows of the table
+// (or its JSON item) are kept: over 5000 Nodes it peaks at 131 MB, where
+// whole Nodes in one answer took 506 MB (BENCHMARKS.md, "Scale: 5000 Nodes").
 import type { KubeConfig } from '@kubernetes/client-node';
 import { KubeApiError, KubeHttp } from '../api/kube-http.ts';
 import { DEFAULT_PAGE_SIZE, listAll, METADATA_LIST_ACCEPT } from '../api/list-pages.ts';
@@ -240,10 +240,10 @@ const WRITE_BATCH = 1 << 16;
  * Writes the pieces to `out` in batches, waiting for 'drain' whenever the
  * stream asks to: process.stdout on a pipe writes asynchronously, so a
  * loop that never waits holds the whole output in memory until the reader
- * catches up (27 MB of JSON over 5000 Nodes doubled the peak RSS of
- * `pinset status -o json | ...`; BENCHMARKS.md, "Scale"). Resolves with
- * the stream's error if it has one (EPIPE: the reader went away), and
- * writes nothing after it.
+ * catches up (the 27 MB of JSON over 5000 Nodes took `pinset status -o
+ * json | ...` from 114 to 195 MB; BENCHMARKS.md, "Scale: 5000 Nodes").
+ * Resolves with the stream's error if it has one (EPIPE: the reader went
+ * away), and writes nothing after it.
  */
 export async function writePieces(pieces: Iterable<string>, out: NodeJS.WritableStream): Promise<Error | undefined> {
   let failed: Error | undefined;

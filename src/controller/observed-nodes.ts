@@ -6,10 +6,10 @@
 // compact copy drops the image counts, the agent's file name, the time, and
 // messages of sets that are not Degraded, and shares what nodes repeat: set
 // entries, whole lists of them, label values. Measured by
-// bench/node-cache-heap.ts (BENCHMARKS.md, "Scale"): at 5000 Nodes the whole
-// Nodes took 126 MB of heap, their metadata 16 MB, the annotation parsed
-// whole with the labels 19 MB, its text with the labels 8 MB (to be parsed
-// again at every roll-up), and this copy 2.5 MB.
+// bench/node-cache-heap.ts (BENCHMARKS.md, "Scale: 5000 Nodes"): at 5000
+// Nodes the whole Nodes took 126 MB of heap, their metadata 16 MB, the
+// annotation parsed whole with the labels 19 MB, its text with the labels
+// 8 MB (to be parsed again at every roll-up), and this copy 2.5 MB.
 import { readNodeStatus } from '../api/node-status.ts';
 import type { KubeObjectLike } from '../api/list-watch.ts';
 import type { ObservedNode, ReportReading, SetReport } from './rollup.ts';
