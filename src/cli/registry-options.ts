@@ -33,17 +33,3 @@ export async function registryClientFrom(values: FlagValues, command: string, st
   if ((values.parallel as number) < 1) throw new UsageError('--parallel must be at least 1');
   return new RegistryClient({ registries, credentials, timeoutMs: values.timeout as number, userAgent: 'pinset' });
 }
-
-/** Run `fn` over `items` with at most `limit` at once; results in input order. */
-export async function mapLimit<T, R>(items: readonly T[], limit: number, fn: (item: T, index: number) => Promise<R>): Promise<R[]> {
-  const out = new Array<R>(items.length);
-  let next = 0;
-  const worker = async () => {
-    while (next < items.length) {
-      const i = next++;
-      out[i] = await fn(items[i]!, i);
-    }
-  };
-  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
-  return out;
-}

@@ -20,7 +20,8 @@ import { formatImageName, parseImageName, pinnedReference, type ImageName } from
 import { ReleaseError, readReleaseImages } from '../registry/release.ts';
 import { helpText, parseFlags, UsageError, type FlagSpec, type FlagValues } from '../util/flags.ts';
 import { readInputs, STDIN_LABEL, type InputSet } from './image-input.ts';
-import { mapLimit, REGISTRY_FLAGS, registryClientFrom } from './registry-options.ts';
+import { mapLimit } from '../util/limit.ts';
+import { REGISTRY_FLAGS, registryClientFrom } from './registry-options.ts';
 
 export const RESOLVE_FLAGS: readonly FlagSpec[] = [
   { name: 'output', short: 'o', type: 'string', choices: ['yaml', 'json'], default: 'yaml', help: 'output format' },

@@ -10,7 +10,8 @@ import { formatImageName, parseImageName, type ImageName } from '../registry/nam
 import { DEFAULT_DISK_ESTIMATE_FACTOR, distinctBytes, formatBytes, imageCost, PlatformNotFoundError, type ImageCost } from '../registry/size.ts';
 import { helpText, parseFlags, UsageError, type FlagSpec } from '../util/flags.ts';
 import { readInputs } from './image-input.ts';
-import { mapLimit, REGISTRY_FLAGS, registryClientFrom } from './registry-options.ts';
+import { mapLimit } from '../util/limit.ts';
+import { REGISTRY_FLAGS, registryClientFrom } from './registry-options.ts';
 import type { CommandIO } from './resolve.ts';
 
 
