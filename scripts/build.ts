@@ -18,10 +18,12 @@
 // dist/build-info.json records a hash of everything the bundle is made from,
 // so the end-to-end tests and the benchmarks can refuse a stale bundle
 // (bundleProblem below).
+import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { chmod, cp, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { builtinModules } from 'node:module';
 import path from 'node:path';
+import { pathToFileURL } from 'node:url';
 import type * as esbuild from 'esbuild';
 
 export const ROOT = path.resolve(import.meta.dirname, '..');
@@ -203,6 +205,7 @@ export async function build(opts: { outdir?: string } = {}): Promise<BuildResult
     await writeFile(path.join(staging, 'meta.json'), JSON.stringify(result.metafile));
     await writeFile(path.join(staging, 'licenses.txt'), await licenses(result.metafile));
     for (const name of Object.keys(ENTRIES)) await setHashbang(path.join(staging, `${name}.mjs`));
+    await bakeCompileCache(staging);
     const info: BuildInfo = { sourceHash: hash, nodeFlags: NODE_FLAGS, esbuild: esbuild.version, builtAt: new Date().toISOString() };
     await writeFile(path.join(staging, BUILD_INFO), JSON.stringify(info, null, 2) + '\n');
     await rm(outdir, { recursive: true, force: true });
@@ -212,6 +215,43 @@ export async function build(opts: { outdir?: string } = {}): Promise<BuildResult
   } finally {
     await rm(staging, { recursive: true, force: true });
   }
+}
+
+/**
+ * The folder in dist/ that holds V8's code cache for the bundle's modules:
+ * scripts/bundle-entries/pinset.ts turns the cache on there before it loads
+ * a command.
+ */
+export const COMPILE_CACHE = 'compile-cache';
+
+/**
+ * Fill dist/compile-cache: a Node.js with NODE_FLAGS (the cache is only
+ * taken by a Node.js of the same version and V8 flags) imports every file
+ * of the bundle but the programs themselves, and Node.js writes each
+ * module's code cache (portable: named relative to the folder, so it holds
+ * wherever dist/ is copied). Built as the user who builds, as the image's
+ * build stage does as root: Node.js keeps one cache per user, so the agent
+ * (root) finds it; a process of another user compiles as without it.
+ * Importing runs each file's top level, which only defines things: the
+ * programs (not imported here) are what start a command.
+ */
+async function bakeCompileCache(dir: string): Promise<void> {
+  const programs = new Set(Object.keys(ENTRIES).map((n) => `${n}.mjs`));
+  const files = (await readdir(dir)).filter((f) => f.endsWith('.mjs') && !programs.has(f)).sort();
+  const script = [
+    "import module from 'node:module';",
+    `const r = module.enableCompileCache({ directory: ${JSON.stringify(path.join(dir, COMPILE_CACHE))}, portable: true });`,
+    "if (r.status !== module.constants.compileCacheStatus.ENABLED) throw new Error(`compile cache: ${r.message ?? r.status}`);",
+    `for (const f of ${JSON.stringify(files.map((f) => pathToFileURL(path.join(dir, f)).href))}) await import(f);`,
+    'module.flushCompileCache();',
+    'process.exit(0);',
+  ].join('\n');
+  const env: NodeJS.ProcessEnv = { PATH: process.env.PATH, HOME: process.env.HOME };
+  await new Promise<void>((resolve, reject) => {
+    execFile(process.execPath, [...NODE_FLAGS, '--input-type=module', '-e', script], { env, timeout: 120_000 }, (err, _stdout, stderr) =>
+      err ? reject(new Error(`build: baking the compile cache failed: ${stderr || err.message}`)) : resolve(),
+    );
+  });
 }
 
 /** Mark the modules whose path matches as free of import-time side effects, so tree shaking may drop them whole. */

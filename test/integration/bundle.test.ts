@@ -9,7 +9,7 @@
 // the bundle trims it: scripts/build.ts pureModules, slimUndici).
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
-import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -119,6 +119,18 @@ describe('the bundle', () => {
     assert.equal(plugin.code, 0, plugin.stderr);
     assert.match(plugin.stdout, /^usage: kubectl pinset /);
     assert.doesNotMatch(plugin.stdout, /\bagent\b/, 'the daemons are not kubectl verbs');
+  });
+
+  test('a command\'s modules come from the code cache baked into the bundle, wherever it is copied, and nothing is compiled anew', async () => {
+    // Moved as the image and the systemd unit move it (the cache names its modules relative to itself).
+    const moved = path.join(tmp, 'moved', 'lib');
+    await mkdir(path.dirname(moved), { recursive: true });
+    await cp(dist, moved, { recursive: true });
+    const r = await runBundle(moved, ['agent', '--help'], tmp, { NODE_DEBUG_NATIVE: 'COMPILE_CACHE' });
+    assert.equal(r.code, 0, r.stderr);
+    const agent = path.basename(outputOf(meta, 'src/agent/main.ts'));
+    assert.match(r.stderr, new RegExp(`V8 code cache for ESM file://${moved}/${agent.replace('.', '\\.')} was accepted`), r.stderr);
+    assert.doesNotMatch(r.stderr, /was rejected|writing cache for/, r.stderr);
   });
 
   test('the agent loads the Kubernetes client, prom-client, the D-Bus client and systeminformation only on demand', () => {
