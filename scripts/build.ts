@@ -4,7 +4,9 @@
 // modules for Node.js 24, tree-shaken and minified, with code splitting: every
 // dynamic import() of the sources stays a separate file loaded only when that
 // code runs (each command; in the agent the Kubernetes client, the D-Bus
-// client, prom-client and systeminformation). proto/ is copied to dist/proto.
+// client, prom-client and systeminformation). proto/ is copied to dist/proto
+// as the reference of the wire format; the CRI client carries its JSON
+// descriptor inline (src/cri/wire.ts).
 //
 // Why a bundle: Node.js keeps the source text and compiled code of every
 // module it loads, and importing @kubernetes/client-node from node_modules
@@ -183,9 +185,6 @@ export async function build(opts: { outdir?: string } = {}): Promise<BuildResult
       // CommonJS dependencies call require() for Node.js built-ins; an ES
       // module has none, so each file gets one.
       banner: { js: "import{createRequire as __pinsetCreateRequire}from'node:module';const require=__pinsetCreateRequire(import.meta.url);" },
-      // src/cri/client.ts finds proto/ two folders up from itself in the
-      // sources; in the bundle proto/ is copied beside the files.
-      define: { PINSET_BUNDLE_PROTO_PATH: JSON.stringify('./proto/cri-image.proto') },
       // Never inline one of these: a run-time require() of a package that is
       // not there must be one of the optional ones (checked below).
       external: OPTIONAL_AT_RUNTIME,

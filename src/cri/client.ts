@@ -1,19 +1,11 @@
 // CriImageRuntime: the ImageRuntime seam over CRI v1 gRPC (CRI-O in
 // production, containerd or a stand-in in tests). The wire definitions are
-// the subset in proto/cri-image.proto.
-import { fileURLToPath } from 'node:url';
+// the subset in proto/cri-image.proto, read from its JSON descriptor
+// (./wire.ts).
 import * as grpc from '@grpc/grpc-js';
-import * as protoLoader from '@grpc/proto-loader';
 import { classifyGrpcError } from './classify.ts';
 import type { ImageFilesystem, ImageRuntime, PullAuth, PullOptions, RuntimeImage, RuntimeInfo } from './runtime.ts';
-
-// In the sources proto/ is two folders up from this file; the bundle
-// (scripts/build.ts) copies it beside its own files and says so here.
-declare const PINSET_BUNDLE_PROTO_PATH: string | undefined;
-export const PROTO_PATH = fileURLToPath(
-  new URL(typeof PINSET_BUNDLE_PROTO_PATH === 'string' ? PINSET_BUNDLE_PROTO_PATH : '../../proto/cri-image.proto', import.meta.url),
-);
-export const LOADER_OPTIONS: protoLoader.Options = { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true };
+import { criMethod, type CriService } from './wire.ts';
 
 /** Deadlines for every call but PullImage, which has none (slow is not stuck). */
 export interface CallDeadlines {
@@ -31,15 +23,6 @@ interface WireImage {
   size: number;
   pinned: boolean;
   spec?: { image?: string; runtimeHandler?: string } | null;
-}
-
-type Unary = (req: object, md: grpc.Metadata, opts: grpc.CallOptions, cb: (err: grpc.ServiceError | null, res: any) => void) => grpc.ClientUnaryCall;
-type ServiceClient = grpc.Client & Record<string, Unary>;
-
-let cachedPackage: grpc.GrpcObject | undefined;
-export function loadCriPackage(): grpc.GrpcObject {
-  cachedPackage ??= grpc.loadPackageDefinition(protoLoader.loadSync(PROTO_PATH, LOADER_OPTIONS));
-  return cachedPackage;
 }
 
 function toImage(w: WireImage): RuntimeImage {
@@ -73,8 +56,7 @@ export function criTarget(endpoint: string): string {
 }
 
 function closeConnection(c: Connection): void {
-  c.images.close();
-  c.runtime.close();
+  c.client.close();
 }
 
 /** The file path of a unix-socket endpoint ("unix:///run/x.sock", "/run/x.sock"), or null for anything else. */
@@ -83,10 +65,9 @@ export function unixSocketPath(endpoint: string): string | null {
   return t.startsWith('unix://') ? t.slice('unix://'.length) : null;
 }
 
-/** One gRPC channel with its two service clients, and the calls running on it. */
+/** One gRPC channel (both services' calls go over it), and the calls running on it. */
 interface Connection {
-  images: ServiceClient;
-  runtime: ServiceClient;
+  client: grpc.Client;
   inflight: number;
   /** A call on it failed because the runtime could not be reached. */
   broken: boolean;
@@ -104,17 +85,11 @@ export class CriImageRuntime implements ImageRuntime {
   }
 
   private connect(): Connection {
-    const pkg = loadCriPackage() as any;
-    const v1 = pkg.runtime.v1;
-    const target = criTarget(this.endpoint);
     const options: grpc.ChannelOptions = {
       // Large ListImages answers (thousands of images) exceed the 4 MiB default.
       'grpc.max_receive_message_length': 64 * 1024 * 1024,
     };
-    const images = new v1.ImageService(target, grpc.credentials.createInsecure(), options) as ServiceClient;
-    // Share the channel between the two services.
-    const runtime = new v1.RuntimeService(target, grpc.credentials.createInsecure(), { ...options, channelOverride: images.getChannel() }) as ServiceClient;
-    return { images, runtime, inflight: 0, broken: false };
+    return { client: new grpc.Client(criTarget(this.endpoint), grpc.credentials.createInsecure(), options), inflight: 0, broken: false };
   }
 
   /**
@@ -134,18 +109,18 @@ export class CriImageRuntime implements ImageRuntime {
     return this.conn;
   }
 
-  private call<T>(which: 'images' | 'runtime', method: string, req: object, deadlineMs: number | undefined, signal?: AbortSignal): Promise<T> {
+  private call<T>(service: CriService, name: string, req: object, deadlineMs: number | undefined, signal?: AbortSignal): Promise<T> {
     const conn = this.current();
-    const client = conn[which];
+    const method = criMethod(service, name);
     conn.inflight++;
     return new Promise<T>((resolve, reject) => {
       const opts: grpc.CallOptions = deadlineMs ? { deadline: Date.now() + deadlineMs } : {};
-      const call = client[method]!.call(client, req, new grpc.Metadata(), opts, (err, res) => {
+      const call = conn.client.makeUnaryRequest(method.path, method.serialize, method.deserialize, req, new grpc.Metadata(), opts, (err, res) => {
         signal?.removeEventListener('abort', onAbort);
         conn.inflight--;
         if (err && err.code === grpc.status.UNAVAILABLE) conn.broken = true;
         if (conn !== this.conn && conn.inflight === 0) closeConnection(conn);
-        if (err) reject(classifyGrpcError(err, method));
+        if (err) reject(classifyGrpcError(err, name));
         else resolve(res as T);
       });
       const onAbort = () => call.cancel();
@@ -157,28 +132,28 @@ export class CriImageRuntime implements ImageRuntime {
   }
 
   async version(): Promise<RuntimeInfo> {
-    const r = await this.call<{ runtimeName: string; runtimeVersion: string; runtimeApiVersion: string }>('runtime', 'Version', { version: 'v1' }, this.deadlines.version);
+    const r = await this.call<{ runtimeName: string; runtimeVersion: string; runtimeApiVersion: string }>('RuntimeService', 'Version', { version: 'v1' }, this.deadlines.version);
     return { runtimeName: r.runtimeName, runtimeVersion: r.runtimeVersion, runtimeApiVersion: r.runtimeApiVersion };
   }
 
   async listImages(): Promise<RuntimeImage[]> {
-    const r = await this.call<{ images: WireImage[] }>('images', 'ListImages', {}, this.deadlines.listImages);
+    const r = await this.call<{ images: WireImage[] }>('ImageService', 'ListImages', {}, this.deadlines.listImages);
     return (r.images ?? []).map(toImage);
   }
 
   async imageStatus(ref: string, runtimeHandler = ''): Promise<RuntimeImage | null> {
-    const r = await this.call<{ image: WireImage | null }>('images', 'ImageStatus', { image: { image: ref, runtimeHandler } }, this.deadlines.imageStatus);
+    const r = await this.call<{ image: WireImage | null }>('ImageService', 'ImageStatus', { image: { image: ref, runtimeHandler } }, this.deadlines.imageStatus);
     return r.image ? toImage(r.image) : null;
   }
 
   async pullImage(ref: string, opts: PullOptions = {}): Promise<string> {
     const req = { image: { image: ref, runtimeHandler: opts.runtimeHandler ?? '' }, auth: wireAuth(opts.auth) };
-    const r = await this.call<{ imageRef: string }>('images', 'PullImage', req, undefined, opts.signal);
+    const r = await this.call<{ imageRef: string }>('ImageService', 'PullImage', req, undefined, opts.signal);
     return r.imageRef;
   }
 
   async imageFsInfo(): Promise<ImageFilesystem[]> {
-    const r = await this.call<{ imageFilesystems: { fsId?: { mountpoint?: string }; usedBytes?: { value?: number } }[] }>('images', 'ImageFsInfo', {}, this.deadlines.imageFsInfo);
+    const r = await this.call<{ imageFilesystems: { fsId?: { mountpoint?: string }; usedBytes?: { value?: number } }[] }>('ImageService', 'ImageFsInfo', {}, this.deadlines.imageFsInfo);
     return (r.imageFilesystems ?? []).map((f) => ({ mountpoint: f.fsId?.mountpoint ?? '', usedBytes: Number(f.usedBytes?.value ?? 0) }));
   }
 

@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
 import { stringify as toToml } from 'smol-toml';
-import { LOADER_OPTIONS } from '../../src/cri/client.ts';
+import { LOADER_OPTIONS } from '../support/cri-proto.ts';
 import { startFakeCrio, PROTO_PATH, CRIO_VERSION, FakeCrio as FakeCrioClass, type FakeCrio, type CriImage } from '../support/fake-crio.ts';
 
 const hex = (c: string) => c.repeat(64);

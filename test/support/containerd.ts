@@ -8,7 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { stringify } from 'smol-toml';
 import * as grpc from '@grpc/grpc-js';
-import { loadCriPackage } from '../../src/cri/client.ts';
+import { loadCriPackage } from './cri-proto.ts';
 import { findBinary, ServerProcess, waitUntilServing } from './components.ts';
 
 export interface ContainerdOptions {
@@ -161,8 +161,8 @@ export class Containerd {
 // agent's own client: the tests look at containerd through it, and the
 // benchmark's baseline is a loop over it.
 
-// The wire schema is the project's one proto file, loaded as the agent loads it.
-export { PROTO_PATH as CRI_PROTO } from '../../src/cri/client.ts';
+// The wire schema is the project's one proto file (./cri-proto.ts).
+export { PROTO_PATH as CRI_PROTO } from './cri-proto.ts';
 
 export interface CriImage {
   id: string;

@@ -10,7 +10,7 @@ import os from 'node:os';
 import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
-import { LOADER_OPTIONS, PROTO_PATH } from '../../src/cri/client.ts';
+import { LOADER_OPTIONS, PROTO_PATH } from './cri-proto.ts';
 
 
 export interface RecordedCall {

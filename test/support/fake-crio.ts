@@ -53,7 +53,7 @@
 // Protos are loaded with the options the production client uses, so the
 // handlers here see and return camelCase field names (repoTags, runtimeHandler).
 import * as grpc from '@grpc/grpc-js';
-import { loadCriPackage } from '../../src/cri/client.ts';
+import { loadCriPackage } from './cri-proto.ts';
 import { createHash } from 'node:crypto';
 import { lstat, mkdtemp, readFile, readdir, rm, stat, unlink } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -62,7 +62,7 @@ import { parse as parseToml } from 'smol-toml';
 
 // The wire schema and loader options are the agent's (src/cri/client.ts); the
 // pin semantics below are written independently of it.
-export { PROTO_PATH } from '../../src/cri/client.ts';
+export { PROTO_PATH } from './cri-proto.ts';
 
 /** CRI-O 1.32's default pause image (pkg/config DefaultPauseImage); CRI-O always pins its pause image. */
 export const DEFAULT_PAUSE_IMAGE = 'registry.k8s.io/pause:3.10';
