@@ -16,6 +16,7 @@
 // adds the name) or when CRI-O reports the image pinned while its loaded list
 // holds that reference and no other pattern could match the image. Only such
 // references make a probe: its `pinned` must flip when the new list loads.
+import { createHash } from 'node:crypto';
 import type { ImageRuntime, RuntimeImage } from '../cri/runtime.ts';
 import { anyPinMatches } from '../crio/pin-match.ts';
 
@@ -58,8 +59,14 @@ export interface LoadedPins {
   reloadedAt: number;
 }
 
+/**
+ * Equal for lists with the same patterns, in any order and with repeats. A
+ * digest, not the joined list: the key of the list CRI-O is believed to have
+ * loaded is kept for as long as the agent runs, and a list of 1000 pins
+ * joined is a string of 100 KB.
+ */
 export function pinListKey(patterns: readonly string[]): string {
-  return JSON.stringify([...new Set(patterns)].sort());
+  return createHash('sha256').update(JSON.stringify([...new Set(patterns)].sort())).digest('base64');
 }
 
 /** Patterns other than `self` (and the pause image) that could match one of the image's names. */
