@@ -8,8 +8,8 @@
 // high.
 //
 // The seam is SizeEstimator: RegistrySizeEstimator (./registry-estimator.ts)
-// asks the registries (manifests cached by digest, so a resync asks nothing
-// again); MemorySizeEstimator is its in-memory twin for tests.
+// asks the registries (sizes kept per digest reference, so a resync asks
+// nothing again); MemorySizeEstimator is its in-memory twin for tests.
 import type { Logger } from 'pino';
 import type { CredentialSource } from '../registry/credentials.ts';
 import { formatBytes } from '../registry/size.ts';
@@ -122,7 +122,8 @@ export function lazyRegistrySizeEstimator(opts: { credentials: CredentialSource;
       registries = RegistriesConf.empty();
     }
     // Fewer attempts and a shorter deadline than the commands': a reconcile must not wait long on a registry.
-    const client = new RegistryClient({ registries, credentials: opts.credentials, timeoutMs: 10_000, attempts: 2, userAgent: 'pinset-agent' });
+    // No manifest cache: the estimator keeps what it needs of each image, its blobs' sizes.
+    const client = new RegistryClient({ registries, credentials: opts.credentials, timeoutMs: 10_000, attempts: 2, userAgent: 'pinset-agent', cacheEntries: 0 });
     return new RegistrySizeEstimator(client);
   };
   return {

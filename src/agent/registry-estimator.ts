@@ -1,9 +1,11 @@
 // The size estimator that asks the registries (see ./estimate.ts): each
 // image's manifest (for an index, the node's platform's), its config and
-// layer sizes. Manifests by digest come from the client's cache after the
-// first time; a registry found unreachable is not asked again for a minute,
-// so a reconcile never waits on it image by image; the whole estimate has a
-// time budget.
+// layer sizes. What a reference by digest was found to hold is kept (its
+// blobs' digests and sizes, not its manifests: a tenth of the memory), so
+// an estimate made again (pulls retried) asks the registry nothing; a
+// registry found unreachable is not asked again for a minute, so a
+// reconcile never waits on it image by image; the whole estimate has a time
+// budget.
 import { RegistryError, type RegistryClient } from '../registry/client.ts';
 import { hostPlatform, type Platform } from '../registry/manifest.ts';
 import { parseImageName } from '../registry/names.ts';
@@ -19,6 +21,8 @@ export interface RegistrySizeEstimatorOptions {
   parallel?: number;
   /** No estimate takes longer than this; what is not known by then is unknown. Default 60 s. */
   budgetMs?: number;
+  /** Sizes of references by digest kept, the least recently used dropped first. Default 4096. */
+  cacheEntries?: number;
   now?: () => number;
 }
 
@@ -30,12 +34,16 @@ export class RegistrySizeEstimator implements SizeEstimator {
   private readonly now: () => number;
   /** host -> until when it is taken as unreachable, and what it said. */
   private readonly unreachable = new Map<string, { until: number; why: string }>();
+  private readonly cacheEntries: number;
+  /** Reference by digest -> its blobs (content by digest never changes), in least recently used order. */
+  private readonly known = new Map<string, ImageSizes>();
 
   constructor(client: RegistryClient, opts: RegistrySizeEstimatorOptions = {}) {
     this.client = client;
     this.platform = opts.platform ?? hostPlatform();
     this.parallel = opts.parallel ?? 8;
     this.budgetMs = opts.budgetMs ?? 60_000;
+    this.cacheEntries = opts.cacheEntries ?? 4096;
     this.now = opts.now ?? Date.now;
   }
 
@@ -59,6 +67,12 @@ export class RegistrySizeEstimator implements SizeEstimator {
     const parsed = parseImageName(ref);
     if (!parsed.ok) return { unknown: parsed.error };
     const name = parsed.value;
+    const hit = this.known.get(ref);
+    if (hit) {
+      this.known.delete(ref);
+      this.known.set(ref, hit);
+      return hit;
+    }
     const down = this.unreachable.get(name.host);
     if (down && down.until > this.now()) return { unknown: down.why };
     if (signal.aborted) return { unknown: 'the size estimate ran out of time' };
@@ -66,7 +80,12 @@ export class RegistrySizeEstimator implements SizeEstimator {
       const cost = await imageCost(this.client, name, this.platform, signal);
       const blobs = new Map<string, number>([[cost.config.digest, cost.config.size]]);
       for (const l of cost.layers) blobs.set(l.digest, l.size);
-      return { blobs };
+      const sizes = { blobs };
+      if (name.digest) {
+        this.known.set(ref, sizes);
+        while (this.known.size > this.cacheEntries) this.known.delete(this.known.keys().next().value!);
+      }
+      return sizes;
     } catch (e) {
       if (signal.aborted) return { unknown: 'the size estimate ran out of time' };
       if (e instanceof RegistryError) {
