@@ -192,12 +192,13 @@ export class ImagePuller {
   private async attempt(w: WantedImage, kind: PullKind, signal: AbortSignal): Promise<PullResult> {
     const { runtime, logger } = this.opts;
     const ref = w.reference.reference;
-    const log = logger.child({ image: ref, kind, ...(w.runtimeHandler ? { runtimeHandler: w.runtimeHandler } : {}) });
     try {
       await this.slots.acquire(signal);
     } catch {
       return { key: w.key, kind, ok: false, durationMs: 0, failure: this.recordFailure(w.key, new RuntimeError('Canceled', 'pull cancelled: no longer wanted')) };
     }
+    // Made once the pull has its slot: the pulls of a large set all wait for one at once.
+    const log = logger.child({ image: ref, kind, ...(w.runtimeHandler ? { runtimeHandler: w.runtimeHandler } : {}) });
     const started = this.now();
     try {
       const auth = this.opts.authFor?.(w.reference.host, w.reference.path);
