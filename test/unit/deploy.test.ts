@@ -140,7 +140,7 @@ describe('kubectl kustomize deploy', { skip }, () => {
     });
 
     test('resources from the measured footprint', async () => {
-      assert.deepEqual(container().resources, { requests: { cpu: '20m', memory: '128Mi' }, limits: { memory: '256Mi' } });
+      assert.deepEqual(container().resources, { requests: { cpu: '20m', memory: '100Mi' }, limits: { memory: '256Mi' } });
       assert.match(await readFile(path.join(ROOT, 'deploy/agent/daemonset.yaml'), 'utf8'), /BENCHMARKS\.md/);
     });
 
