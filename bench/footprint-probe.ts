@@ -38,6 +38,7 @@ import { startCrioNode } from '../test/support/crio-node.ts';
 import { pushRandom, pushSingleLayer } from '../test/support/images.ts';
 import { Registry } from '../test/support/registry.ts';
 import { makeCertificate } from '../test/support/token-server.ts';
+import { procStatus } from './proc.ts';
 
 const N = Number(process.env.BENCH_N ?? 1000);
 const FLAGS: string[] = process.env.BENCH_AGENT_NODE_FLAGS !== undefined ? process.env.BENCH_AGENT_NODE_FLAGS.split(' ').filter(Boolean) : [...NODE_FLAGS];
@@ -47,9 +48,8 @@ const say = (line = '') => process.stdout.write(`${line}\n`);
 const MB = (bytes: number) => (bytes / 1048576).toFixed(1);
 
 function status(pid: number): { rss: number; hwm: number } {
-  const t = readFileSync(`/proc/${pid}/status`, 'utf8');
-  const kb = (k: string) => Number(new RegExp(`^${k}:\\s+(\\d+) kB`, 'm').exec(t)?.[1]) * 1024;
-  return { rss: kb('VmRSS'), hwm: kb('VmHWM') };
+  const st = procStatus(pid);
+  return { rss: st.rssKb * 1024, hwm: st.hwmKb * 1024 };
 }
 
 function setDoc(name: string, refs: string[]) {

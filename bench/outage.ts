@@ -18,7 +18,6 @@
 // agent too, for comparison. Results printed as Markdown and written to
 // bench/outage.json.
 import { execFileSync, spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -27,10 +26,10 @@ import { SOURCE_CLI as CLI, type LogLine } from '../test/support/agent-process.t
 import { trackChild } from '../test/support/components.ts';
 import { CriClient } from '../test/support/containerd.ts';
 import { startCrioNode, type CrioNode } from '../test/support/crio-node.ts';
+import { cpuMs } from './proc.ts';
 
 const OUTAGE_S = Number(process.env.BENCH_OUTAGE_S ?? 60);
 const RESULTS = fileURLToPath(new URL('./outage.json', import.meta.url));
-const CLK_TCK = Number(execFileSync('getconf', ['CLK_TCK']).toString().trim()) || 100;
 const A1 = `registry.test/bench/a@sha256:${'a'.repeat(64)}`;
 const A2 = `registry.test/bench/b@sha256:${'b'.repeat(64)}`;
 const CONVERGE_LIMIT_MS = 180_000;
@@ -58,12 +57,7 @@ async function remount(mnt: string, mode: 'ro' | 'rw'): Promise<void> {
   }
 }
 
-function cpuSeconds(pid: number): number {
-  // Fields after the command name (which is in parentheses): utime and stime are the 12th and 13th.
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return (Number(f[11]) + Number(f[12])) / CLK_TCK;
-}
+const cpuSeconds = (pid: number) => cpuMs(pid) / 1000;
 
 /** The agent as its own process (this checkout's, or BENCH_BASELINE_CLI's), logs parsed. */
 class Agent {

@@ -26,7 +26,6 @@
 // baseline alternating in order. Results: printed as Markdown and written to
 // bench/results.json.
 import { execFile, spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
 import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -43,6 +42,7 @@ import { pushRandom, pushSingleLayer, type PushedImage } from '../test/support/i
 import { Registry } from '../test/support/registry.ts';
 import { NODE_FLAGS } from '../scripts/build.ts';
 import { runScale } from './scale.ts';
+import { cpuMs, procStatus } from './proc.ts';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 5);
 const K = Number(process.env.BENCH_K ?? 16);
@@ -88,29 +88,6 @@ function say(line = ''): void {
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-/** utime + stime of a process in ms, from /proc/<pid>/stat (clock ticks of 10 ms, USER_HZ 100). */
-function cpuMs(pid: number | undefined): number {
-  if (!pid) return NaN;
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    // Fields after the command name (which may hold spaces) in parentheses: state is field 3, utime 14, stime 15.
-    const rest = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return (Number(rest[11]) + Number(rest[12])) * 10;
-  } catch {
-    return NaN;
-  }
-}
-
-function procStatus(pid: number): { rssKb: number; hwmKb: number } {
-  try {
-    const text = readFileSync(`/proc/${pid}/status`, 'utf8');
-    const kb = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, 'm').exec(text)?.[1] ?? NaN);
-    return { rssKb: kb('VmRSS'), hwmKb: kb('VmHWM') };
-  } catch {
-    return { rssKb: NaN, hwmKb: NaN };
-  }
-}
 
 function logTime(line: Record<string, unknown>): number {
   return Date.parse(String(line.time));

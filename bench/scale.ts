@@ -43,7 +43,7 @@
 // (5000), BENCH_SCALE_SETS (20), BENCH_SCALE_RESULTS (the raw results' file,
 // bench/scale.json).
 import { spawn, type ChildProcess } from 'node:child_process';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import os from 'node:os';
@@ -62,6 +62,7 @@ import { ApiServer, type RecordedRequest } from '../test/support/apiserver.ts';
 import { simulateRollout } from '../test/support/rollout-agents.ts';
 import { measureAgentWrites } from './agent-writes.ts';
 import { NODE_POOLS, nodeName, realisticNode } from './scale-nodes.ts';
+import { procStatus } from './proc.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const NODE = path.join(ROOT, 'node_modules/.bin/node');
@@ -184,16 +185,6 @@ function createNodes(api: ApiServer, sets: BenchSet[]): { bytes: number; metadat
 }
 
 // ---------------------------------------------------------------- processes
-
-function procStatus(pid: number): { rssKb: number; hwmKb: number } {
-  try {
-    const text = readFileSync(`/proc/${pid}/status`, 'utf8');
-    const kb = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, 'm').exec(text)?.[1] ?? NaN);
-    return { rssKb: kb('VmRSS'), hwmKb: kb('VmHWM') };
-  } catch {
-    return { rssKb: NaN, hwmKb: NaN };
-  }
-}
 
 /** Resets VmHWM to the current RSS (proc(5), clear_refs "5"). */
 function resetPeak(pid: number): void {
