@@ -16,7 +16,6 @@ import { execFileSync } from 'node:child_process';
 import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Writable } from 'node:stream';
 import type { NodeSetStatus } from '../../src/api/types.ts';
 import { CriImageRuntime } from '../../src/cri/client.ts';
 import { PinFile } from '../../src/crio/pinfile.ts';
@@ -24,8 +23,8 @@ import { NoReloader } from '../../src/crio/reload.ts';
 import { Agent } from '../../src/agent/agent.ts';
 import { ImagePuller } from '../../src/agent/puller.ts';
 import { LogStatusSink, StatusReporter } from '../../src/agent/status.ts';
-import { createLogger } from '../../src/util/log.ts';
 import { makeNodeBed, NODE, setObject, type NodeBed } from '../support/node-bed.ts';
+import { captureLogs } from '../support/log-capture.ts';
 import { startFakeCrio } from '../support/fake-crio.ts';
 import { AgentProcess, readPinFile, type LogLine } from '../support/agent-process.ts';
 
@@ -108,14 +107,7 @@ describe('the pin file write failing (injected ENOSPC, EROFS, EACCES)', () => {
     await mkdir(staticDir);
     await writeFile(join(staticDir, 'a.yaml'), JSON.stringify(set('a', [A1])));
     const crio = await startFakeCrio({ dropInDir: dropIn, catalogue: { [A1]: { size: 100 } } });
-    const lines: LogLine[] = [];
-    const sink = new Writable({
-      write(chunk, _enc, cb) {
-        for (const l of String(chunk).split('\n')) if (l.trim()) lines.push(JSON.parse(l) as LogLine);
-        cb();
-      },
-    });
-    const logger = createLogger({ level: 'debug', destination: sink });
+    const { logger, lines } = captureLogs('debug');
     const runtime = new CriImageRuntime(crio.endpoint);
     const pinFile = await PinFile.open(dropIn);
     const failing: { code: string | undefined } = { code: 'ENOSPC' };

@@ -4,14 +4,14 @@
 // that can only send whole Nodes; and node updates that change nothing the
 // roll-up reads cost no recomputation.
 import assert from 'node:assert/strict';
-import { Writable } from 'node:stream';
 import { describe, test, type TestContext } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { METADATA_LIST_ACCEPT, METADATA_WATCH_ACCEPT } from '../../src/api/list-pages.ts';
 import { STATUS_ANNOTATION, type NodeSetStatus, type PinnedImageSetStatus } from '../../src/api/types.ts';
 import { CONTROLLER_FIELD_MANAGER, SetStatusController } from '../../src/controller/controller.ts';
 import { ControllerMetrics } from '../../src/controller/metrics.ts';
-import { createLogger, silentLogger, type Logger } from '../../src/util/log.ts';
+import { silentLogger, type Logger } from '../../src/util/log.ts';
+import { captureLogs } from '../support/log-capture.ts';
 import { ApiServer, type ApiServerOptions } from '../support/apiserver.ts';
 
 const NODES = '/api/v1/nodes';
@@ -84,17 +84,6 @@ const statusOf = (api: ApiServer, name: string) => api.get('pinnedimagesets', na
 const mine = (api: ApiServer) => api.requests.filter((r) => r.userAgent === CONTROLLER_FIELD_MANAGER && r.path === NODES);
 const rollups = async (m: ControllerMetrics) => (await m.rollups.get()).values[0]?.value ?? 0;
 
-function capture(): { logger: Logger; lines: Record<string, unknown>[] } {
-  const lines: Record<string, unknown>[] = [];
-  const sink = new Writable({
-    write(chunk: Buffer, _enc, cb) {
-      for (const l of chunk.toString().split('\n')) if (l.trim()) lines.push(JSON.parse(l) as Record<string, unknown>);
-      cb();
-    },
-  });
-  return { logger: createLogger({ destination: sink }), lines };
-}
-
 describe('status controller: how it reads Nodes', () => {
   test('lists Nodes as metadata only, in pages, then watches them as metadata only with bookmarks and a timeout', async (t) => {
     const api = await startServer(t);
@@ -133,7 +122,7 @@ describe('status controller: how it reads Nodes', () => {
     const api = await startServer(t, { partialObjectMetadata: false });
     const uid = createSet(api, 'upgrade');
     for (const n of ['n1', 'n2', 'n3']) createNode(api, n, [entry('upgrade', uid, n === 'n2' ? { phase: 'Progressing', currentGeneration: 0 } : {})]);
-    const { logger, lines } = capture();
+    const { logger, lines } = captureLogs();
     startController(t, api, { pageSize: 2, log: logger });
     await api.waitFor(() => statusOf(api, 'upgrade')?.nodes?.matched === 3, 5000, 'all three nodes counted');
     assert.deepEqual(statusOf(api, 'upgrade')!.nodes, { matched: 3, ready: 2, progressing: 1, degraded: 0 });

@@ -8,27 +8,15 @@ import assert from 'node:assert/strict';
 import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { Writable } from 'node:stream';
 import { DiskCheck, statfsUsage, usedPercent } from '../../src/agent/disk.ts';
 import type { ImageRuntime } from '../../src/cri/runtime.ts';
-import { createLogger } from '../../src/util/log.ts';
+import { captureLogs } from '../support/log-capture.ts';
 import { mountLoopExt4, mountTmpfs, type ScratchFs } from '../support/scratch-fs.ts';
 
 function runtimeWithFs(mountpoints: string[]): ImageRuntime {
   return {
     imageFsInfo: async () => mountpoints.map((m) => ({ mountpoint: m, usedBytes: 0 })),
   } as unknown as ImageRuntime;
-}
-
-function capture(): { logger: ReturnType<typeof createLogger>; lines: Record<string, unknown>[] } {
-  const lines: Record<string, unknown>[] = [];
-  const sink = new Writable({
-    write(chunk: Buffer, _enc, cb) {
-      for (const l of chunk.toString().split('\n')) if (l.trim()) lines.push(JSON.parse(l) as Record<string, unknown>);
-      cb();
-    },
-  });
-  return { logger: createLogger({ destination: sink }), lines };
 }
 
 let root: string;
@@ -79,7 +67,7 @@ describe('DiskCheck on a real separate filesystem', () => {
 
   test('a mountpoint the agent cannot see: not measured, said so (logged once), pulls not held back, nothing else measured', async () => {
     const invisible = path.join(root, 'not-mounted-here', 'overlay-images');
-    const { logger, lines } = capture();
+    const { logger, lines } = captureLogs();
     let now = 0;
     const check = new DiskCheck(runtimeWithFs([invisible]), { highWatermarkPercent: 1, now: () => now, logger });
     // A 1% watermark: any filesystem measured instead (this machine's disk) would block.

@@ -8,10 +8,9 @@ import { spawn, execFileSync } from 'node:child_process';
 import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { Writable } from 'node:stream';
 import { pathToFileURL } from 'node:url';
 import { StaticSource, STATIC_FILE_MAX_BYTES, type StaticRead } from '../../src/agent/static.ts';
-import { createLogger } from '../../src/util/log.ts';
+import { captureLogs } from '../support/log-capture.ts';
 
 const ref = (name: string, c: string) => `quay.io/org/${name}@sha256:${c.repeat(64)}`;
 
@@ -37,17 +36,6 @@ async function folder(): Promise<string> {
 }
 
 /** A logger whose lines are kept. */
-function capture(): { logger: ReturnType<typeof createLogger>; lines: Record<string, unknown>[] } {
-  const lines: Record<string, unknown>[] = [];
-  const sink = new Writable({
-    write(chunk: Buffer, _enc, cb) {
-      for (const l of chunk.toString().split('\n')) if (l.trim()) lines.push(JSON.parse(l) as Record<string, unknown>);
-      cb();
-    },
-  });
-  return { logger: createLogger({ destination: sink }), lines };
-}
-
 const names = (r: StaticRead) => r.sets.map((s) => (s.object as { metadata: { name: string } }).metadata.name);
 const heldNames = (r: StaticRead) => r.sets.filter((s) => s.held).map((s) => (s.object as { metadata: { name: string } }).metadata.name);
 
@@ -194,7 +182,7 @@ describe('StaticSource: a file that stops being readable keeps its sets', () => 
       await fsp.writeFile(path.join(dir, 'real', 'mine.yaml'), setYaml('mine', [ref('a', 'a')]));
       await fsp.symlink('real/mine.yaml', file);
       await fsp.writeFile(path.join(dir, 'other.yaml'), setYaml('other', [ref('b', 'b')]));
-      const { logger, lines } = capture();
+      const { logger, lines } = captureLogs();
       const src = new StaticSource(dir, logger);
       const first = await src.read();
       assert.ok(names(first).includes('mine') && names(first).includes('other'));
@@ -231,7 +219,7 @@ describe('StaticSource: a file that stops being readable keeps its sets', () => 
     const dir = await folder();
     const file = path.join(dir, 'mine.yaml');
     await fsp.writeFile(file, setYaml('mine', [ref('a', 'a')]));
-    const { logger, lines } = capture();
+    const { logger, lines } = captureLogs();
     const src = new StaticSource(dir, logger);
     await src.read();
     await fsp.writeFile(file, 'spec: [unclosed\n');
