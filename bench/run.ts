@@ -153,6 +153,18 @@ function agentFlags(s: Scratch, endpoint: string, extra: string[] = []): string[
   ];
 }
 
+/**
+ * A registries.conf that sends `registry.test` to the loopback registry, as
+ * containerd's mirror does: the agent's disk estimate then asks the registry
+ * the images come from, as on a node (without it, the name does not resolve
+ * and every estimate waits on a failing DNS lookup).
+ */
+async function registryFlags(s: Scratch, mirrors: Record<string, string>): Promise<string[]> {
+  const conf = path.join(s.dir, 'registries.conf');
+  await writeFile(conf, `[[registry]]\nprefix = "registry.test"\nlocation = "${new URL(mirrors['registry.test']!).host}"\ninsecure = true\n`);
+  return ['--registries-conf', conf, '--registries-conf-dir', path.join(s.dir, 'registries.conf.d')];
+}
+
 // ---------------------------------------------------------------------------
 // 1 + 2: agent vs bare loop
 
@@ -191,7 +203,7 @@ async function agentPullRun(mirrors: Record<string, string>, refs: string[], par
   try {
     await writeFile(path.join(s.staticDir, 'bench.yaml'), dumpYaml(setDoc('bench', refs)));
     const t0 = performance.now();
-    const r = await runAgentOnce(agentFlags(s, c.endpoint, ['--max-parallel-pulls', String(parallel)]), { env: AGENT_ENV, cli: CLI, nodeArgs: AGENT_NODE_FLAGS });
+    const r = await runAgentOnce(agentFlags(s, c.endpoint, ['--max-parallel-pulls', String(parallel), ...(await registryFlags(s, mirrors))]), { env: AGENT_ENV, cli: CLI, nodeArgs: AGENT_NODE_FLAGS });
     const processMs = performance.now() - t0;
     if (r.code !== 0) throw new Error(`agent --once exited ${r.code}:\n${r.stderr.slice(-3000)}`);
     const lines = parseLines(r.stderr);
@@ -219,7 +231,7 @@ async function agentSteadyRun(mirrors: Record<string, string>, warmRef: string, 
   const c = await Containerd.start({ mirrors });
   await settle();
   const s = await scratch();
-  const agent = AgentProcess.start(agentFlags(s, c.endpoint, ['--max-parallel-pulls', String(parallel), '--resync-interval', '10m']), { env: AGENT_ENV, cli, nodeArgs: AGENT_NODE_FLAGS });
+  const agent = AgentProcess.start(agentFlags(s, c.endpoint, ['--max-parallel-pulls', String(parallel), '--resync-interval', '10m', ...(await registryFlags(s, mirrors))]), { env: AGENT_ENV, cli, nodeArgs: AGENT_NODE_FLAGS });
   try {
     await writeFile(path.join(s.staticDir, 'warm.yaml'), dumpYaml(setDoc('warm', [warmRef])));
     await agent.waitForLog((l) => l.msg === 'reconcile finished' && (l.phases as Record<string, number>)?.Ready === 1, 60_000, 'the warm-up set Ready');
