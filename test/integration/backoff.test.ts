@@ -159,7 +159,8 @@ describe('the pin file write failing (injected ENOSPC, EROFS, EACCES)', () => {
       assert.ok(attempts - mark <= 4, `${attempts - mark} attempts in 4 s at the 2 s cap`);
       failing.code = undefined;
       await until('the pin file', async () => (await readdir(dropIn)).some((f) => f.startsWith('99-pinset-')));
-      assert.ok(lines.some((l) => l.msg === 'writing the pin file works again'));
+      // The file is in the folder once renamed; the write returns (and says so) after the folder's fsync.
+      await until('the recovery line', () => lines.some((l) => l.msg === 'writing the pin file works again'));
       assert.equal(logged().length, 3, 'nothing more logged');
     } finally {
       await agent.stop();
