@@ -375,7 +375,7 @@ async function once(): Promise<void> {
 const TLS_CHILD = `
 import { readFileSync } from 'node:fs';
 const [root, dir] = process.argv.slice(-2);
-const { RegistrySizeEstimator } = await import(root + '/src/agent/registry-estimator.ts');
+const { RegistrySizeEstimator } = await import(root + '/src/registry/size-estimator.ts');
 const { RegistryClient } = await import(root + '/src/registry/client.ts');
 const { loadRegistriesConf } = await import(root + '/src/registry/registries-conf.ts');
 const refs = JSON.parse(readFileSync(dir + '/refs.json', 'utf8'));

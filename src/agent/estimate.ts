@@ -7,20 +7,15 @@
 // images, not layers, so that cannot be known cheaply; the estimate errs
 // high.
 //
-// The seam is SizeEstimator: RegistrySizeEstimator (./registry-estimator.ts)
+// The seam is SizeEstimator: RegistrySizeEstimator (src/registry/size-estimator.ts)
 // asks the registries (sizes kept per digest reference, so a resync asks
 // nothing again); MemorySizeEstimator is its in-memory twin for tests.
 import type { Logger } from 'pino';
 import type { CredentialSource } from '../registry/credentials.ts';
 import { formatBytes } from '../registry/size.ts';
+import type { ImageSizes, SizeEstimator } from '../registry/size-estimator.ts';
 
-/** An image's blobs (digest -> compressed bytes), or why they are unknown. */
-export type ImageSizes = { blobs: ReadonlyMap<string, number> } | { unknown: string };
-
-export interface SizeEstimator {
-  /** Sizes for each reference (a digest reference); a failure is `unknown`, never thrown (only a cancelled signal rejects). */
-  sizes(references: readonly string[], signal?: AbortSignal): Promise<Map<string, ImageSizes>>;
-}
+export type { ImageSizes, SizeEstimator } from '../registry/size-estimator.ts';
 
 export { DEFAULT_DISK_ESTIMATE_FACTOR } from '../registry/size.ts';
 
@@ -110,7 +105,7 @@ export function lazyRegistrySizeEstimator(opts: { credentials: CredentialSource;
   const make = async () => {
     // Loaded here, not at start: the registry client (undici) costs memory a node without downloads never needs.
     const [{ RegistrySizeEstimator }, { RegistryClient }, { loadRegistriesConf, RegistriesConf }] = await Promise.all([
-      import('./registry-estimator.ts'),
+      import('../registry/size-estimator.ts'),
       import('../registry/client.ts'),
       import('../registry/registries-conf.ts'),
     ]);

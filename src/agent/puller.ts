@@ -6,7 +6,7 @@
 import type { Logger } from 'pino';
 import { isRuntimeDown } from '../cri/classify.ts';
 import { RuntimeError, type FailureKind, type ImageRuntime, type PullAuth } from '../cri/runtime.ts';
-import { backoffDelay, RETRY_POLICY } from './backoff.ts';
+import { backoffDelay, RETRY_POLICY } from '../util/backoff.ts';
 import type { WantedImage } from './plan.ts';
 
 export interface PullFailure {

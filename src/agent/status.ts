@@ -17,7 +17,7 @@ import type { FailureKind } from '../cri/runtime.ts';
 import type { DropinPins } from '../crio/pinfile.ts';
 import type { SlotWait } from '../rollout/gate.ts';
 import { sameJson } from '../util/json.ts';
-import { Backoff } from './backoff.ts';
+import { Backoff } from '../util/backoff.ts';
 import type { Plan, PlannedSet, WantedImage } from './plan.ts';
 import { wantedKey } from './plan.ts';
 import type { SetEstimate } from './estimate.ts';

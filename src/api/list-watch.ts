@@ -27,7 +27,7 @@
 //   a cache of thousands of Nodes holds neither their status nor their
 //   managedFields (./list-pages.ts).
 import type { Logger } from '../util/log.ts';
-import { Backoff, type BackoffPolicy } from '../agent/backoff.ts';
+import { Backoff, type BackoffPolicy } from '../util/backoff.ts';
 import { KubeApiError, type KubeHttp, type OpenStream } from './kube-http.ts';
 import { DEFAULT_PAGE_SIZE, listAll, METADATA_LIST_ACCEPT, METADATA_LIST_KIND, METADATA_WATCH_ACCEPT } from './list-pages.ts';
 

@@ -24,7 +24,7 @@ import { createHash } from 'node:crypto';
 import { Readable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { fetch, type Dispatcher, type Response } from 'undici';
-import { backoffDelay, type BackoffPolicy } from '../agent/backoff.ts';
+import { backoffDelay, type BackoffPolicy } from '../util/backoff.ts';
 import type { PullAuth } from '../cri/runtime.ts';
 import { ANONYMOUS, type CredentialSource } from './credentials.ts';
 import { MANIFEST_ACCEPT, MAX_MANIFEST_BYTES, ManifestError, parseManifest, type Manifest } from './manifest.ts';

@@ -27,7 +27,7 @@
 // 5000 waiting nodes, against the 500 node-Lease writes/s the kubelets of
 // 5000 nodes make anyway) and writes only when a slot looks free.
 import type { Logger } from 'pino';
-import { Backoff, type BackoffPolicy } from '../agent/backoff.ts';
+import { Backoff, type BackoffPolicy } from '../util/backoff.ts';
 import type { HeldSlot, RolloutSet, RolloutSlots } from './slots.ts';
 
 /** An image to download, by its key and the keys of the sets that want it. */

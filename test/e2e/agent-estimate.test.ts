@@ -13,7 +13,7 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { stringify as dumpYaml } from 'yaml';
 import { MemorySizeEstimator } from '../../src/agent/estimate.ts';
-import { RegistrySizeEstimator } from '../../src/agent/registry-estimator.ts';
+import { RegistrySizeEstimator } from '../../src/registry/size-estimator.ts';
 import { RegistryClient } from '../../src/registry/client.ts';
 import { parseRegistriesConf, RegistriesConf } from '../../src/registry/registries-conf.ts';
 import { bundledCli, readPinFile, runAgentOnce } from '../support/agent-process.ts';

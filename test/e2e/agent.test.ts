@@ -256,7 +256,7 @@ describe('pinset agent on containerd and a real registry', () => {
     await writeAuthFile({ 'private.registry.test': { auth: basicAuth(USER, PASSWORD) } });
     await eventually(
       () => nodeSet()?.phase === 'Ready',
-      // Unauthorized is retried after 15-30 s at first (src/agent/backoff.ts).
+      // Unauthorized is retried after 15-30 s at first (src/util/backoff.ts).
       60_000,
       () => `Ready after fixing the password; now ${JSON.stringify(nodeSet())}`,
     );

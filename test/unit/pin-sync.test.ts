@@ -4,7 +4,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { ImageRuntime, RuntimeImage } from '../../src/cri/runtime.ts';
 import { namesProvenByPins, reloadProbes, RuntimeView, tentativeProbes, waitForPins } from '../../src/agent/pin-sync.ts';
-import { RetryGate } from '../../src/agent/retry.ts';
+import { RetryGate } from '../../src/util/retry.ts';
 import { silentLogger, createLogger } from '../../src/util/log.ts';
 import { Writable } from 'node:stream';
 

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { parseReference } from '../../src/api/reference.ts';
 import { wantedKey, type WantedImage } from '../../src/agent/plan.ts';
 import { ImagePuller, type PullResult } from '../../src/agent/puller.ts';
-import { RETRY_POLICY } from '../../src/agent/backoff.ts';
+import { RETRY_POLICY } from '../../src/util/backoff.ts';
 import {
   RuntimeError,
   type ImageFilesystem,

@@ -1,4 +1,4 @@
-// The size estimator that asks the registries (see ./estimate.ts): each
+// The size estimator that asks the registries (see src/agent/estimate.ts): each
 // image's manifest (for an index, the node's platform's), its config and
 // layer sizes. What a reference by digest was found to hold is kept (its
 // blobs' digests and sizes, not its manifests: a tenth of the memory), so
@@ -6,11 +6,19 @@
 // registry found unreachable is not asked again for a minute, so a
 // reconcile never waits on it image by image; the whole estimate has a time
 // budget.
-import { RegistryError, type RegistryClient } from '../registry/client.ts';
-import { hostPlatform, type Platform } from '../registry/manifest.ts';
-import { parseImageName } from '../registry/names.ts';
-import { imageCost, PlatformNotFoundError } from '../registry/size.ts';
-import type { ImageSizes, SizeEstimator } from './estimate.ts';
+import { RegistryError, type RegistryClient } from './client.ts';
+import { hostPlatform, type Platform } from './manifest.ts';
+import { parseImageName } from './names.ts';
+import { imageCost, PlatformNotFoundError } from './size.ts';
+
+/** An image's blobs (digest -> compressed bytes), or why they are unknown. */
+export type ImageSizes = { blobs: ReadonlyMap<string, number> } | { unknown: string };
+
+/** The seam the agent's disk estimate asks; MemorySizeEstimator (src/agent/estimate.ts) is its in-memory twin. */
+export interface SizeEstimator {
+  /** Sizes for each reference (a digest reference); a failure is `unknown`, never thrown (only a cancelled signal rejects). */
+  sizes(references: readonly string[], signal?: AbortSignal): Promise<Map<string, ImageSizes>>;
+}
 
 /** A registry found unreachable is not asked again for this long (so a reconcile never waits on it image by image). */
 export const UNREACHABLE_MEMORY_MS = 60_000;
