@@ -34,7 +34,9 @@ import { estimateBatch, noSpaceMessage, roomBelowWatermark, type SetEstimate, ty
 import type { KubeObserver } from './kube.ts';
 import type { EventRecorder } from './node-sinks.ts';
 import { planReconcile, type ObservedSet, type Plan, type WantedImage } from './plan.ts';
-import { namesProvenByPins, PIN_WAIT_TIMEOUT_MS, pinListKey, reloadProbes, RuntimeView, tentativeProbes, TENTATIVE_WAIT_MS, waitForPins, type LoadedPins, type PinProbe } from './pin-sync.ts';
+import { namesProvenByPins, pinListKey, reloadProbes, tentativeProbes, TENTATIVE_WAIT_MS, type LoadedPins } from '../crio/loaded-pins.ts';
+import { RuntimeView } from '../cri/view.ts';
+import { PIN_WAIT_TIMEOUT_MS, waitForPins, type PinProbe } from '../pins/confirm.ts';
 import type { ImagePuller, PullKind, PullResult } from './puller.ts';
 import { RetryGate, STEP_RETRY } from '../util/retry.ts';
 import type { RolloutGate } from '../rollout/gate.ts';

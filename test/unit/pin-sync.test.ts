@@ -3,7 +3,9 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { ImageRuntime, RuntimeImage } from '../../src/cri/runtime.ts';
-import { namesProvenByPins, reloadProbes, RuntimeView, tentativeProbes, waitForPins } from '../../src/agent/pin-sync.ts';
+import { namesProvenByPins, reloadProbes, tentativeProbes } from '../../src/crio/loaded-pins.ts';
+import { RuntimeView } from '../../src/cri/view.ts';
+import { waitForPins } from '../../src/pins/confirm.ts';
 import { RetryGate } from '../../src/util/retry.ts';
 import { silentLogger, createLogger } from '../../src/util/log.ts';
 import { Writable } from 'node:stream';

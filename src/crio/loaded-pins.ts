@@ -1,6 +1,6 @@
 // What CRI-O has loaded, and how the agent knows: the pure parts of keeping
-// CRI-O's pin list equal to what its files say, and the bounded wait that
-// confirms a reload.
+// CRI-O's pin list equal to what its files say (the wait that confirms a
+// reload is src/pins/confirm.ts).
 //
 // Why confirmation is needed (facts/crio-pinning.md, observed on CRI-O
 // 1.32.13): CRI-O's unit reloads with `kill -HUP`, so the systemd job ends
@@ -17,27 +17,10 @@
 // holds that reference and no other pattern could match the image. Only such
 // references make a probe: its `pinned` must flip when the new list loads.
 import { createHash } from 'node:crypto';
-import type { ImageRuntime, RuntimeImage } from '../cri/runtime.ts';
-import { anyPinMatches } from '../crio/pin-match.ts';
-
-/** What ListImages answered, indexed by every name it shows (lowercased: CRI-O matches case-insensitively). */
-export class RuntimeView {
-  readonly images: RuntimeImage[];
-  readonly byName = new Map<string, RuntimeImage>();
-  constructor(images: RuntimeImage[]) {
-    this.images = images;
-    for (const img of images) for (const n of [...img.repoDigests, ...img.repoTags]) this.byName.set(n.toLowerCase(), img);
-  }
-  /** The image the runtime shows under `ref` (as a repo digest or tag), if any. */
-  find(ref: string): RuntimeImage | undefined {
-    return this.byName.get(ref.toLowerCase());
-  }
-  /** Replace what is known about one reference (after an ImageStatus). */
-  set(ref: string, img: RuntimeImage | null): void {
-    if (img) this.byName.set(ref.toLowerCase(), img);
-    else this.byName.delete(ref.toLowerCase());
-  }
-}
+import type { RuntimeImage } from '../cri/runtime.ts';
+import type { RuntimeView } from '../cri/view.ts';
+import type { PinProbe } from '../pins/confirm.ts';
+import { anyPinMatches } from './pin-match.ts';
 
 /**
  * How far the agent trusts that CRI-O's pin list is `patterns`:
@@ -96,12 +79,6 @@ export function namesProvenByPins(loaded: readonly string[], view: RuntimeView, 
   return out;
 }
 
-export interface PinProbe {
-  ref: string;
-  /** `pinned` once CRI-O has loaded the new list. */
-  expect: boolean;
-}
-
 /**
  * References whose `pinned` must change when CRI-O loads `next` instead of
  * `prev`: held by name (known), present, and reported otherwise now.
@@ -157,49 +134,3 @@ export function tentativeProbes(prev: readonly string[], next: readonly string[]
  * name, and a reload applied later is still confirmed after the pulls.
  */
 export const TENTATIVE_WAIT_MS = 250;
-
-export interface PinWaitResult {
-  /** Some probe showed the new list. */
-  applied: boolean;
-  /** Every probe's image went away meanwhile: nothing left to observe (not a refusal). */
-  unobservable: boolean;
-  /** From the start of the wait to the answer that showed it (or to giving up). */
-  waitedMs: number;
-  /** Last ImageStatus answer per probe reference (null: not present). */
-  last: Map<string, RuntimeImage | null>;
-}
-
-export const PIN_WAIT_INTERVAL_MS = 20;
-/**
- * CRI-O re-reads its files 10-40 ms after the signal (median 16 ms on
- * 1.32.13); a loaded node may take longer. Past this bound the reload counts
- * as not applied and is retried with backoff.
- */
-export const PIN_WAIT_TIMEOUT_MS = 5_000;
-
-/**
- * Polls ImageStatus of the probes until one reports `pinned` as expected,
- * or the bound passes. Probes whose image disappears drop out.
- */
-export async function waitForPins(
-  runtime: ImageRuntime,
-  probes: readonly PinProbe[],
-  opts: { intervalMs?: number; timeoutMs?: number; signal?: AbortSignal; now?: () => number } = {},
-): Promise<PinWaitResult> {
-  const now = opts.now ?? Date.now;
-  const started = now();
-  const deadline = started + (opts.timeoutMs ?? PIN_WAIT_TIMEOUT_MS);
-  const last = new Map<string, RuntimeImage | null>();
-  let live = [...probes];
-  for (;;) {
-    const answers = await Promise.all(live.map((p) => runtime.imageStatus(p.ref).then((img) => ({ p, img }), () => ({ p, img: undefined }))));
-    for (const { p, img } of answers) {
-      if (img === undefined) continue; // a failed call says nothing; try again
-      last.set(p.ref, img);
-      if (img && img.pinned === p.expect) return { applied: true, unobservable: false, waitedMs: now() - started, last };
-    }
-    live = live.filter((p) => last.get(p.ref) !== null);
-    if (live.length === 0 || now() >= deadline || opts.signal?.aborted) return { applied: false, unobservable: live.length === 0, waitedMs: now() - started, last };
-    await new Promise((r) => setTimeout(r, opts.intervalMs ?? PIN_WAIT_INTERVAL_MS));
-  }
-}
