@@ -15,6 +15,7 @@ import { parseListenAddress } from '../metrics/server.ts';
 import { AuthFile } from '../registry/auth.ts';
 import { createLogger } from '../util/log.ts';
 import { Agent } from './agent.ts';
+import { PIN_BACKEND_FLAGS, type PinBackendFlag } from './pin-choice.ts';
 import type { KubeObserver } from './kube.ts';
 import type { EventRecorder } from './node-sinks.ts';
 import { DiskCheck } from './disk.ts';
@@ -23,7 +24,7 @@ import { describeHolder, lockPathFor, NodeLock } from './node-lock.ts';
 import { ImagePuller } from './puller.ts';
 import { RolloutGate } from '../rollout/gate.ts';
 import { DEFAULT_SLOT_NAMESPACE } from '../rollout/slots.ts';
-import { LogStatusSink, StatusReporter } from './status.ts';
+import { LogStatusSink, StatusReporter } from './status-reporter.ts';
 
 async function loadKubeModules() {
   const [{ loadAgentKubeConfig }, { KubeObserver }, { AGENT_FIELD_MANAGER, NodeAnnotationSink, NodeEventRecorder }, { clientNodeLeaseApi }, { LeaseRolloutSlots }] = await Promise.all([
@@ -55,6 +56,14 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
   { name: 'static-dir', env: 'PINSET_STATIC_DIR', type: 'string', default: '/etc/pinset/sets.d', help: 'folder of YAML files of PinnedImageSet documents (missing = none)' },
   { name: 'node-labels', env: 'PINSET_NODE_LABELS', type: 'string', help: 'k=v,... labels for selector matching when the Node cannot be read' },
   { name: 'cri-endpoint', env: 'PINSET_CRI_ENDPOINT', type: 'string', default: 'unix:///var/run/crio/crio.sock', help: 'CRI socket of the container runtime' },
+  {
+    name: 'pin-backend',
+    env: 'PINSET_PIN_BACKEND',
+    type: 'string',
+    default: 'auto',
+    choices: [...PIN_BACKEND_FLAGS],
+    help: 'how images are pinned: auto (from the runtime CRI Version names: CRI-O drop-in, containerd image labels, else pre-load only), crio, containerd, or none (pre-load only)',
+  },
   { name: 'crio-dropin-dir', env: 'PINSET_CRIO_DROPIN_DIR', type: 'string', default: '/etc/crio/crio.conf.d', help: 'CRI-O drop-in folder the pin file is written to' },
   { name: 'reload', env: 'PINSET_RELOAD', type: 'string', default: 'dbus', choices: ['dbus', 'systemctl', 'none'], help: 'how CRI-O is reloaded after the pin file changes' },
   { name: 'crio-unit', env: 'PINSET_CRIO_UNIT', type: 'string', default: 'crio.service', help: 'systemd unit of CRI-O' },
@@ -316,6 +325,7 @@ export async function run(argv: string[]): Promise<number> {
     criSocketPath: unixSocketPath(String(f['cri-endpoint'])),
     pinFile,
     reloader,
+    pinBackend: f['pin-backend'] as PinBackendFlag,
     puller,
     reporter,
     logger,

@@ -4,7 +4,7 @@ import { CoreV1Api, PatchStrategy, setHeaderOptions, type KubeConfig } from '@ku
 import type { Logger } from 'pino';
 import { encodeNodeStatus } from '../api/node-status.ts';
 import { STATUS_ANNOTATION, type NodeStatus } from '../api/types.ts';
-import type { StatusSink } from './status.ts';
+import type { StatusSink } from './status-reporter.ts';
 
 /** Every write the agent makes carries this field manager (the Node's managedFields name it). */
 export const AGENT_FIELD_MANAGER = 'pinset-agent';

@@ -1,8 +1,6 @@
 // Per-set status on this node: phases and counts from one reconcile's
-// facts (a pure function), the bounded NodeStatus document, and the
-// reporter that writes it to the Node annotation only when it changes: a
-// change of phase at once, progress (counts, messages) at a pace.
-import type { Logger } from 'pino';
+// facts (a pure function), and the bounded NodeStatus document. The
+// reporter that writes it is ./status-reporter.ts.
 import { encodedSize, failureText } from '../api/node-status.ts';
 import {
   STATUS_FORMAT_VERSION,
@@ -14,10 +12,8 @@ import {
   type SetPhase,
 } from '../api/types.ts';
 import type { FailureKind } from '../cri/runtime.ts';
-import type { DropinPins } from '../crio/pinfile.ts';
+import type { PinStatus } from '../pins/backend.ts';
 import type { SlotWait } from '../rollout/gate.ts';
-import { sameJson } from '../util/json.ts';
-import { Backoff } from '../util/backoff.ts';
 import type { Plan, PlannedSet, WantedImage } from './plan.ts';
 import { wantedKey } from './plan.ts';
 import type { SetEstimate } from './estimate.ts';
@@ -32,8 +28,8 @@ export interface SetHistory {
 
 export interface StatusFacts {
   plan: Plan;
-  /** Pins the agent's file holds on disk after this reconcile. */
-  pinsInFile: ReadonlySet<string>;
+  /** What the pin backend holds and why pins are not in effect (src/pins/backend.ts). */
+  pins: PinStatus;
   /** Whether the runtime holds an image (for its handler). */
   present: (w: WantedImage) => boolean;
   /** The runtime's pinned flag; undefined when the runtime does not report pins. */
@@ -41,18 +37,6 @@ export interface StatusFacts {
   failure: (key: string) => PullFailure | undefined;
   /** The runtime could not be asked what it holds. */
   runtimeError?: string;
-  /** The pin file could not be written. */
-  writeError?: string;
-  /**
-   * Why pins in the file are not (yet) in effect in CRI-O: the reload failed
-   * (ReloadFailed), ended without CRI-O applying it (ReloadNotApplied), or
-   * CRI-O would refuse a file in its folder (CrioConfigRejected). It makes a
-   * set Degraded when it holds one of the `affected` references; with
-   * `affectsAll`, every set (CRI-O may not even run with that file).
-   */
-  pinProblem?: PinProblem;
-  overriding: readonly DropinPins[];
-  pinFile: string;
   history: ReadonlyMap<string, SetHistory>;
   /** Per set key: the disk estimate of its images still to download (see ./estimate.ts). */
   estimates?: ReadonlyMap<string, SetEstimate>;
@@ -60,14 +44,6 @@ export interface StatusFacts {
   rolloutWaits?: ReadonlyMap<string, SlotWait>;
   /** Per set key: the set downloads without a rollout slot because this node may not hold one, and why. */
   rolloutUnenforced?: ReadonlyMap<string, string>;
-}
-
-export interface PinProblem {
-  reason: 'ReloadFailed' | 'ReloadNotApplied' | 'CrioConfigRejected';
-  message: string;
-  /** References whose pin is not in effect because of it. */
-  affected: (ref: string) => boolean;
-  affectsAll?: boolean;
 }
 
 const PULL_REASON: Record<FailureKind, string> = {
@@ -133,7 +109,7 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
     if (!w) continue;
     const present = facts.runtimeError === undefined && facts.present(w);
     if (present) counts.present++;
-    const inFile = facts.pinsInFile.has(r.reference);
+    const inFile = facts.pins.holds(r.reference);
     const reported = facts.pinnedByRuntime(w);
     if (inFile && (reported === undefined || reported || !present)) counts.pinned++;
     if (inFile && present && reported === false) notPinned++;
@@ -144,16 +120,8 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
       failures.push({ w, f });
     }
   }
-  if (facts.overriding.length > 0) {
-    const file = facts.overriding[0]!.file;
-    const others = more(facts.overriding.length, 'file', 'files');
-    return {
-      phase: 'Degraded',
-      reason: 'PinsOverridden',
-      message: `${file}${others} sets pinned_images and sorts after ${facts.pinFile}; CRI-O keeps only the last list, so no pin of this set is in effect. Remove pinned_images there (pins in files that sort before ${facts.pinFile} are carried over)`,
-      counts,
-    };
-  }
+  const overridden = facts.pins.overridden;
+  if (overridden) return { phase: 'Degraded', ...overridden, counts };
   if (s.held) {
     return {
       phase: 'Degraded',
@@ -162,12 +130,8 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
       counts,
     };
   }
-  // A write that fails leaves the previous file in place: only sets with references it lacks are held up.
-  if (facts.writeError && s.references.some((r) => !facts.pinsInFile.has(r.reference))) {
-    return { phase: 'Degraded', reason: 'PinFileWriteFailed', message: `the pin file ${facts.pinFile} could not be written: ${facts.writeError}`, counts };
-  }
-  const pp = facts.pinProblem;
-  if (pp && (pp.affectsAll || s.references.some((r) => pp.affected(r.reference)))) return { phase: 'Degraded', reason: pp.reason, message: pp.message, counts };
+  const pinProblem = facts.pins.problemFor(s.references.map((r) => r.reference));
+  if (pinProblem) return { phase: 'Degraded', ...pinProblem, counts };
   if (facts.runtimeError) return { phase: 'Degraded', reason: 'RuntimeUnavailable', message: `the container runtime could not be reached: ${facts.runtimeError}`, counts };
   if (counts.invalid > 0) {
     const p = s.invalidImages[0]!;
@@ -195,11 +159,14 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
       (unknown ? `; size estimate unknown, so only the watermark was checked: ${unknown}` : '');
     return { phase: 'Progressing', reason: 'Pulling', message: `${counts.present} of ${counts.wanted} images present${note}`, counts };
   }
+  if (facts.pins.preloadOnly) {
+    return { phase: 'Ready', reason: 'PreloadedNotPinned', message: `all ${counts.wanted} images present; pre-load only, so nothing keeps the kubelet's image garbage collection from removing them`, counts };
+  }
   if (notInFile > 0) {
-    return { phase: 'Progressing', reason: 'WaitingForPin', message: `${notInFile} image(s) are present but not yet in the pin file ${facts.pinFile}`, counts };
+    return { phase: 'Progressing', reason: 'WaitingForPin', message: facts.pins.notHeld(notInFile), counts };
   }
   if (notPinned > 0) {
-    return { phase: 'Progressing', reason: 'WaitingForPin', message: `${notPinned} image(s) are in the pin file but not yet reported pinned by the runtime`, counts };
+    return { phase: 'Progressing', reason: 'WaitingForPin', message: facts.pins.notPinned(notPinned), counts };
   }
   return { phase: 'Ready', reason: 'AllImagesPinned', counts };
 }
@@ -300,204 +267,4 @@ export function makeNodeStatus(node: string, pinFile: string, sets: NodeSetStatu
   const status: NodeStatus = { version: STATUS_FORMAT_VERSION, node, pinFile, updatedAt, sets };
   if (extra.imageFilesystemError) status.imageFilesystemError = cutBytes(extra.imageFilesystemError, STATUS_MAX_ERROR_BYTES);
   return boundedNodeStatus(status);
-}
-
-// ---------------------------------------------------------------------------
-
-export interface StatusSink {
-  write(status: NodeStatus): Promise<void>;
-}
-
-/** Only logs (no API configured, e.g. static sets on a bootstrap host). */
-export class LogStatusSink implements StatusSink {
-  private readonly log: Logger;
-  constructor(log: Logger) {
-    this.log = log;
-  }
-  async write(status: NodeStatus): Promise<void> {
-    this.log.info({ status }, 'node status');
-  }
-}
-
-/** Same content, whatever the time stamp, the format version read and key order. */
-function sameContent(a: NodeStatus | undefined, b: NodeStatus | undefined): boolean {
-  if (!a || !b) return a === b;
-  return sameJson(comparable(a), comparable(b));
-}
-
-function comparable(s: NodeStatus): unknown {
-  const { updatedAt: _t, version: _v, node: _n, ...rest } = s;
-  return rest;
-}
-
-/**
- * True when `next` differs from `prev` in progress only: the same sets, each
- * in the same phase and generations, with other counts, messages or
- * estimates, or a Progressing set with another reason (Pulling after
- * WaitingForRolloutSlot). Anything else is news an operator and the
- * controller wait for: a set added or gone, a phase or a generation
- * changed, a Degraded set failing for another reason, or with another
- * error while its counts stand still (the cause changed, not the progress).
- */
-export function progressOnly(prev: NodeStatus | undefined, next: NodeStatus): boolean {
-  if (!prev || prev.pinFile !== next.pinFile || prev.imageFilesystemError !== next.imageFilesystemError) return false;
-  if (Boolean(prev.truncated) !== Boolean(next.truncated) || prev.sets.length !== next.sets.length) return false;
-  const key = (s: NodeSetStatus) => `${s.source}/${s.name}`;
-  const before = new Map(prev.sets.map((s) => [key(s), s]));
-  return next.sets.every((n) => {
-    const p = before.get(key(n));
-    if (
-      p === undefined ||
-      p.uid !== n.uid ||
-      p.phase !== n.phase ||
-      p.desiredGeneration !== n.desiredGeneration ||
-      p.currentGeneration !== n.currentGeneration ||
-      p.lastFailedGeneration !== n.lastFailedGeneration
-    ) {
-      return false;
-    }
-    if (n.phase !== 'Degraded') return true;
-    return p.reason === n.reason && (p.message === n.message || !sameJson(p.images, n.images));
-  });
-}
-
-/** The first progress-only write waits this long after the last write; each next one twice as long, up to the cap. */
-export const PROGRESS_WRITE_INTERVAL_MS = 60_000;
-/** The kubelet reports an unchanged Node status every 5 minutes (nodeStatusReportFrequency): never more often than that for progress alone. */
-export const PROGRESS_WRITE_INTERVAL_CAP_MS = 5 * 60_000;
-
-/**
- * Writes a NodeStatus when its content changed. A change of phase (or of
- * the sets or generations) is written at once; a change of progress alone
- * (counts, reasons, messages) waits `progressIntervalMs` after the last
- * write, and each further one in a row twice as long up to
- * `progressIntervalCapMs` (the latest content wins). So a set rollout
- * costs 2 writes when it takes under a minute (Progressing, Ready), 3 under
- * three minutes, and after that one more per 5 minutes at most: every Node
- * write reaches every Node watcher in the cluster. A failed write is
- * retried with backoff; the newest content is what lands.
- */
-export class StatusReporter {
-  private readonly sink: StatusSink;
-  private readonly progressIntervalMs: number;
-  private readonly progressIntervalCapMs: number;
-  private readonly log: Logger;
-  private readonly now: () => number;
-  private lastWritten: NodeStatus | undefined;
-  private lastWriteAt = -Infinity;
-  /** Wait before the next progress-only write, counted from the last write. */
-  private progressWait: number;
-  private pending: NodeStatus | undefined;
-  private timer: NodeJS.Timeout | undefined;
-  private writing: Promise<void> | undefined;
-  /** The timer is a failed write's backoff: news does not jump it. */
-  private retrying = false;
-  private readonly backoff = new Backoff({ baseMs: 1_000, capMs: 60_000 });
-  writes = 0;
-
-  constructor(
-    sink: StatusSink,
-    opts: { progressIntervalMs?: number; progressIntervalCapMs?: number; logger: Logger; now?: () => number; initial?: NodeStatus | null },
-  ) {
-    this.sink = sink;
-    this.progressIntervalMs = opts.progressIntervalMs ?? PROGRESS_WRITE_INTERVAL_MS;
-    this.progressIntervalCapMs = Math.max(this.progressIntervalMs, opts.progressIntervalCapMs ?? PROGRESS_WRITE_INTERVAL_CAP_MS);
-    this.progressWait = this.progressIntervalMs;
-    this.log = opts.logger;
-    this.now = opts.now ?? Date.now;
-    if (opts.initial) this.lastWritten = opts.initial;
-  }
-
-  /** How long `status` waits before it may be written (0: at once). */
-  private delayFor(status: NodeStatus): number {
-    if (!progressOnly(this.lastWritten, status)) return 0;
-    return Math.max(0, this.lastWriteAt + this.progressWait - this.now());
-  }
-
-  /** What is already on the Node (read at start): identical content is not written again. */
-  seed(existing: NodeStatus | null): void {
-    if (existing && this.lastWritten === undefined && !this.pending) this.lastWritten = existing;
-  }
-
-  /** True when this content differs from what was last written (or queued). */
-  changed(status: NodeStatus): boolean {
-    return !sameContent(status, this.pending ?? this.lastWritten);
-  }
-
-  report(status: NodeStatus): void {
-    if (!this.changed(status)) return;
-    if (sameContent(status, this.lastWritten)) {
-      // Back to what is already written: nothing to send.
-      this.pending = undefined;
-      clearTimeout(this.timer);
-      this.timer = undefined;
-      return;
-    }
-    this.pending = status;
-    const delay = this.delayFor(status);
-    // News goes out now, even when progress was waiting for its turn.
-    if (delay === 0 && this.timer && !this.retrying) {
-      clearTimeout(this.timer);
-      this.timer = undefined;
-    }
-    this.schedule(delay);
-  }
-
-  private schedule(delay: number): void {
-    if (this.timer || this.writing) return;
-    if (delay <= 0) {
-      void this.flushPending();
-      return;
-    }
-    this.timer = setTimeout(() => {
-      this.timer = undefined;
-      this.retrying = false;
-      void this.flushPending();
-    }, delay);
-    this.timer.unref?.();
-  }
-
-  private async flushPending(): Promise<void> {
-    const status = this.pending;
-    if (!status) return;
-    this.pending = undefined;
-    const paced = progressOnly(this.lastWritten, status);
-    this.writing = (async () => {
-      try {
-        await this.sink.write(status);
-        this.lastWritten = status;
-        this.lastWriteAt = this.now();
-        this.writes++;
-        this.backoff.reset();
-        this.progressWait = paced ? Math.min(this.progressIntervalCapMs, this.progressWait * 2) : this.progressIntervalMs;
-      } catch (e) {
-        const delay = this.backoff.fail();
-        this.log.warn({ err: (e as Error).message?.slice(0, 300), retryInMs: delay }, 'status write failed; retrying');
-        this.pending ??= status;
-        this.writing = undefined;
-        this.retrying = true;
-        this.schedule(delay);
-        return;
-      }
-      this.writing = undefined;
-      // Content that arrived during the write goes out at its own pace.
-      const next = this.pending as NodeStatus | undefined;
-      if (next) this.schedule(this.delayFor(next));
-    })();
-    await this.writing;
-  }
-
-  /** Write whatever is pending now (shutdown, --once). */
-  async flush(): Promise<void> {
-    clearTimeout(this.timer);
-    this.timer = undefined;
-    this.retrying = false;
-    if (this.writing) await this.writing;
-    await this.flushPending();
-  }
-
-  close(): void {
-    clearTimeout(this.timer);
-    this.timer = undefined;
-  }
 }

@@ -50,7 +50,7 @@ export interface RuntimeState {
   readonly error: string | undefined;
   readonly view: RuntimeView;
   /** Replace the view with a fresh ListImages (after a pin change that flips `pinned` on many images). */
-  refresh(images: RuntimeImage[]): void;
+  refresh(images: RuntimeImage[]): Promise<void>;
 }
 
 /** One image the plan wants, as the backend sees it. */
@@ -64,10 +64,20 @@ export interface PinTarget {
 export interface PinStatus {
   /** What the node status calls the place pins are kept (the pin file's name; containerd's label). */
   readonly where: string;
+  /** The pin configuration changed in this reconcile (a file written, labels set). */
+  readonly wrote: boolean;
+  /** The runtime was told to apply it (CRI-O reloaded). */
+  readonly reloaded: boolean;
   /** Whether the agent's pin configuration holds this reference (the pin file; a label it set or a hand pin it keeps). */
   holds(ref: string): boolean;
   /** The runtime's own `pinned` for an image it holds; undefined when this backend cannot read pins back. */
   reportsPinned(img: RuntimeImage): boolean | undefined;
+  /** Pre-loading only: images count as in place when present, and a set is Ready with reason PreloadedNotPinned, 0 pinned. */
+  readonly preloadOnly?: boolean;
+  /** WaitingForPin's message: `n` images present whose reference the configuration does not hold yet. */
+  notHeld(n: number): string;
+  /** WaitingForPin's message: `n` images held and present that the runtime does not report pinned yet. */
+  notPinned(n: number): string;
   /** A problem that overrides every pin of every set (CRI-O: a later drop-in replacing pinned_images). Checked before all but spec errors. */
   overridden?: { reason: string; message: string };
   /** The first problem keeping these references' pins from effect, in the order they are reported. */
@@ -76,6 +86,8 @@ export interface PinStatus {
 
 export interface PinBackend {
   readonly name: PinBackendName;
+  /** The runtime reports `pinned` through CRI, and this backend reads it back (known once the runtime answered). */
+  readonly readsPins: boolean;
   /** Before the plan: the pins held for the agent now, and those carried over. Logs its own findings once per change. */
   observe(): Promise<PinsObserved>;
   /**
@@ -83,7 +95,7 @@ export interface PinBackend {
    * drop-in). Runs while the core waits for the runtime's image list, so a
    * backend that needs that list does its work in sync().
    */
-  stage(pins: readonly string[], signal: AbortSignal): Promise<void>;
+  stage(pins: readonly string[]): Promise<void>;
   /** Make the runtime apply the staged list and confirm it (reload and read back; label and read back). */
   sync(runtime: RuntimeState, wanted: readonly PinTarget[], signal: AbortSignal): Promise<void>;
   /**
@@ -92,18 +104,18 @@ export interface PinBackend {
    * CRI-O pins stored names, so a name it lacks is added by a pull.
    */
   wantsNamePull(ref: string, img: RuntimeImage): boolean;
-  /** After pulls: pin what landed and confirm by it; see that the runtime has not dropped what it was told. */
+  /** After pulls, before they are verified: pin what landed and confirm by it. */
   afterPulls(runtime: RuntimeState, wanted: readonly PinTarget[], pulled: readonly PinTarget[], signal: AbortSignal): Promise<void>;
+  /** Last, with the verified view: see that the runtime has not dropped what it was told (CRI-O: reload when it contradicts its files). */
+  audit(runtime: RuntimeState, wanted: readonly PinTarget[], signal: AbortSignal): Promise<void>;
   /** An image counts as in place when the runtime holds it under the reference and this says so. */
   inPlace(img: RuntimeImage): boolean;
   /** This reconcile's outcome, for the node status. */
   status(): PinStatus;
-  /** When a failed or waiting step of this backend wants the next reconcile, if one does. */
-  nextAttemptAt(): number | undefined;
+  /** When a failed or waiting step of this backend wants the next reconcile, if one does (`runtimeReachable` false: only steps that need no runtime count). */
+  nextAttemptAt(runtimeReachable: boolean): number | undefined;
   /** Paths whose change should trigger a reconcile (a fixed configuration, a writable folder). */
   watchPaths(): { dir: string; recursive: boolean; name?: string; reason: string }[];
-  /** The runtime's socket changed: a new process, which must answer before it is signalled. */
-  runtimeRestarted(): void;
   /** For the reconcile's log line: how far the runtime's pins are known to follow the list. */
   readonly state: string | undefined;
   close(): void;

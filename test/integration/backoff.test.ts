@@ -22,7 +22,7 @@ import { PinFile } from '../../src/crio/pinfile.ts';
 import { NoReloader } from '../../src/crio/reload.ts';
 import { Agent } from '../../src/agent/agent.ts';
 import { ImagePuller } from '../../src/agent/puller.ts';
-import { LogStatusSink, StatusReporter } from '../../src/agent/status.ts';
+import { LogStatusSink, StatusReporter } from '../../src/agent/status-reporter.ts';
 import { makeNodeBed, NODE, setObject, type NodeBed } from '../support/node-bed.ts';
 import { captureLogs } from '../support/log-capture.ts';
 import { startFakeCrio } from '../support/fake-crio.ts';

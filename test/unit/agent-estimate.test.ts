@@ -12,7 +12,7 @@ import { Agent } from '../../src/agent/agent.ts';
 import { DiskCheck, type FsUsage } from '../../src/agent/disk.ts';
 import { estimateBatch, MemorySizeEstimator, noSpaceMessage, roomBelowWatermark } from '../../src/agent/estimate.ts';
 import { ImagePuller } from '../../src/agent/puller.ts';
-import { StatusReporter } from '../../src/agent/status.ts';
+import { StatusReporter } from '../../src/agent/status-reporter.ts';
 import type { ImageFilesystem, ImageRuntime, RuntimeImage, RuntimeInfo } from '../../src/cri/runtime.ts';
 import { PinFile } from '../../src/crio/pinfile.ts';
 import { createReloader } from '../../src/crio/reload.ts';

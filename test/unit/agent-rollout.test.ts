@@ -14,7 +14,7 @@ import { DiskCheck } from '../../src/agent/disk.ts';
 import { MemorySizeEstimator } from '../../src/agent/estimate.ts';
 import type { KubeObserver } from '../../src/agent/kube.ts';
 import { ImagePuller } from '../../src/agent/puller.ts';
-import { StatusReporter, type StatusSink } from '../../src/agent/status.ts';
+import { StatusReporter, type StatusSink } from '../../src/agent/status-reporter.ts';
 import type { NodeStatus, PinnedImageSet } from '../../src/api/types.ts';
 import type { ImageFilesystem, ImageRuntime, RuntimeImage, RuntimeInfo } from '../../src/cri/runtime.ts';
 import { PinFile } from '../../src/crio/pinfile.ts';

@@ -9,12 +9,13 @@ import {
   cutBytes,
   historyFromStatus,
   makeNodeStatus,
-  progressOnly,
-  StatusReporter,
   type SetHistory,
   type StatusFacts,
-  type StatusSink,
 } from '../../src/agent/status.ts';
+import { progressOnly, StatusReporter, type StatusSink } from '../../src/agent/status-reporter.ts';
+import { crioPinStatus } from '../../src/crio/crio-pins.ts';
+import type { DropinPins } from '../../src/crio/pinfile.ts';
+import type { PinProblem } from '../../src/pins/backend.ts';
 import { STATUS_MAX_BYTES, STATUS_MAX_MESSAGE_BYTES, type LabelSelector, type NodeSetStatus, type NodeStatus } from '../../src/api/types.ts';
 import type { FailureKind } from '../../src/cri/runtime.ts';
 import { silentLogger } from '../../src/util/log.ts';
@@ -45,18 +46,25 @@ function plan(sets: ObservedSet[], over: Partial<PlanInput> = {}): Plan {
   return planReconcile({ labels: { zone: 'a' }, apiSets: sets, staticSets: [], staticProblems: [], currentPins: [], carriedPins: [], ...over });
 }
 
+/** What CRI-O's pin backend reports (src/crio/crio-pins.ts): the pin file's pins, a write that failed, a reload problem, later drop-ins. */
+interface CrioFacts {
+  pinsInFile?: ReadonlySet<string>;
+  writeError?: string;
+  pinProblem?: PinProblem;
+  overriding?: DropinPins[];
+}
+
 /** Facts where every wanted image is present, in the file, reported pinned. */
-function facts(p: Plan, over: Partial<StatusFacts> = {}): StatusFacts {
+function facts(p: Plan, over: Partial<StatusFacts> & CrioFacts = {}): StatusFacts {
+  const { pinsInFile, writeError, pinProblem, overriding, ...rest } = over;
   return {
     plan: p,
-    pinsInFile: new Set(p.pins),
+    pins: crioPinStatus({ pinFile: PIN_FILE, pinsInFile: pinsInFile ?? new Set(p.pins), reportsPins: true, overriding: overriding ?? [], writeError, problem: pinProblem }),
     present: () => true,
     pinnedByRuntime: () => true,
     failure: () => undefined,
-    overriding: [],
-    pinFile: PIN_FILE,
     history: new Map(),
-    ...over,
+    ...rest,
   };
 }
 

@@ -1,0 +1,164 @@
+// Pull admission: which of the pulls due now may start. Three checks, in
+// this order, each with its own owner:
+// - the disk watermark (./disk.ts): above it, no download starts (NoSpace);
+// - rollout slots (src/rollout/gate.ts via ./rollout-hook.ts): a set with
+//   spec.rollout.maxConcurrentNodes downloads only while the node holds one
+//   of its slots; asked before the size estimate, so only nodes about to
+//   download a set ask the registry about its images;
+// - the size estimate (./estimate.ts): the images about to be downloaded,
+//   from the registries' manifests, must fit below the watermark, or
+//   nothing of the batch starts.
+// A name-only pull downloads nothing: it never waits for a slot or space.
+//
+// The estimate is started as soon as the runtime has said what it holds,
+// for the images of sets no rollout slot limits, so it runs while the pins
+// are written and confirmed rather than after.
+import type { Logger } from 'pino';
+import { RuntimeError } from '../cri/runtime.ts';
+import type { RolloutGate, SlotWait } from '../rollout/gate.ts';
+import { checkpoint } from '../util/cancel.ts';
+import type { ProblemLog } from '../util/problem-log.ts';
+import type { DiskCheck } from './disk.ts';
+import { estimateBatch, noSpaceMessage, roomBelowWatermark, type ImageSizes, type SetEstimate, type SizeEstimator } from './estimate.ts';
+import type { Plan, WantedImage } from './plan.ts';
+import type { ImagePuller } from './puller.ts';
+import { admitDownloads, rolloutLimits } from './rollout-hook.ts';
+import type { RuntimeSnapshot } from './runtime-state.ts';
+
+export interface PullAdmissionOptions {
+  logger: Logger;
+  puller: ImagePuller;
+  diskCheck?: DiskCheck | null;
+  sizeEstimator?: SizeEstimator | null;
+  /** Estimated disk = compressed download x this (default 2). */
+  diskEstimateFactor?: number;
+  rolloutGate?: RolloutGate | null;
+}
+
+export interface Admitted {
+  /** What to pass to the puller now. */
+  pulling: WantedImage[];
+  waits?: ReadonlyMap<string, SlotWait>;
+  unenforced?: ReadonlyMap<string, string>;
+}
+
+export class PullAdmission {
+  private readonly o: PullAdmissionOptions;
+  private readonly log: Logger;
+  /** Per set key: the estimated disk of its images still to download, kept until they are all present. */
+  readonly estimates = new Map<string, SetEstimate>();
+  private early: Promise<string | null> | undefined;
+  private prefetched: Promise<Map<string, ImageSizes>> | undefined;
+
+  constructor(o: PullAdmissionOptions) {
+    this.o = o;
+    this.log = o.logger;
+  }
+
+  /**
+   * Right after the plan: when it wants an image the last reconcile did not
+   * see present, the disk check starts now; and once the runtime has said
+   * what it lacks, the sizes of what it lacks are asked for, for the sets
+   * no rollout slot limits.
+   */
+  prepare(plan: Plan, knownPresent: ReadonlySet<string>, runtime: Promise<RuntimeSnapshot>, signal: AbortSignal): void {
+    this.early = this.prefetched = undefined;
+    if (!plan.wanted.some((w) => !knownPresent.has(w.key))) return;
+    this.early = this.o.diskCheck?.problem();
+    this.early?.catch(() => {});
+    const estimator = this.o.sizeEstimator;
+    if (!estimator || !this.watermarkApplies()) return;
+    const limited = rolloutLimits(plan.sets);
+    this.prefetched = runtime.then((r) => {
+      if (r.error) return new Map<string, ImageSizes>();
+      const held = r.heldDigests();
+      const refs = new Set<string>();
+      for (const w of plan.wanted) {
+        if (r.found(w) || held.has(w.reference.digest) || w.sets.some((k) => limited.has(k))) continue;
+        refs.add(w.reference.reference);
+      }
+      return refs.size > 0 ? estimator.sizes([...refs], signal) : new Map<string, ImageSizes>();
+    });
+    this.prefetched.catch(() => {});
+  }
+
+  private watermarkApplies(): boolean {
+    const wm = this.o.diskCheck?.highWatermarkPercent ?? 0;
+    return wm > 0 && wm < 100;
+  }
+
+  /** Admit what may start among `toPull` (downloads and name-only pulls); failures are recorded on the puller. */
+  async admit(plan: Plan, toPull: readonly WantedImage[], isName: (w: WantedImage) => boolean, runtime: RuntimeSnapshot, problems: ProblemLog, signal: AbortSignal): Promise<Admitted> {
+    const { puller, rolloutGate, diskCheck } = this.o;
+    const dueDownloads = toPull.filter((w) => puller.isDue(w.key) && !isName(w));
+    let diskProblem = dueDownloads.length > 0 ? await (this.early ?? diskCheck?.problem()) : null;
+    if (diskProblem) {
+      this.log.warn({ missing: dueDownloads.length, err: diskProblem }, 'image filesystem above its high watermark; not pulling');
+      for (const w of dueDownloads) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
+    }
+    const admitted = await admitDownloads(rolloutGate, plan, diskProblem ? toPull.filter(isName) : [...toPull], (w) => puller.isDue(w.key) && !isName(w));
+    const mayPull = new Set(admitted.pulls);
+    const dueNow = dueDownloads.filter((w) => mayPull.has(w));
+    if (!diskProblem && dueNow.length > 0 && this.o.sizeEstimator) {
+      diskProblem = await this.estimateFits(dueNow, runtime, problems, signal);
+      if (diskProblem) {
+        this.log.warn({ missing: dueNow.length, err: diskProblem }, 'the images to pull would not fit below the high watermark; not pulling this batch');
+        for (const w of dueNow) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
+        await rolloutGate?.releaseAll('no room below the watermark');
+      }
+    }
+    return { pulling: diskProblem ? admitted.pulls.filter(isName) : admitted.pulls, waits: admitted.waits, unenforced: admitted.unenforced };
+  }
+
+  /** An estimate is shown while its set still has images to download. */
+  forgetDone(plan: Plan, runtime: RuntimeSnapshot): void {
+    if (runtime.error) return;
+    const pending = new Set(plan.wanted.filter((w) => !runtime.found(w)).flatMap((w) => w.sets));
+    for (const k of [...this.estimates.keys()]) if (!pending.has(k)) this.estimates.delete(k);
+  }
+
+  /** Sizes of `refs`: those asked for early, and the rest now. */
+  private async sizes(refs: readonly string[], signal: AbortSignal): Promise<Map<string, ImageSizes>> {
+    const early = (await this.prefetched?.catch(() => undefined)) ?? new Map<string, ImageSizes>();
+    const rest = refs.filter((r) => !early.has(r));
+    const late = rest.length > 0 ? await this.o.sizeEstimator!.sizes(rest, signal) : new Map<string, ImageSizes>();
+    return new Map(refs.map((r) => [r, early.get(r) ?? late.get(r)!]));
+  }
+
+  /**
+   * Whether the images about to be downloaded fit below the watermark,
+   * estimated from the registries; null when they do or when it cannot be
+   * told (sizes unknown, filesystem not measurable), else why not. Name-only
+   * pulls are not in `due`: they download nothing.
+   */
+  private async estimateFits(due: readonly WantedImage[], runtime: RuntimeSnapshot, problems: ProblemLog, signal: AbortSignal): Promise<string | null> {
+    const held = runtime.heldDigests();
+    const download = due.filter((w) => !held.has(w.reference.digest));
+    if (download.length === 0) return null;
+    const refs = [...new Set(download.map((w) => w.reference.reference))];
+    const sizes = await this.sizes(refs, signal);
+    checkpoint(signal);
+    const factor = this.o.diskEstimateFactor ?? 2;
+    const batch = estimateBatch(download.map((w) => ({ reference: w.reference.reference, sets: w.sets })), sizes, factor);
+    const unknownBySet = new Map<string, string>();
+    for (const u of batch.unknown) for (const w of download) if (w.reference.reference === u.reference) for (const k of w.sets) if (!unknownBySet.has(k)) unknownBySet.set(k, u.why);
+    for (const k of new Set(download.flatMap((w) => w.sets))) {
+      const bytes = batch.perSet.get(k);
+      const unknown = unknownBySet.get(k);
+      this.estimates.set(k, { ...(bytes !== undefined ? { bytes } : {}), ...(unknown ? { unknown } : {}) });
+    }
+    if (batch.unknown.length > 0) {
+      problems.warn({ unknown: batch.unknown.length, of: refs.length, first: batch.unknown[0]!.why }, 'size of images to pull unknown; pulling with the watermark check alone');
+    }
+    const check = this.o.diskCheck;
+    if (!check || !this.watermarkApplies()) return null;
+    const wm = check.highWatermarkPercent;
+    const space = await check.space();
+    if (!space) return null;
+    const room = roomBelowWatermark(space.size, space.used, wm);
+    this.log.info({ neededBytes: batch.neededBytes, roomBytes: room, images: download.length, unknown: batch.unknown.length, mountpoint: space.mountpoint }, 'disk estimate for the images to pull');
+    // With some sizes unknown the estimate is a lower bound: if even that does not fit, nothing will.
+    if (batch.neededBytes <= room) return null;
+    return noSpaceMessage(batch.neededBytes, room, wm, space.mountpoint, download.length - batch.unknown.length, batch.unknown.length);
+  }
+}

@@ -1,0 +1,110 @@
+// Report: each set's status on this node from one reconcile's facts
+// (./status.ts, pure), written to the Node annotation by the reporter (at
+// its own pace), Events for changes of phase, and the agent's metrics. What
+// a set's generations were is remembered across reconciles and, through
+// the annotation, across restarts.
+import type { NodeSetStatus, SetPhase } from '../api/types.ts';
+import { readNodeStatus } from '../api/node-status.ts';
+import type { AgentMetrics } from '../metrics/agent-metrics.ts';
+import type { PinStatus } from '../pins/backend.ts';
+import type { SetEstimate } from './estimate.ts';
+import type { KubeObserver } from './kube.ts';
+import type { EventRecorder } from './node-sinks.ts';
+import type { Plan } from './plan.ts';
+import type { ImagePuller } from './puller.ts';
+import type { Admitted } from './pull-admission.ts';
+import type { RuntimeSnapshot } from './runtime-state.ts';
+import { computeSetStatuses, historyFromStatus, makeNodeStatus, type SetHistory } from './status.ts';
+import type { StatusReporter } from './status-reporter.ts';
+import type { DiskCheck } from './disk.ts';
+
+export interface SetReportOptions {
+  nodeName: string;
+  reporter: StatusReporter;
+  kube?: KubeObserver | null;
+  events?: EventRecorder | null;
+  metrics?: AgentMetrics | null;
+  diskCheck?: DiskCheck | null;
+  now: () => number;
+}
+
+/** One reconcile's facts, as they stand when a report is made. */
+export interface ReportFacts {
+  plan: Plan;
+  runtime: RuntimeSnapshot;
+  pins: PinStatus;
+  puller: ImagePuller;
+  estimates: ReadonlyMap<string, SetEstimate>;
+  admitted?: Admitted;
+}
+
+export class SetReport {
+  private readonly o: SetReportOptions;
+  private history = new Map<string, SetHistory>();
+  private readonly lastPhase = new Map<string, SetPhase>();
+  private seeded = false;
+
+  constructor(o: SetReportOptions) {
+    this.o = o;
+  }
+
+  /** What the Node's annotation says already (once the Node is known): identical content is not written again, generations carry on. */
+  seed(): void {
+    if (this.seeded) return;
+    const node = this.o.kube?.currentNode();
+    if (!node && this.o.kube) return;
+    this.seeded = true;
+    const previous = readNodeStatus(node?.metadata?.annotations).status ?? null;
+    this.o.reporter.seed(previous);
+    for (const [k, v] of historyFromStatus(previous)) if (!this.history.has(k)) this.history.set(k, v);
+  }
+
+  report(f: ReportFacts): NodeSetStatus[] {
+    const { runtime, pins, plan } = f;
+    const present = (w: Plan['wanted'][number]) => Boolean(runtime.found(w));
+    const { sets, history } = computeSetStatuses({
+      plan,
+      pins,
+      present,
+      pinnedByRuntime: (w) => {
+        const img = runtime.found(w);
+        return img ? pins.reportsPinned(img) : undefined;
+      },
+      failure: (k) => f.puller.failure(k),
+      runtimeError: runtime.error,
+      history: this.history,
+      estimates: f.estimates,
+      rolloutWaits: f.admitted?.waits,
+      rolloutUnenforced: f.admitted?.unenforced,
+    });
+    this.history = history;
+    this.o.reporter.report(makeNodeStatus(this.o.nodeName, pins.where, sets, new Date(this.o.now()).toISOString(), { imageFilesystemError: this.o.diskCheck?.unmeasured }));
+    this.recordEvents(sets, plan);
+    this.updateMetrics(plan, sets, present, runtime.error === undefined);
+    return sets;
+  }
+
+  private recordEvents(sets: NodeSetStatus[], plan: Plan): void {
+    const ev = this.o.events;
+    for (const s of sets) {
+      const key = `${s.source}/${s.name}`;
+      const before = this.lastPhase.get(key);
+      this.lastPhase.set(key, s.phase);
+      if (!ev) continue;
+      if (s.phase === 'Ready' && before !== 'Ready') ev.record('Normal', 'SetReady', `set ${s.name} (generation ${s.desiredGeneration}): all ${s.images.wanted} images present and pinned`, key);
+      if (s.phase === 'Degraded' && s.reason === 'PinsOverridden') ev.record('Warning', 'PinsOverridden', s.message ?? s.reason, key);
+      else if (s.phase === 'Degraded' && s.images.failed > 0) ev.record('Warning', 'PullFailed', `set ${s.name}: ${s.message ?? s.reason}`, key);
+    }
+    for (const k of [...this.lastPhase.keys()]) if (!plan.sets.some((s) => s.key === k)) this.lastPhase.delete(k);
+  }
+
+  private updateMetrics(plan: Plan, sets: NodeSetStatus[], present: (w: Plan['wanted'][number]) => boolean, reached: boolean): void {
+    const m = this.o.metrics;
+    if (!m) return;
+    for (const p of ['Ready', 'Progressing', 'Degraded'] as SetPhase[]) m.setsByPhase.set({ phase: p }, sets.filter((s) => s.phase === p).length);
+    m.imagesPinned.set(plan.pins.length);
+    m.imagesWanted.set(plan.wanted.length);
+    m.imagesPresent.set(plan.wanted.filter(present).length);
+    if (reached) m.lastSuccess.set(this.o.now() / 1000);
+  }
+}

@@ -1,0 +1,205 @@
+// The reporter that writes a NodeStatus to the Node annotation only when
+// it changes: a change of phase at once, progress (counts, messages) at a
+// pace, a failed write retried with backoff.
+import type { Logger } from 'pino';
+import type { NodeSetStatus, NodeStatus } from '../api/types.ts';
+import { Backoff } from '../util/backoff.ts';
+import { sameJson } from '../util/json.ts';
+
+export interface StatusSink {
+  write(status: NodeStatus): Promise<void>;
+}
+
+/** Only logs (no API configured, e.g. static sets on a bootstrap host). */
+export class LogStatusSink implements StatusSink {
+  private readonly log: Logger;
+  constructor(log: Logger) {
+    this.log = log;
+  }
+  async write(status: NodeStatus): Promise<void> {
+    this.log.info({ status }, 'node status');
+  }
+}
+
+/** Same content, whatever the time stamp, the format version read and key order. */
+function sameContent(a: NodeStatus | undefined, b: NodeStatus | undefined): boolean {
+  if (!a || !b) return a === b;
+  return sameJson(comparable(a), comparable(b));
+}
+
+function comparable(s: NodeStatus): unknown {
+  const { updatedAt: _t, version: _v, node: _n, ...rest } = s;
+  return rest;
+}
+
+/**
+ * True when `next` differs from `prev` in progress only: the same sets, each
+ * in the same phase and generations, with other counts, messages or
+ * estimates, or a Progressing set with another reason (Pulling after
+ * WaitingForRolloutSlot). Anything else is news an operator and the
+ * controller wait for: a set added or gone, a phase or a generation
+ * changed, a Degraded set failing for another reason, or with another
+ * error while its counts stand still (the cause changed, not the progress).
+ */
+export function progressOnly(prev: NodeStatus | undefined, next: NodeStatus): boolean {
+  if (!prev || prev.pinFile !== next.pinFile || prev.imageFilesystemError !== next.imageFilesystemError) return false;
+  if (Boolean(prev.truncated) !== Boolean(next.truncated) || prev.sets.length !== next.sets.length) return false;
+  const key = (s: NodeSetStatus) => `${s.source}/${s.name}`;
+  const before = new Map(prev.sets.map((s) => [key(s), s]));
+  return next.sets.every((n) => {
+    const p = before.get(key(n));
+    if (
+      p === undefined ||
+      p.uid !== n.uid ||
+      p.phase !== n.phase ||
+      p.desiredGeneration !== n.desiredGeneration ||
+      p.currentGeneration !== n.currentGeneration ||
+      p.lastFailedGeneration !== n.lastFailedGeneration
+    ) {
+      return false;
+    }
+    if (n.phase !== 'Degraded') return true;
+    return p.reason === n.reason && (p.message === n.message || !sameJson(p.images, n.images));
+  });
+}
+
+/** The first progress-only write waits this long after the last write; each next one twice as long, up to the cap. */
+export const PROGRESS_WRITE_INTERVAL_MS = 60_000;
+/** The kubelet reports an unchanged Node status every 5 minutes (nodeStatusReportFrequency): never more often than that for progress alone. */
+export const PROGRESS_WRITE_INTERVAL_CAP_MS = 5 * 60_000;
+
+/**
+ * Writes a NodeStatus when its content changed. A change of phase (or of
+ * the sets or generations) is written at once; a change of progress alone
+ * (counts, reasons, messages) waits `progressIntervalMs` after the last
+ * write, and each further one in a row twice as long up to
+ * `progressIntervalCapMs` (the latest content wins). So a set rollout
+ * costs 2 writes when it takes under a minute (Progressing, Ready), 3 under
+ * three minutes, and after that one more per 5 minutes at most: every Node
+ * write reaches every Node watcher in the cluster. A failed write is
+ * retried with backoff; the newest content is what lands.
+ */
+export class StatusReporter {
+  private readonly sink: StatusSink;
+  private readonly progressIntervalMs: number;
+  private readonly progressIntervalCapMs: number;
+  private readonly log: Logger;
+  private readonly now: () => number;
+  private lastWritten: NodeStatus | undefined;
+  private lastWriteAt = -Infinity;
+  /** Wait before the next progress-only write, counted from the last write. */
+  private progressWait: number;
+  private pending: NodeStatus | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private writing: Promise<void> | undefined;
+  /** The timer is a failed write's backoff: news does not jump it. */
+  private retrying = false;
+  private readonly backoff = new Backoff({ baseMs: 1_000, capMs: 60_000 });
+  writes = 0;
+
+  constructor(
+    sink: StatusSink,
+    opts: { progressIntervalMs?: number; progressIntervalCapMs?: number; logger: Logger; now?: () => number; initial?: NodeStatus | null },
+  ) {
+    this.sink = sink;
+    this.progressIntervalMs = opts.progressIntervalMs ?? PROGRESS_WRITE_INTERVAL_MS;
+    this.progressIntervalCapMs = Math.max(this.progressIntervalMs, opts.progressIntervalCapMs ?? PROGRESS_WRITE_INTERVAL_CAP_MS);
+    this.progressWait = this.progressIntervalMs;
+    this.log = opts.logger;
+    this.now = opts.now ?? Date.now;
+    if (opts.initial) this.lastWritten = opts.initial;
+  }
+
+  /** How long `status` waits before it may be written (0: at once). */
+  private delayFor(status: NodeStatus): number {
+    if (!progressOnly(this.lastWritten, status)) return 0;
+    return Math.max(0, this.lastWriteAt + this.progressWait - this.now());
+  }
+
+  /** What is already on the Node (read at start): identical content is not written again. */
+  seed(existing: NodeStatus | null): void {
+    if (existing && this.lastWritten === undefined && !this.pending) this.lastWritten = existing;
+  }
+
+  /** True when this content differs from what was last written (or queued). */
+  changed(status: NodeStatus): boolean {
+    return !sameContent(status, this.pending ?? this.lastWritten);
+  }
+
+  report(status: NodeStatus): void {
+    if (!this.changed(status)) return;
+    if (sameContent(status, this.lastWritten)) {
+      // Back to what is already written: nothing to send.
+      this.pending = undefined;
+      clearTimeout(this.timer);
+      this.timer = undefined;
+      return;
+    }
+    this.pending = status;
+    const delay = this.delayFor(status);
+    // News goes out now, even when progress was waiting for its turn.
+    if (delay === 0 && this.timer && !this.retrying) {
+      clearTimeout(this.timer);
+      this.timer = undefined;
+    }
+    this.schedule(delay);
+  }
+
+  private schedule(delay: number): void {
+    if (this.timer || this.writing) return;
+    if (delay <= 0) {
+      void this.flushPending();
+      return;
+    }
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      this.retrying = false;
+      void this.flushPending();
+    }, delay);
+    this.timer.unref?.();
+  }
+
+  private async flushPending(): Promise<void> {
+    const status = this.pending;
+    if (!status) return;
+    this.pending = undefined;
+    const paced = progressOnly(this.lastWritten, status);
+    this.writing = (async () => {
+      try {
+        await this.sink.write(status);
+        this.lastWritten = status;
+        this.lastWriteAt = this.now();
+        this.writes++;
+        this.backoff.reset();
+        this.progressWait = paced ? Math.min(this.progressIntervalCapMs, this.progressWait * 2) : this.progressIntervalMs;
+      } catch (e) {
+        const delay = this.backoff.fail();
+        this.log.warn({ err: (e as Error).message?.slice(0, 300), retryInMs: delay }, 'status write failed; retrying');
+        this.pending ??= status;
+        this.writing = undefined;
+        this.retrying = true;
+        this.schedule(delay);
+        return;
+      }
+      this.writing = undefined;
+      // Content that arrived during the write goes out at its own pace.
+      const next = this.pending as NodeStatus | undefined;
+      if (next) this.schedule(this.delayFor(next));
+    })();
+    await this.writing;
+  }
+
+  /** Write whatever is pending now (shutdown, --once). */
+  async flush(): Promise<void> {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    this.retrying = false;
+    if (this.writing) await this.writing;
+    await this.flushPending();
+  }
+
+  close(): void {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+}
