@@ -282,7 +282,7 @@ async function breakdown(): Promise<void> {
       await mkdir(path.join(dir, 's'));
       await mkdir(path.join(dir, 'd'));
       const agent = AgentProcess.start(
-        ['--node-name', 'bench-node', '--static-dir', path.join(dir, 's'), '--cri-endpoint', c.endpoint, '--crio-dropin-dir', path.join(dir, 'd'), '--reload', 'none', '--auth-file', path.join(dir, 'x.json'), '--metrics-addr', '127.0.0.1:0', '--log-level', 'info'],
+        ['--node-name', 'bench-node', '--static-dir', path.join(dir, 's'), '--cri-endpoint', c.endpoint, '--crio-dropin-dir', path.join(dir, 'd'), '--reload', 'none', '--pin-backend', 'crio', '--auth-file', path.join(dir, 'x.json'), '--metrics-addr', '127.0.0.1:0', '--log-level', 'info'],
         { cli: await bundledCli(), nodeArgs: FLAGS },
       );
       try {
@@ -347,7 +347,7 @@ async function once(): Promise<void> {
       await writeFile(path.join(sd, 'bench.yaml'), dumpYaml(setDoc('bench', refs)));
       const t0 = Date.now();
       const p0 = performance.now();
-      const child = spawn(process.execPath, [...FLAGS, cli, 'agent', '--once', '--node-name', 'bench-node', '--static-dir', sd, '--cri-endpoint', c.endpoint, '--crio-dropin-dir', dd, '--reload', 'none', '--auth-file', path.join(dir, 'x.json'), '--metrics-addr', '', '--log-level', 'info'], {
+      const child = spawn(process.execPath, [...FLAGS, cli, 'agent', '--once', '--node-name', 'bench-node', '--static-dir', sd, '--cri-endpoint', c.endpoint, '--crio-dropin-dir', dd, '--reload', 'none', '--pin-backend', 'crio', '--auth-file', path.join(dir, 'x.json'), '--metrics-addr', '', '--log-level', 'info'], {
         stdio: ['ignore', 'ignore', 'pipe'],
         env: { PATH: process.env.PATH, ...Object.fromEntries((process.env.BENCH_PROBE_ENV ?? '').split(' ').filter(Boolean).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)])) },
       });

@@ -146,6 +146,7 @@ function agentFlags(s: Scratch, endpoint: string, extra: string[] = []): string[
     '--cri-endpoint', endpoint,
     '--crio-dropin-dir', s.dropinDir,
     '--reload', 'none',
+    '--pin-backend', 'crio',
     '--auth-file', path.join(s.dir, 'no-auth.json'),
     '--metrics-addr', '',
     '--log-level', 'info',

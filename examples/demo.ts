@@ -133,6 +133,7 @@ async function main(): Promise<number> {
       '--cri-endpoint', containerd.endpoint,
       '--crio-dropin-dir', dropinDir,
       '--reload', 'none',
+      '--pin-backend', 'crio',
       '--auth-file', path.join(work, 'no-auth.json'),
       '--metrics-addr', '',
     ];

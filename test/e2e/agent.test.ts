@@ -1,8 +1,10 @@
 // `pinset agent` end to end: its own process, started with flags as a user
 // would, against a real containerd (CRI) and real registries on loopback,
 // with sets from a static folder and from the in-process API server.
-// containerd is not CRI-O: there is no reload (--reload none) and no pin
-// report, so "pinned" here means "in the pin file". The agent is the bundle
+// The pin backend is CRI-O's drop-in (--pin-backend crio) with containerd
+// 1.6 serving the CRI: there is no reload (--reload none) and no pin
+// report, so "pinned" here means "in the pin file" (containerd's own pins,
+// its image labels, are test/e2e/containerd-pins.test.ts). The agent is the bundle
 // as shipped (dist/, `npm run build`), checked to be built from these sources.
 import assert from 'node:assert/strict';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -105,6 +107,7 @@ describe('pinset agent on containerd and a real registry', () => {
       '--cri-endpoint', endpoint,
       '--crio-dropin-dir', dropinDir,
       '--reload', 'none',
+      '--pin-backend', 'crio',
       '--auth-file', authFile,
       '--metrics-addr', '',
       '--log-level', 'debug',

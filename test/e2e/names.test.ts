@@ -3,8 +3,9 @@
 // records both the tag and the digest reference when it pulls by tag, so a
 // set naming that digest needs no pull; an index pulled by its index digest
 // is held under that digest only, so a set naming the platform manifest gets
-// a PullImage, which downloads no layer. containerd reports no pins: the
-// agent says so once and does not wait for reloads.
+// a PullImage, which downloads no layer. containerd 1.6 reports no pins: with
+// CRI-O's drop-in as the pin backend (--pin-backend crio) the agent says so
+// once and does not wait for reloads.
 import assert from 'node:assert/strict';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
@@ -57,6 +58,7 @@ describe('presence by name on containerd', () => {
       '--cri-endpoint', containerd.endpoint,
       '--crio-dropin-dir', path.join(dir, 'crio.conf.d'),
       '--reload', 'none',
+      '--pin-backend', 'crio',
       '--auth-file', path.join(dir, 'none.json'),
     ]);
   }
