@@ -6,7 +6,22 @@
 import type { Logger } from 'pino';
 import { isRuntimeDown } from '../cri/classify.ts';
 import { RuntimeError, type FailureKind, type ImageRuntime, type PullAuth } from '../cri/runtime.ts';
-import { backoffDelay, RETRY_POLICY } from '../util/backoff.ts';
+import { backoffDelay, type BackoffPolicy } from '../util/backoff.ts';
+
+/**
+ * Each kind retries at its own pace: a registry or runtime that is down
+ * comes back soon; an unknown digest or a refused credential needs a person,
+ * so it is retried slowly (but retried: the image may be pushed, the secret
+ * fixed, without anyone touching the node).
+ */
+export const RETRY_POLICY: Readonly<Record<FailureKind, BackoffPolicy>> = {
+  Unavailable: { baseMs: 1_000, capMs: 60_000 },
+  Canceled: { baseMs: 0, capMs: 0 },
+  Other: { baseMs: 5_000, capMs: 5 * 60_000 },
+  NoSpace: { baseMs: 30_000, capMs: 10 * 60_000 },
+  Unauthorized: { baseMs: 30_000, capMs: 10 * 60_000 },
+  NotFound: { baseMs: 60_000, capMs: 15 * 60_000 },
+};
 import type { WantedImage } from './plan.ts';
 
 export interface PullFailure {

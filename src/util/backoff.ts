@@ -1,29 +1,12 @@
-// Capped exponential backoff with jitter, and the retry pace per failure
-// kind. Jitter spreads the retries of thousands of nodes that failed
+// Capped exponential backoff with jitter (the pace of a pull per failure
+// kind is src/agent/puller.ts RETRY_POLICY). Jitter spreads the retries of thousands of nodes that failed
 // together (a registry outage) so they do not return together.
-import type { FailureKind } from '../cri/runtime.ts';
-
 export interface BackoffPolicy {
   /** Delay after the first failure. */
   baseMs: number;
   /** No delay is longer than this. */
   capMs: number;
 }
-
-/**
- * Each kind retries at its own pace: a registry or runtime that is down
- * comes back soon; an unknown digest or a refused credential needs a person,
- * so it is retried slowly (but retried: the image may be pushed, the secret
- * fixed, without anyone touching the node).
- */
-export const RETRY_POLICY: Readonly<Record<FailureKind, BackoffPolicy>> = {
-  Unavailable: { baseMs: 1_000, capMs: 60_000 },
-  Canceled: { baseMs: 0, capMs: 0 },
-  Other: { baseMs: 5_000, capMs: 5 * 60_000 },
-  NoSpace: { baseMs: 30_000, capMs: 10 * 60_000 },
-  Unauthorized: { baseMs: 30_000, capMs: 10 * 60_000 },
-  NotFound: { baseMs: 60_000, capMs: 15 * 60_000 },
-};
 
 /**
  * Delay before attempt `failures + 1`, after `failures` consecutive

@@ -1,6 +1,7 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Backoff, backoffDelay, RETRY_POLICY, type BackoffPolicy } from '../../src/util/backoff.ts';
+import { Backoff, backoffDelay, type BackoffPolicy } from '../../src/util/backoff.ts';
+import { RETRY_POLICY } from '../../src/agent/puller.ts';
 
 const policy: BackoffPolicy = { baseMs: 1_000, capMs: 60_000 };
 const low = () => 0;

@@ -2,8 +2,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { parseReference } from '../../src/api/reference.ts';
 import { wantedKey, type WantedImage } from '../../src/agent/plan.ts';
-import { ImagePuller, type PullResult } from '../../src/agent/puller.ts';
-import { RETRY_POLICY } from '../../src/util/backoff.ts';
+import { ImagePuller, RETRY_POLICY, type PullResult } from '../../src/agent/puller.ts';
 import {
   RuntimeError,
   type ImageFilesystem,
