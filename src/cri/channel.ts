@@ -48,6 +48,12 @@ export class RuntimeChannel {
     const options: grpc.ChannelOptions = {
       // Large ListImages answers (thousands of images) exceed the 4 MiB default.
       'grpc.max_receive_message_length': 64 * 1024 * 1024,
+      // grpc-js shares one connection among every client of a target with
+      // the same options: a fresh channel after an outage would inherit the
+      // old connection's reconnect backoff from any other client of the
+      // socket (CRI's and the Images service's are two). Its own pool makes
+      // a fresh channel connect at once.
+      'grpc.use_local_subchannel_pool': 1,
     };
     return { client: new grpc.Client(criTarget(this.endpoint), grpc.credentials.createInsecure(), options), inflight: 0, broken: false };
   }
