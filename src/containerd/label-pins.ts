@@ -79,6 +79,8 @@ const isOwn = (labels: Record<string, string>) => OWN_LABEL in labels;
 const idRecord = (img: RuntimeImage) => (img.id.includes(':') ? img.id : `sha256:${img.id}`);
 const errMessage = (e: unknown) => (e instanceof Error ? e.message : String(e));
 const isDigestRef = (name: string) => /@sha256:[0-9a-f]{64}$/.test(name);
+/** `sha256:<hex>` of a digest reference; '' for anything else. */
+const digestOf = (ref: string) => (isDigestRef(ref) ? ref.slice(ref.lastIndexOf('@') + 1) : '');
 
 type Named = { reason: string; message: string };
 
@@ -214,8 +216,13 @@ export class ContainerdLabelPins implements PinBackend {
     const resolved = new Map<string, string>();
     const byRecord = new Map<string, { img: RuntimeImage; refs: string[] }>();
     let complete = true;
+    // Content by manifest digest, whatever the name it is held under (a
+    // mirror's, or the reference's own record removed by `ctr images rm`):
+    // the same image, so the same pin.
+    const byDigest = new Map<string, RuntimeImage>();
+    for (const img of runtime.view.images) for (const d of img.repoDigests) if (digestOf(d)) byDigest.set(digestOf(d), img);
     for (const ref of refs) {
-      let img: RuntimeImage | null | undefined = runtime.view.find(ref);
+      let img: RuntimeImage | null | undefined = runtime.view.find(ref) ?? (digestOf(ref) ? byDigest.get(digestOf(ref)) : undefined);
       if (!img && handlers.get(ref)) {
         try {
           img = await this.runtime.imageStatus(ref, handlers.get(ref));
@@ -249,8 +256,11 @@ export class ContainerdLabelPins implements PinBackend {
 
     // Pinned already (by the agent, or by hand: then kept as it is, without pinset's label).
     const toPin = [...byRecord.keys()].filter((rec) => !isPinned(labels.get(rec) ?? {}));
+    // Only pinset's own labels go, from images no planned reference names by
+    // name or by digest, and only when every planned reference could be looked up.
+    const plannedDigests = new Set(refs.map(digestOf));
     const toUnpin =
-      o.unpin && complete ? labelled.filter((r) => isOwn(r.labels) && !byRecord.has(r.name)).map((r) => r.name) : [];
+      o.unpin && complete ? labelled.filter((r) => isOwn(r.labels) && !byRecord.has(r.name) && !(r.target && plannedDigests.has(r.target.digest))).map((r) => r.name) : [];
     const handPins = [...byRecord.keys()].filter((rec) => isPinned(labels.get(rec) ?? {}) && !isOwn(labels.get(rec) ?? {}));
     this.noteHandPins(handPins, byRecord);
 
@@ -301,10 +311,11 @@ export class ContainerdLabelPins implements PinBackend {
   private async confirm(runtime: RuntimeState, byRecord: Map<string, { img: RuntimeImage; refs: string[] }>, justPinned: string[], signal: AbortSignal): Promise<void> {
     let images: RuntimeImage[] | undefined;
     if (justPinned.length > 0 && !this.cannotPin) {
-      // containerd applies label events in order: the last one labelled shows last.
+      // containerd applies label events in order: the last one labelled
+      // shows last. Probed by its image ID, which CRI on containerd resolves
+      // whatever names the image is held under.
       const last = justPinned[justPinned.length - 1]!;
-      const ref = byRecord.get(last)!.refs[0]!;
-      await waitForPins(this.runtime, [{ ref, expect: true }], { timeoutMs: this.confirmTimeoutMs, signal });
+      await waitForPins(this.runtime, [{ ref: last, expect: true }], { timeoutMs: this.confirmTimeoutMs, signal });
     }
     if (justPinned.length > 0) {
       try {

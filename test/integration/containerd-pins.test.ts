@@ -161,6 +161,32 @@ describe('ContainerdLabelPins against the containerd twin', () => {
     assert.deepEqual(b.c.record(img.id)?.labels, MANAGED);
   });
 
+  test("the reference's own record deleted (ctr images rm repo@digest) while the image stays under its tag: the pin stays (its target is the planned digest); the name pulled again, it is held", async () => {
+    const b = await bed();
+    const img = b.image();
+    await b.cri.pullImage(img.tag);
+    await b.reconcile(img.digestRef);
+    assert.equal(b.c.removeRecord(img.digestRef), true);
+    await b.reconcile(img.digestRef);
+    assert.deepEqual(b.c.record(img.id)?.labels, OURS, 'not unpinned');
+    assert.equal(b.pins.status().holds(img.digestRef), false, 'CRI no longer shows the image under the reference');
+    await b.cri.pullImage(img.digestRef);
+    await b.pins.afterPulls(await observed(b.cri), targets(img.digestRef), targets(img.digestRef), signal());
+    assert.equal(b.pins.status().holds(img.digestRef), true);
+    assert.equal(b.c.updates(img.id).length, 1, 'labelled once');
+  });
+
+  test("a planned reference held under a mirror's name with the same digest: that image is pinned", async () => {
+    const b = await bed();
+    const img = b.image();
+    const mirrored = img.digestRef.replace('registry.test/', 'mirror.test/');
+    b.c.catalogue.set(mirrored, { size: 10, id: img.id });
+    await b.cri.pullImage(mirrored);
+    await b.reconcile(img.digestRef);
+    assert.deepEqual(b.c.record(img.id)?.labels, OURS);
+    assert.equal((await b.cri.imageStatus(mirrored))?.pinned, true);
+  });
+
   test('a re-pull of the tag (imagePullPolicy: Always) leaves the pin in place: nothing to do at the next sync', async () => {
     const b = await bed();
     const img = b.image();

@@ -419,6 +419,13 @@ export class FakeContainerd {
     return this.#storePull(ref, entry).id;
   }
 
+  /** Deletes one record, as `ctr -n k8s.io images rm NAME` does (the image stays while other records name it). */
+  removeRecord(name: string, namespace = CRI_NAMESPACE): boolean {
+    const gone = this.#records.get(namespace)?.delete(name) ?? false;
+    if (gone) this.#labelsChanged(namespace);
+    return gone;
+  }
+
   /** Removes the image (every record of it), as CRI RemoveImage or the kubelet's GC would. */
   evict(ref: string): boolean {
     const id = this.#resolve(ref);
