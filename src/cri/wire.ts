@@ -36,19 +36,24 @@ export function criMethod(service: CriService, name: string): UnaryMethod {
   let m = methods.get(path);
   if (m) return m;
   root ??= protobuf.Root.fromJSON(descriptor as protobuf.INamespace);
-  const method = root.lookupService(`${PACKAGE}.${service}`).methods[name];
-  if (!method) throw new Error(`${PACKAGE}.${service} has no method ${name} in proto/cri-image.json`);
+  m = unaryMethod(root, `${PACKAGE}.${service}`, name, 'proto/cri-image.json');
+  methods.set(path, m);
+  return m;
+}
+
+/** Serializers of a unary method of `service` (its full name) in a descriptor; `file` names the descriptor in errors. */
+export function unaryMethod(root: protobuf.Root, service: string, name: string, file: string): UnaryMethod {
+  const method = root.lookupService(service).methods[name];
+  if (!method) throw new Error(`${service} has no method ${name} in ${file}`);
   method.resolve();
   const req = method.resolvedRequestType!;
   const res = method.resolvedResponseType!;
-  m = {
-    path,
+  return {
+    path: `/${service}/${name}`,
     serialize: (request) => {
       const b = req.encode(req.fromObject(request)).finish();
       return Buffer.isBuffer(b) ? b : Buffer.from(b.buffer, b.byteOffset, b.byteLength);
     },
     deserialize: (bytes) => res.toObject(res.decode(bytes), OBJECT_OPTIONS),
   };
-  methods.set(path, m);
-  return m;
 }

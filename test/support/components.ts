@@ -13,7 +13,13 @@ export interface Component {
   binary: string;
   /** The Debian package that ships it. */
   aptPackage: string;
+  /** A program kept in the project rather than installed: its path from the project's root (not looked up on PATH). */
+  projectPath?: string;
+  /** The command that puts it there (instead of apt-get install). */
+  install?: string;
 }
+
+const ROOT = path.resolve(import.meta.dirname, '../..');
 
 export const COMPONENTS = {
   containerd: { binary: 'containerd', aptPackage: 'containerd' },
@@ -23,6 +29,14 @@ export const COMPONENTS = {
   htpasswd: { binary: 'htpasswd', aptPackage: 'apache2-utils' },
   'dbus-daemon': { binary: 'dbus-daemon', aptPackage: 'dbus' },
   openssl: { binary: 'openssl', aptPackage: 'openssl' },
+  // Debian trixie's containerd (1.7.24, which honours the pin label),
+  // unpacked beside the system's 1.6 by .ci/containerd-1.7.
+  'containerd-1.7': {
+    binary: 'containerd',
+    aptPackage: 'containerd (Debian trixie, unpacked into .cache/containerd-1.7)',
+    projectPath: '.cache/containerd-1.7/usr/bin/containerd',
+    install: 'bash .ci/containerd-1.7',
+  },
 } as const satisfies Record<string, Component>;
 
 export type ComponentName = keyof typeof COMPONENTS;
@@ -50,19 +64,39 @@ export function isCI(): boolean {
   return ci !== undefined && ci !== '' && ci !== 'false' && ci !== '0';
 }
 
-/** The components among `names` that are not installed. */
-export function missingComponents(names: readonly ComponentName[]): ComponentName[] {
-  return names.filter((n) => findBinary(COMPONENTS[n].binary) === null);
+/** Absolute path of a component's program, or null when it is not there. */
+export function componentPath(name: ComponentName): string | null {
+  const c: Component = COMPONENTS[name];
+  if (!c.projectPath) return findBinary(c.binary);
+  const p = path.join(ROOT, c.projectPath);
+  try {
+    accessSync(p, constants.X_OK);
+    return p;
+  } catch {
+    return null;
+  }
 }
 
-/** The one command that installs what is missing. */
+/** The components among `names` that are not installed. */
+export function missingComponents(names: readonly ComponentName[]): ComponentName[] {
+  return names.filter((n) => componentPath(n) === null);
+}
+
+/** The commands that install what is missing (apt-get for packages, the project's own scripts for the rest). */
 export function installCommand(missing: readonly ComponentName[]): string {
-  const pkgs = [...new Set(missing.map((n) => COMPONENTS[n].aptPackage))];
-  return `sudo apt-get install -y --no-install-recommends ${pkgs.join(' ')}`;
+  const list: Component[] = missing.map((n) => COMPONENTS[n]);
+  const pkgs = [...new Set(list.filter((c) => !c.install).map((c) => c.aptPackage))];
+  const own = [...new Set(list.flatMap((c) => (c.install ? [c.install] : [])))];
+  return [...(pkgs.length ? [`sudo apt-get install -y --no-install-recommends ${pkgs.join(' ')}`] : []), ...own].join(' && ');
 }
 
 export function missingMessage(missing: readonly ComponentName[]): string {
-  const what = missing.map((n) => `${COMPONENTS[n].binary} (apt package ${COMPONENTS[n].aptPackage})`).join(', ');
+  const what = missing
+    .map((n) => {
+      const c: Component = COMPONENTS[n];
+      return c.projectPath ? `${c.projectPath} (${c.aptPackage})` : `${c.binary} (apt package ${c.aptPackage})`;
+    })
+    .join(', ');
   return `missing ${what}; install with: ${installCommand(missing)}`;
 }
 
@@ -76,7 +110,7 @@ export function requireComponents(t: TestContext, names: readonly ComponentName[
   const missing = missingComponents(names);
   let message = missing.length > 0 ? missingMessage(missing) : '';
   // containerd mounts snapshots and writes under /run: it does not run unprivileged.
-  if (!message && names.includes('containerd') && process.getuid?.() !== 0) message = 'containerd needs root: run the end-to-end tests as root';
+  if (!message && (names.includes('containerd') || names.includes('containerd-1.7')) && process.getuid?.() !== 0) message = 'containerd needs root: run the end-to-end tests as root';
   if (!message) return true;
   if (isCI()) {
     throw new Error(`CI=true and ${message}`);

@@ -1,17 +1,43 @@
-// containerd (Debian's package, CRI v1 ImageService) as a plain child process:
-// its root, state, opt folder and sockets in a temporary folder, the native
-// snapshotter, and a certs.d that maps made-up registry names to loopback
-// registries. Stopped by PID; restart() keeps its root, so images survive.
-// Configuration: ../../../shared/facts/test-bed.md (containerd 1.6).
+// containerd (CRI v1 ImageService, and its own Images service on the same
+// socket) as a plain child process: its root, state, opt folder and sockets
+// in a temporary folder, the native snapshotter, and a certs.d that maps
+// made-up registry names to loopback registries. Stopped by PID; restart()
+// keeps its root, so images and their labels survive.
+// Two versions: Debian 12's package (1.6.20, on PATH) and Debian trixie's
+// 1.7.24 unpacked into .cache/containerd-1.7 by .ci/containerd-1.7; both
+// read the same `version = 2` configuration.
+// Configuration: ../../../shared/facts/test-bed.md.
+import { execFile } from 'node:child_process';
 import { mkdir, mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { stringify } from 'smol-toml';
 import * as grpc from '@grpc/grpc-js';
 import { loadCriPackage } from './cri-proto.ts';
-import { findBinary, ServerProcess, waitUntilServing } from './components.ts';
+import { promisify } from 'node:util';
+import { componentPath, installCommand, ServerProcess, waitUntilServing, type ComponentName } from './components.ts';
+
+const run = promisify(execFile);
+
+/** Which containerd: '1.6' is the system's (Debian 12), '1.7' the project's copy of Debian trixie's. */
+export type ContainerdVersion = '1.6' | '1.7';
+
+/** The component that provides a containerd version (for requireComponents). */
+export function containerdComponent(version: ContainerdVersion = '1.6'): ComponentName {
+  return version === '1.7' ? 'containerd-1.7' : 'containerd';
+}
+
+/** The containerd binary of a version, or an Error saying how to get it. */
+export function containerdBinary(version: ContainerdVersion = '1.6'): string {
+  const component = containerdComponent(version);
+  const bin = componentPath(component);
+  if (!bin) throw new Error(`containerd ${version} is not installed; install with: ${installCommand([component])}`);
+  return bin;
+}
 
 export interface ContainerdOptions {
+  /** Default '1.6', the system's. */
+  version?: ContainerdVersion;
   /** Made-up registry host -> loopback URL it stands for, e.g. {'registry.test': 'http://127.0.0.1:5000'}. */
   mirrors?: Record<string, string>;
   /** The CRI sandbox image; only used for pods, never pulled by these tests. */
@@ -21,21 +47,24 @@ export interface ContainerdOptions {
 export class Containerd {
   readonly dir: string;
   readonly socket: string;
+  /** The containerd program this one runs (ctr lies beside it). */
+  readonly binary: string;
   readonly #configFile: string;
   #process: ServerProcess | undefined;
 
-  private constructor(dir: string) {
+  private constructor(dir: string, binary: string) {
     this.dir = dir;
+    this.binary = binary;
     this.socket = path.join(dir, 'containerd.sock');
     this.#configFile = path.join(dir, 'config.toml');
   }
 
   static async start(opts: ContainerdOptions = {}): Promise<Containerd> {
-    if (!findBinary('containerd')) throw new Error('containerd is not installed (apt-get install containerd runc)');
+    const binary = containerdBinary(opts.version);
     if (process.getuid?.() !== 0) throw new Error('containerd needs root here (mounts for the snapshotter, /run for its shims)');
     // Unix socket paths are limited to 107 bytes: keep the folder short.
     const dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-ctrd-'));
-    const c = new Containerd(dir);
+    const c = new Containerd(dir, binary);
     try {
       await c.writeConfig(opts);
       await c.start();
@@ -102,14 +131,26 @@ export class Containerd {
     await writeFile(this.#configFile, stringify(config));
   }
 
+  /** `containerd --version`'s version, e.g. "1.7.24~ds1". */
+  async version(): Promise<string> {
+    const { stdout } = await run(this.binary, ['--version']);
+    return stdout.trim().split(/\s+/)[2] ?? stdout.trim();
+  }
+
+  /** Runs this containerd's own `ctr` on its socket (namespace k8s.io unless args name one); resolves with stdout. */
+  async ctr(args: string[]): Promise<string> {
+    const ns = args.includes('-n') || args.includes('--namespace') ? [] : ['-n', 'k8s.io'];
+    const { stdout } = await run(path.join(path.dirname(this.binary), 'ctr'), ['--address', this.socket, ...ns, ...args]);
+    return stdout;
+  }
+
   /** Starts containerd (again) on the same root, state and socket; resolves once the CRI socket answers. */
   async start(): Promise<void> {
     if (this.#process?.running) return;
-    const binary = findBinary('containerd');
-    if (!binary) throw new Error('containerd is not installed (apt-get install containerd runc)');
-    // containerd finds runc on PATH; Debian installs it in /usr/sbin.
-    const env = { ...process.env, PATH: `${process.env.PATH ?? ''}:/usr/local/sbin:/usr/sbin:/sbin` };
-    const proc = new ServerProcess(`containerd in ${this.dir}`, binary, ['--config', this.#configFile], path.join(this.dir, 'containerd.log'), env);
+    // containerd finds its shims and runc on PATH: its own folder first (the
+    // project's 1.7 ships its own shims); Debian installs runc in /usr/sbin.
+    const env = { ...process.env, PATH: `${path.dirname(this.binary)}:${process.env.PATH ?? ''}:/usr/local/sbin:/usr/sbin:/sbin` };
+    const proc = new ServerProcess(`containerd in ${this.dir}`, this.binary, ['--config', this.#configFile], path.join(this.dir, 'containerd.log'), env);
     this.#process = proc;
     await waitUntilServing(proc, async () => {
       const s = await stat(this.socket).catch(() => null);

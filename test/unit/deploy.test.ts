@@ -11,6 +11,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { parseYamlDocuments } from '../../src/api/yaml.ts';
+import { unixSocketPath } from '../../src/cri/channel.ts';
 
 const run = promisify(execFile);
 const ROOT = path.resolve(import.meta.dirname, '../..');
@@ -32,9 +33,9 @@ const kubectl = findOnPath('kubectl', ['/usr/bin/kubectl']);
 const kubectlMissing = 'kubectl not found (looked at /usr/bin/kubectl and PATH): the kustomization is NOT checked';
 if (!kubectl && process.env.CI !== 'true') process.stderr.write(`\n*** SKIPPING deploy tests: ${kubectlMissing} ***\n\n`);
 
-async function build(): Promise<Obj[]> {
+async function build(dir = 'deploy'): Promise<Obj[]> {
   if (!kubectl) assert.fail(`${kubectlMissing}; CI=true requires it`);
-  const { stdout } = await run(kubectl, ['kustomize', path.join(ROOT, 'deploy')], { maxBuffer: 16 << 20 });
+  const { stdout } = await run(kubectl, ['kustomize', path.join(ROOT, dir)], { maxBuffer: 16 << 20 });
   return parseYamlDocuments(stdout).map((d) => {
     if ('error' in d) assert.fail(`kubectl kustomize printed invalid YAML: ${d.error}`);
     return d.value as Obj;
@@ -355,6 +356,88 @@ describe('kubectl kustomize deploy', { skip }, () => {
 
   test('the Namespace admits the agent\'s host access', () => {
     assert.equal(one('Namespace', NS).metadata.labels['pod-security.kubernetes.io/enforce'], 'privileged');
+  });
+});
+
+// ---------------------------------------------------------------------------
+// deploy/containerd: the same install for containerd nodes, the agent's
+// DaemonSet patched and nothing else.
+
+/**
+ * Flags the containerd overlay passes that `pinset agent` does not list yet
+ * (the pin backend choice comes with the reconcile core's runtime seam).
+ * Each is checked like any other as soon as the help lists it.
+ */
+const FLAGS_NOT_YET_IN_HELP = new Set(['pin-backend']);
+
+describe('kubectl kustomize deploy/containerd', { skip }, async () => {
+  const overlay: Obj[] = skip ? [] : await build('deploy/containerd');
+  const id = (o: Obj) => `${o.kind} ${o.metadata.namespace ?? '-'}/${o.metadata.name}`;
+  const ds = () => overlay.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'pinset-agent')!;
+  const container = () => ds().spec.template.spec.containers[0] as Obj;
+  const CRIO_PATHS = ['/var/run/crio', '/etc/crio', '/var/lib/containers/storage', '/run/dbus/system_bus_socket', '/etc/containers'];
+
+  test('the same objects as deploy/, and all but the agent DaemonSet identical (RBAC, admission policies, controller, CRD)', () => {
+    assert.deepEqual(overlay.map(id).sort(), objects.map(id).sort());
+    for (const o of overlay) {
+      if (o.kind === 'DaemonSet') continue;
+      assert.deepEqual(o, objects.find((b) => id(b) === id(o)), id(o));
+    }
+  });
+
+  test('the DaemonSet differs from the CRI-O one only in the agent\'s arguments, mounts and volumes', () => {
+    const strip = (d: Obj) => {
+      const c = structuredClone(d);
+      const spec = c.spec.template.spec;
+      delete spec.volumes;
+      delete spec.containers[0].volumeMounts;
+      delete spec.containers[0].args;
+      return c;
+    };
+    assert.deepEqual(strip(ds()), strip(one('DaemonSet', 'pinset-agent', NS)));
+  });
+
+  test('the agent speaks to containerd\'s socket with the containerd pin backend', () => {
+    assert.deepEqual(container().args, ['agent', '--cri-endpoint=unix:///run/containerd/containerd.sock', '--pin-backend=containerd']);
+  });
+
+  test('host paths: containerd\'s socket folder and root (read-only), the agent\'s state folder, kubelet auth and static sets; none of CRI-O\'s', () => {
+    const volumes: Record<string, Obj> = Object.fromEntries((ds().spec.template.spec.volumes as Obj[]).map((v) => [v.name, v.hostPath]));
+    const mounts: Record<string, Obj> = Object.fromEntries((container().volumeMounts as Obj[]).map((m) => [m.mountPath, m]));
+    const expect: [string, string, boolean][] = [
+      ['/run/containerd', 'Directory', true],
+      ['/var/lib/containerd', 'DirectoryOrCreate', true],
+      ['/var/lib/pinset', 'DirectoryOrCreate', false],
+      ['/var/lib/kubelet/config.json', 'File', true],
+      ['/etc/pinset/sets.d', 'DirectoryOrCreate', true],
+    ];
+    assert.deepEqual(Object.keys(volumes).length, expect.length, 'no other volumes');
+    assert.deepEqual(Object.keys(mounts).length, expect.length, 'no other mounts');
+    for (const [hostPath, type, readOnly] of expect) {
+      const vol = Object.entries(volumes).find(([, hp]) => hp?.path === hostPath);
+      assert.ok(vol, `no hostPath volume for ${hostPath}`);
+      assert.equal(vol[1].type, type, hostPath);
+      const m = mounts[hostPath];
+      assert.ok(m, `${hostPath} not mounted at the same path`);
+      assert.equal(m.name, vol[0]);
+      assert.equal(m.readOnly === true, readOnly, `${hostPath} readOnly`);
+    }
+    for (const p of CRIO_PATHS) {
+      assert.ok(!(p in mounts), `${p} is CRI-O's`);
+      assert.ok(!Object.values(volumes).some((hp) => hp?.path === p), `${p} is CRI-O's`);
+    }
+    assert.equal(mounts['/var/lib/containerd']!.mountPropagation, 'HostToContainer');
+    const socket = unixSocketPath(container().args.find((a: string) => a.startsWith('--cri-endpoint='))!.slice('--cri-endpoint='.length))!;
+    assert.ok(socket.startsWith('/run/containerd/'), 'the socket is inside the mounted folder');
+  });
+
+  test('every argument is one `pinset agent` reads (or one it is about to: the pin backend)', async () => {
+    const help = await helpOf('agent');
+    for (const a of container().args.slice(1) as string[]) {
+      const flag = a.replace(/^--/, '').replace(/=.*$/, '');
+      if (!help.flags.has(flag) && FLAGS_NOT_YET_IN_HELP.has(flag)) continue;
+      assert.ok(help.flags.has(flag), `unknown flag ${a}`);
+    }
   });
 });
 

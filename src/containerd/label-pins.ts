@@ -1,0 +1,372 @@
+// ContainerdLabelPins: the pin backend for containerd (1.6.25+, 1.7.10+,
+// 2.x). containerd's CRI plugin reports an image `pinned` while one of its
+// image records carries io.cri-containerd.pinned=pinned, and the kubelet's
+// image GC skips pinned images (issue 18). So:
+//
+// - pin: on the image-ID record (`sha256:<config digest>`, CRI's Image.id)
+//   of each image a planned reference resolves to, set the pin label and
+//   pinset's own label (pinset.dev/pinned=agent) in ONE Update. The ID
+//   record, not the reference's: a CRI pull rewrites the pulled reference's
+//   record whole (the kubelet's imagePullPolicy: Always wipes a label on a
+//   tag or digest record), while the ID record keeps its labels through
+//   every pull. The pin belongs to the image.
+// - unpin: remove both labels, and only from records that carry pinset's
+//   own label, when no planned reference resolves to the image any more. A
+//   pin set by hand (the pin label without pinset's) is never touched, and
+//   counts as held for the references it covers. Several references to one
+//   image keep it pinned while any of them is planned.
+// - never unpin on a fault: not while the runtime errored or its view is
+//   incomplete, not when the labelled records could not be listed. A
+//   failing label Update is a PinProblem (PinLabelFailed) and is retried at
+//   a capped backoff (RetryGate); nothing is removed meanwhile.
+// - confirm through CRI: after labelling, the last image labelled is polled
+//   until CRI reports it pinned (containerd follows a label in a few ms,
+//   event-driven), then one ListImages checks them all. An image labelled
+//   but reported unpinned is a PinProblem (PinNotReported); a containerd
+//   whose version cannot pin (containerdCanPin) overrides every pin
+//   (RuntimeCannotPin), with the versions that can, labels still set so an
+//   upgrade pins at its start.
+//
+// There is nothing to stage (labels need image IDs, known only from the
+// runtime's list) and no reload: sync() labels what is present, afterPulls()
+// what landed. A name-only pull never helps: the pin is on the image, not on
+// a name.
+import type { Logger } from 'pino';
+import type { ImageRuntime, RuntimeImage } from '../cri/runtime.ts';
+import { waitForPins } from '../pins/confirm.ts';
+import type { PinBackend, PinProblem, PinsObserved, PinStatus, PinTarget, RuntimeState } from '../pins/backend.ts';
+import { mapLimit } from '../util/limit.ts';
+import { RetryGate, STEP_RETRY } from '../util/retry.ts';
+import type { BackoffPolicy } from '../util/backoff.ts';
+import type { ImageRecord } from './images.ts';
+import { containerdCanPin, PINNING_VERSIONS } from './versions.ts';
+
+/** The label containerd's CRI plugin reads (pkg/cri/labels), and the one value that pins. */
+export const PIN_LABEL = 'io.cri-containerd.pinned';
+export const PIN_VALUE = 'pinned';
+/** pinset's own mark beside it: a pin the agent set, and may remove. */
+export const OWN_LABEL = 'pinset.dev/pinned';
+export const OWN_VALUE = 'agent';
+/** The List filter for the records pinset labelled (a dotted key must be quoted). */
+export const OWN_FILTER = `labels."${OWN_LABEL}"`;
+
+/** containerd follows a label within 3-8 ms (1.7.24 here); past this bound a pin counts as not reported. */
+export const CONFIRM_TIMEOUT_MS = 2_500;
+/** Label Updates at once (each is a Get and an Update on containerd's socket). */
+const LABEL_PARALLELISM = 8;
+
+/** What the backend needs of containerd's Images service (ContainerdImages). */
+export interface ImageLabels {
+  list(filters?: readonly string[], signal?: AbortSignal): Promise<ImageRecord[]>;
+  setLabels(name: string, labels: Record<string, string>, signal?: AbortSignal): Promise<ImageRecord>;
+  close(): void;
+}
+
+export interface ContainerdLabelPinsOptions {
+  images: ImageLabels;
+  /** CRI, for reading `pinned` back (the same runtime the core uses). */
+  runtime: ImageRuntime;
+  log: Logger;
+  confirmTimeoutMs?: number;
+  policy?: BackoffPolicy;
+  now?: () => number;
+  random?: () => number;
+}
+
+const isPinned = (labels: Record<string, string>) => labels[PIN_LABEL] === PIN_VALUE;
+const isOwn = (labels: Record<string, string>) => OWN_LABEL in labels;
+/** The image-ID record of a CRI image: containerd reports Image.id as `sha256:<hex>`. */
+const idRecord = (img: RuntimeImage) => (img.id.includes(':') ? img.id : `sha256:${img.id}`);
+const errMessage = (e: unknown) => (e instanceof Error ? e.message : String(e));
+const isDigestRef = (name: string) => /@sha256:[0-9a-f]{64}$/.test(name);
+/** `sha256:<hex>` of a digest reference; '' for anything else. */
+const digestOf = (ref: string) => (isDigestRef(ref) ? ref.slice(ref.lastIndexOf('@') + 1) : '');
+
+type Named = { reason: string; message: string };
+
+export class ContainerdLabelPins implements PinBackend {
+  readonly name = 'containerd' as const;
+  private readonly images: ImageLabels;
+  private readonly runtime: ImageRuntime;
+  private readonly log: Logger;
+  private readonly confirmTimeoutMs: number;
+  private readonly labelGate: RetryGate;
+  /** Re-checks a pin CRI did not report (a restart into another version, a slow event). */
+  private readonly reportGate: RetryGate;
+
+  /** The references the core planned to pin (stage()); wanted targets are added in sync(). */
+  private planned: readonly string[] = [];
+  /** Planned reference -> the image-ID record it resolved to, at the last sync. */
+  private resolved = new Map<string, string>();
+  /** Image-ID records carrying the pin label (pinset's or a hand pin), as last known. */
+  private pinnedRecords = new Set<string>();
+  /** The digest references of images pinset labelled, from observe(). */
+  private current: string[] = [];
+  private labelProblem: (PinProblem & { records: Set<string> }) | undefined;
+  private notReported: (PinProblem & { records: Set<string> }) | undefined;
+  private cannotPin: Named | undefined;
+  private lastState: string | undefined;
+  private loggedHandPins = '';
+
+  constructor(opts: ContainerdLabelPinsOptions) {
+    this.images = opts.images;
+    this.runtime = opts.runtime;
+    this.log = opts.log.child({ pins: 'containerd' });
+    this.confirmTimeoutMs = opts.confirmTimeoutMs ?? CONFIRM_TIMEOUT_MS;
+    const gate = { policy: opts.policy ?? STEP_RETRY, now: opts.now, random: opts.random };
+    this.labelGate = new RetryGate('labelling images in containerd', this.log, gate);
+    this.reportGate = new RetryGate('confirming containerd reports the pins', this.log, gate);
+  }
+
+  get state(): string | undefined {
+    return this.lastState;
+  }
+
+  /**
+   * The digest references of the images whose records carry pinset's label
+   * (one List of every record: the labelled ID records, and the names that
+   * share their targets). Hand pins are not the agent's to carry: they stay
+   * as they are, whatever the plan. A failed List keeps the last answer.
+   */
+  async observe(): Promise<PinsObserved> {
+    try {
+      const records = await this.images.list();
+      const ownTargets = new Set(records.filter((r) => isOwn(r.labels) && r.target).map((r) => r.target!.digest));
+      this.current = [...new Set(records.filter((r) => r.target && ownTargets.has(r.target.digest) && isDigestRef(r.name)).map((r) => r.name))].sort();
+    } catch (e) {
+      this.log.warn({ err: errMessage(e), kept: this.current.length }, 'cannot list containerd image records: the pins held are taken as last seen');
+    }
+    return { current: this.current, carried: [] };
+  }
+
+  /** Nothing to write before the runtime's list is known: labels go on image IDs. */
+  async stage(pins: readonly string[], _signal?: AbortSignal): Promise<void> {
+    this.planned = [...pins];
+  }
+
+  async sync(runtime: RuntimeState, wanted: readonly PinTarget[], signal: AbortSignal): Promise<void> {
+    await this.apply(runtime, wanted, { unpin: true, signal });
+  }
+
+  async afterPulls(runtime: RuntimeState, wanted: readonly PinTarget[], _pulled: readonly PinTarget[], signal: AbortSignal): Promise<void> {
+    // Pins only: what landed is labelled; removals were decided in sync().
+    await this.apply(runtime, wanted, { unpin: false, signal });
+  }
+
+  /** The pin is on the image: pulling another name of it changes nothing. */
+  wantsNamePull(_ref?: string, _img?: RuntimeImage): boolean {
+    return false;
+  }
+
+  inPlace(img: RuntimeImage): boolean {
+    return img.pinned;
+  }
+
+  status(): PinStatus {
+    const resolved = this.resolved;
+    const pinned = this.pinnedRecords;
+    const problems = [this.labelProblem, this.notReported].filter((p): p is PinProblem & { records: Set<string> } => p !== undefined);
+    return {
+      where: `containerd image label ${PIN_LABEL}`,
+      holds: (ref) => {
+        const rec = resolved.get(ref);
+        return rec !== undefined && pinned.has(rec);
+      },
+      reportsPinned: (img) => img.pinned,
+      overridden: this.cannotPin,
+      problemFor: (refs) => {
+        for (const p of problems) if (p.affectsAll || refs.some((r) => p.affected(r))) return { reason: p.reason, message: p.message };
+        return undefined;
+      },
+    };
+  }
+
+  nextAttemptAt(): number | undefined {
+    const at = [this.labelGate, this.reportGate].filter((g) => g.failing).map((g) => g.nextAt);
+    return at.length ? Math.min(...at) : undefined;
+  }
+
+  watchPaths(): { dir: string; recursive: boolean; name?: string; reason: string }[] {
+    return [];
+  }
+
+  /** A new containerd: its labels are read again at the next sync; a waiting retry may run now. */
+  runtimeRestarted(): void {
+    this.labelGate.expedite();
+    this.reportGate.expedite();
+  }
+
+  close(): void {
+    this.images.close();
+  }
+
+  // ---------------------------------------------------------------------------
+
+  private async apply(runtime: RuntimeState, wanted: readonly PinTarget[], o: { unpin: boolean; signal: AbortSignal }): Promise<void> {
+    if (runtime.error !== undefined || !runtime.answered) {
+      // Nothing is known of what containerd holds: no label changes at all.
+      this.lastState = 'runtime unavailable: labels left as they are';
+      return;
+    }
+    this.cannotPin = this.versionProblem(runtime);
+
+    // Which image each planned reference names now.
+    const refs = [...new Set([...this.planned, ...wanted.map((w) => w.ref)])];
+    const handlers = new Map(wanted.map((w) => [w.ref, w.runtimeHandler]));
+    const resolved = new Map<string, string>();
+    const byRecord = new Map<string, { img: RuntimeImage; refs: string[] }>();
+    let complete = true;
+    // Content by manifest digest, whatever the name it is held under (a
+    // mirror's, or the reference's own record removed by `ctr images rm`):
+    // the same image, so the same pin.
+    const byDigest = new Map<string, RuntimeImage>();
+    for (const img of runtime.view.images) for (const d of img.repoDigests) if (digestOf(d)) byDigest.set(digestOf(d), img);
+    for (const ref of refs) {
+      let img: RuntimeImage | null | undefined = runtime.view.find(ref) ?? (digestOf(ref) ? byDigest.get(digestOf(ref)) : undefined);
+      if (!img && handlers.get(ref)) {
+        try {
+          img = await this.runtime.imageStatus(ref, handlers.get(ref));
+        } catch {
+          complete = false; // cannot tell which image it is: remove nothing this time
+        }
+      }
+      if (!img) continue;
+      const rec = idRecord(img);
+      resolved.set(ref, rec);
+      const entry = byRecord.get(rec) ?? { img, refs: [] };
+      entry.refs.push(ref);
+      byRecord.set(rec, entry);
+    }
+    this.resolved = resolved;
+
+    if (!this.labelGate.due()) {
+      this.lastState = `label updates failing; retrying at ${new Date(this.labelGate.nextAt).toISOString()}`;
+      return;
+    }
+
+    // The records that carry a pin label now (ours and by hand).
+    let labelled: ImageRecord[];
+    try {
+      labelled = await this.images.list([`labels."${PIN_LABEL}"`, OWN_FILTER], o.signal);
+    } catch (e) {
+      this.failLabels(`cannot list containerd image records: ${errMessage(e)}`, new Set(byRecord.keys()), refs);
+      return;
+    }
+    const labels = new Map(labelled.map((r) => [r.name, r.labels]));
+
+    // Pinned already (by the agent, or by hand: then kept as it is, without pinset's label).
+    const toPin = [...byRecord.keys()].filter((rec) => !isPinned(labels.get(rec) ?? {}));
+    // Only pinset's own labels go, from images no planned reference names by
+    // name or by digest, and only when every planned reference could be looked up.
+    const plannedDigests = new Set(refs.map(digestOf));
+    const toUnpin =
+      o.unpin && complete ? labelled.filter((r) => isOwn(r.labels) && !byRecord.has(r.name) && !(r.target && plannedDigests.has(r.target.digest))).map((r) => r.name) : [];
+    const handPins = [...byRecord.keys()].filter((rec) => isPinned(labels.get(rec) ?? {}) && !isOwn(labels.get(rec) ?? {}));
+    this.noteHandPins(handPins, byRecord);
+
+    // Label, at most a few at once; the first failure stops the rest (containerd refuses them all alike).
+    let failure: string | undefined;
+    const failed = new Set<string>();
+    const done = { pinned: [] as string[], unpinned: [] as string[] };
+    const jobs = [...toPin.map((rec) => ({ rec, pin: true })), ...toUnpin.map((rec) => ({ rec, pin: false }))];
+    await mapLimit(jobs, LABEL_PARALLELISM, async ({ rec, pin }) => {
+      if (failure !== undefined || o.signal.aborted) {
+        failed.add(rec);
+        return;
+      }
+      try {
+        const r = await this.images.setLabels(rec, pin ? { [PIN_LABEL]: PIN_VALUE, [OWN_LABEL]: OWN_VALUE } : { [PIN_LABEL]: '', [OWN_LABEL]: '' }, o.signal);
+        labels.set(rec, r.labels);
+        (pin ? done.pinned : done.unpinned).push(rec);
+      } catch (e) {
+        if ((e as { kind?: string }).kind === 'NotFound') {
+          labels.delete(rec); // the image went away meanwhile: nothing to label
+          return;
+        }
+        failed.add(rec);
+        failure ??= `${pin ? 'pinning' : 'unpinning'} image ${byRecord.get(rec)?.refs[0] ?? rec} (${rec}): ${errMessage(e)}`;
+      }
+    });
+    this.pinnedRecords = new Set([...labels].filter(([, l]) => isPinned(l)).map(([n]) => n));
+    if (done.pinned.length || done.unpinned.length) {
+      this.log.info({ pinned: done.pinned.length, unpinned: done.unpinned.length, image: (done.pinned[0] && byRecord.get(done.pinned[0])?.refs[0]) || done.unpinned[0] }, 'containerd image labels updated');
+    }
+    if (failure !== undefined) this.failLabels(failure, failed, refs.filter((r) => failed.has(resolved.get(r) ?? '')));
+    else if (!o.signal.aborted) {
+      this.labelGate.succeed();
+      this.labelProblem = undefined;
+    }
+
+    await this.confirm(runtime, byRecord, done.pinned, o.signal);
+    this.lastState = this.labelProblem
+      ? 'label updates failing'
+      : this.cannotPin
+        ? 'labels set; this containerd does not honour them'
+        : this.notReported
+          ? 'labels set; not reported pinned'
+          : 'labels set and reported';
+  }
+
+  /** Reads `pinned` back: waits for the images just labelled, then checks every labelled wanted image in a fresh list. */
+  private async confirm(runtime: RuntimeState, byRecord: Map<string, { img: RuntimeImage; refs: string[] }>, justPinned: string[], signal: AbortSignal): Promise<void> {
+    let images: RuntimeImage[] | undefined;
+    if (justPinned.length > 0 && !this.cannotPin) {
+      // containerd applies label events in order: the last one labelled
+      // shows last. Probed by its image ID, which CRI on containerd resolves
+      // whatever names the image is held under.
+      const last = justPinned[justPinned.length - 1]!;
+      await waitForPins(this.runtime, [{ ref: last, expect: true }], { timeoutMs: this.confirmTimeoutMs, signal });
+    }
+    if (justPinned.length > 0) {
+      try {
+        images = await this.runtime.listImages();
+        runtime.refresh(images);
+      } catch {
+        images = undefined;
+      }
+    }
+    const byId = new Map((images ?? runtime.view.images).map((i) => [idRecord(i), i]));
+    const unreported = [...byRecord.keys()].filter((rec) => this.pinnedRecords.has(rec) && byId.has(rec) && !byId.get(rec)!.pinned);
+    if (unreported.length === 0 || this.cannotPin) {
+      if (this.notReported) this.reportGate.succeed();
+      this.notReported = undefined;
+      return;
+    }
+    const first = byRecord.get(unreported[0]!)!;
+    const records = new Set(unreported);
+    const refsOf = new Set(unreported.flatMap((r) => byRecord.get(r)!.refs));
+    const version = runtime.info?.runtimeVersion ?? 'of unknown version';
+    const message =
+      `containerd ${version} does not report image ${first.refs[0]} pinned although its record ${unreported[0]} carries ${PIN_LABEL}=${PIN_VALUE}` +
+      (unreported.length > 1 ? ` (and ${unreported.length - 1} more images)` : '') +
+      `; pins need containerd ${PINNING_VERSIONS}`;
+    this.notReported = { reason: 'PinNotReported', message, affected: (ref) => refsOf.has(ref), records };
+    this.reportGate.fail(message, { images: unreported.length });
+  }
+
+  private failLabels(error: string, records: Set<string>, refs: readonly string[]): void {
+    const affected = new Set(refs);
+    this.labelProblem = {
+      reason: 'PinLabelFailed',
+      message: `${error}; no pin is removed, retrying`,
+      affected: (ref) => affected.has(ref),
+      records,
+    };
+    this.labelGate.fail(error, { images: records.size });
+    this.lastState = 'label updates failing';
+  }
+
+  private versionProblem(runtime: RuntimeState): Named | undefined {
+    const version = runtime.info?.runtimeVersion;
+    if (!version) return undefined;
+    const can = containerdCanPin(version);
+    return can.ok ? undefined : { reason: 'RuntimeCannotPin', message: `${can.why}: images are pre-loaded but not protected from the kubelet's image garbage collection` };
+  }
+
+  private noteHandPins(handPins: string[], byRecord: Map<string, { img: RuntimeImage; refs: string[] }>): void {
+    const key = handPins.sort().join(',');
+    if (key === this.loggedHandPins) return;
+    this.loggedHandPins = key;
+    if (handPins.length) this.log.info({ images: handPins.length, image: byRecord.get(handPins[0]!)?.refs[0] }, `images pinned by hand (${PIN_LABEL} without ${OWN_LABEL}) are kept as they are, and never unpinned by the agent`);
+  }
+}
