@@ -223,6 +223,7 @@ export class Agent {
         // signalled. A socket gone is a runtime gone: noticed now, not at the
         // next presence check.
         this.runtime.restarted();
+        this.pins.for(this.runtime.info).runtimeRestarted?.();
         if (fs.existsSync(criSocketPath)) {
           if (this.runtime.gate.failing) this.runtime.gate.expedite();
           this.trigger('the runtime socket appeared');

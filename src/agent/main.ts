@@ -20,7 +20,8 @@ import type { KubeObserver } from './kube.ts';
 import type { EventRecorder } from './node-sinks.ts';
 import { DiskCheck } from './disk.ts';
 import { DEFAULT_DISK_ESTIMATE_FACTOR, lazyRegistrySizeEstimator } from './estimate.ts';
-import { describeHolder, lockPathFor, NodeLock } from './node-lock.ts';
+import { describeHolder, NodeLock } from './node-lock.ts';
+import { pinWiring } from './pin-wiring.ts';
 import { ImagePuller } from './puller.ts';
 import { RolloutGate } from '../rollout/gate.ts';
 import { DEFAULT_SLOT_NAMESPACE } from '../rollout/slots.ts';
@@ -64,6 +65,7 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
     choices: [...PIN_BACKEND_FLAGS],
     help: 'how images are pinned: auto (from the runtime CRI Version names: CRI-O drop-in, containerd image labels, else pre-load only), crio, containerd, or none (pre-load only)',
   },
+  { name: 'state-dir', env: 'PINSET_STATE_DIR', type: 'string', default: '/var/lib/pinset', help: 'where the node lock lives when CRI-O\'s drop-in folder is not used (containerd, pre-load only)' },
   { name: 'crio-dropin-dir', env: 'PINSET_CRIO_DROPIN_DIR', type: 'string', default: '/etc/crio/crio.conf.d', help: 'CRI-O drop-in folder the pin file is written to' },
   { name: 'reload', env: 'PINSET_RELOAD', type: 'string', default: 'dbus', choices: ['dbus', 'systemctl', 'none'], help: 'how CRI-O is reloaded after the pin file changes' },
   { name: 'crio-unit', env: 'PINSET_CRIO_UNIT', type: 'string', default: 'crio.service', help: 'systemd unit of CRI-O' },
@@ -241,7 +243,9 @@ export async function run(argv: string[]): Promise<number> {
   // One writer per node: nothing is written (pin file, Node status) before
   // the node lock is held. /healthz, /readyz and /metrics answer meanwhile,
   // so a waiting pod is alive, not ready, and says why.
-  const lock = new NodeLock(lockPathFor(dropInDir), {
+  const pinBackend = f['pin-backend'] as PinBackendFlag;
+  const pins = pinWiring({ flag: pinBackend, dropInDir, stateDir: String(f['state-dir']), criEndpoint: String(f['cri-endpoint']), runtime, logger });
+  const lock = new NodeLock(pins.lockPath, {
     pid: process.pid,
     host: hostname(),
     node: nodeName,
@@ -277,7 +281,9 @@ export async function run(argv: string[]): Promise<number> {
   const cannotStart = async (e: unknown): Promise<number> => {
     logger.error(
       { lock: lock.path, err: (e as Error).message },
-      `cannot take the node lock or open the drop-in folder: the agent needs ${path.dirname(lock.path)} and ${dropInDir} writable, on one mount (the DaemonSet mounts /etc/crio read-write; the systemd unit has ReadWritePaths=/etc/crio)`,
+      pins.usesDropIn
+        ? `cannot take the node lock or open the drop-in folder: the agent needs ${path.dirname(lock.path)} and ${dropInDir} writable, on one mount (the DaemonSet mounts /etc/crio read-write; the systemd unit has ReadWritePaths=/etc/crio)`
+        : `cannot take the node lock: the agent needs ${path.dirname(lock.path)} writable (--state-dir; deploy/containerd mounts /var/lib/pinset)`,
     );
     await shutdown();
     await health?.close();
@@ -310,14 +316,14 @@ export async function run(argv: string[]): Promise<number> {
   }
   waitingFor = null;
   metrics?.nodeLockHeld.set(1);
-  let pinFile: PinFile;
+  let pinFile: PinFile | null = null;
   try {
     // With the lock held, no other agent is mid-write: open() may clean up after a killed one.
-    pinFile = await PinFile.open(dropInDir, { hooks });
+    if (pins.usesDropIn) pinFile = await PinFile.open(dropInDir, { hooks });
   } catch (e) {
     return await cannotStart(e);
   }
-  logger.info({ lock: lock.path, pinFile: pinFile.path, ...(waited ? { tookOver: true } : {}) }, 'node lock held: this agent writes the pins of this node');
+  logger.info({ lock: lock.path, pinFile: pinFile?.path, ...(waited ? { tookOver: true } : {}) }, 'node lock held: this agent writes the pins of this node');
 
   agent = new Agent({
     nodeName,
@@ -325,7 +331,8 @@ export async function run(argv: string[]): Promise<number> {
     criSocketPath: unixSocketPath(String(f['cri-endpoint'])),
     pinFile,
     reloader,
-    pinBackend: f['pin-backend'] as PinBackendFlag,
+    pinBackend,
+    containerdPins: pins.containerd,
     puller,
     reporter,
     logger,

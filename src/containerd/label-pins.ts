@@ -86,6 +86,10 @@ type Named = { reason: string; message: string };
 
 export class ContainerdLabelPins implements PinBackend {
   readonly name = 'containerd' as const;
+  /** containerd's CRI reports `pinned` from the label (the versions that honour it are chosen by src/agent/pin-choice.ts). */
+  readonly readsPins = true;
+  /** Labels changed in the current reconcile. */
+  private changed = false;
   private readonly images: ImageLabels;
   private readonly runtime: ImageRuntime;
   private readonly log: Logger;
@@ -140,8 +144,9 @@ export class ContainerdLabelPins implements PinBackend {
   }
 
   /** Nothing to write before the runtime's list is known: labels go on image IDs. */
-  async stage(pins: readonly string[], _signal?: AbortSignal): Promise<void> {
+  async stage(pins: readonly string[]): Promise<void> {
     this.planned = [...pins];
+    this.changed = false;
   }
 
   async sync(runtime: RuntimeState, wanted: readonly PinTarget[], signal: AbortSignal): Promise<void> {
@@ -152,6 +157,9 @@ export class ContainerdLabelPins implements PinBackend {
     // Pins only: what landed is labelled; removals were decided in sync().
     await this.apply(runtime, wanted, { unpin: false, signal });
   }
+
+  /** Nothing to check after verification: a label stays until removed, and sync() reads them all each reconcile. */
+  async audit(): Promise<void> {}
 
   /** The pin is on the image: pulling another name of it changes nothing. */
   wantsNamePull(_ref?: string, _img?: RuntimeImage): boolean {
@@ -168,6 +176,10 @@ export class ContainerdLabelPins implements PinBackend {
     const problems = [this.labelProblem, this.notReported].filter((p): p is PinProblem & { records: Set<string> } => p !== undefined);
     return {
       where: `containerd image label ${PIN_LABEL}`,
+      wrote: this.changed,
+      reloaded: false,
+      notHeld: (n) => `${n} image(s) are present but not yet labelled ${PIN_LABEL}=${PIN_VALUE}`,
+      notPinned: (n) => `${n} image(s) are labelled ${PIN_LABEL}=${PIN_VALUE} but not yet reported pinned by containerd`,
       holds: (ref) => {
         const rec = resolved.get(ref);
         return rec !== undefined && pinned.has(rec);
@@ -289,6 +301,7 @@ export class ContainerdLabelPins implements PinBackend {
     });
     this.pinnedRecords = new Set([...labels].filter(([, l]) => isPinned(l)).map(([n]) => n));
     if (done.pinned.length || done.unpinned.length) {
+      this.changed = true;
       this.log.info({ pinned: done.pinned.length, unpinned: done.unpinned.length, image: (done.pinned[0] && byRecord.get(done.pinned[0])?.refs[0]) || done.unpinned[0] }, 'containerd image labels updated');
     }
     if (failure !== undefined) this.failLabels(failure, failed, refs.filter((r) => failed.has(resolved.get(r) ?? '')));

@@ -116,6 +116,8 @@ export interface PinBackend {
   nextAttemptAt(runtimeReachable: boolean): number | undefined;
   /** Paths whose change should trigger a reconcile (a fixed configuration, a writable folder). */
   watchPaths(): { dir: string; recursive: boolean; name?: string; reason: string }[];
+  /** The runtime's socket changed (a restarted runtime): a retry waiting on it may run now. */
+  runtimeRestarted?(): void;
   /** For the reconcile's log line: how far the runtime's pins are known to follow the list. */
   readonly state: string | undefined;
   close(): void;

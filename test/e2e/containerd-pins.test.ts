@@ -34,7 +34,7 @@ async function observed(cri: CriImageRuntime): Promise<RuntimeState> {
     get view() {
       return view;
     },
-    refresh(images: RuntimeImage[]) {
+    async refresh(images: RuntimeImage[]) {
       view = new RuntimeView(images);
     },
   };
@@ -86,7 +86,7 @@ class Ctx {
     return { tag: `registry.test/${repo}:v1`, digestRef: img.ref, id: img.id };
   }
   async reconcile(...refs: string[]): Promise<void> {
-    await this.pins.stage(refs, signal());
+    await this.pins.stage(refs);
     await this.pins.sync(await observed(this.cri), targets(...refs), signal());
   }
   async labels(name: string): Promise<Record<string, string>> {
@@ -184,7 +184,7 @@ suite('1.7', (ctx) => {
     // The view is taken while containerd answers; then it goes away before the labels are written.
     const state = await observed(c.cri);
     await c.containerd.shutdown();
-    await c.pins.stage([add.digestRef], signal());
+    await c.pins.stage([add.digestRef]);
     await c.pins.sync(state, targets(add.digestRef), signal());
     const problem = c.pins.status().problemFor([add.digestRef]);
     assert.equal(problem?.reason, 'PinLabelFailed');

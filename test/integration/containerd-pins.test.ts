@@ -33,7 +33,7 @@ async function observed(cri: CriImageRuntime): Promise<RuntimeState> {
     get view() {
       return view;
     },
-    refresh(images: RuntimeImage[]) {
+    async refresh(images: RuntimeImage[]) {
       view = new RuntimeView(images);
     },
   };
@@ -84,7 +84,7 @@ describe('ContainerdLabelPins against the containerd twin', () => {
         return { tag: `${repo}:v1`, digestRef: `${repo}@${digest}`, id };
       },
       async reconcile(...refs) {
-        await pins.stage(refs, signal());
+        await pins.stage(refs);
         await pins.sync(await observed(cri), targets(...refs), signal());
       },
       async close() {
@@ -236,8 +236,8 @@ describe('ContainerdLabelPins against the containerd twin', () => {
     const img = b.image();
     await b.cri.pullImage(img.digestRef);
     await b.reconcile(img.digestRef);
-    const down: RuntimeState = { answered: false, info: undefined, error: 'UNAVAILABLE', view: new RuntimeView([]), refresh() {} };
-    await b.pins.stage([], signal());
+    const down: RuntimeState = { answered: false, info: undefined, error: 'UNAVAILABLE', view: new RuntimeView([]), async refresh() {} };
+    await b.pins.stage([]);
     await b.pins.sync(down, [], signal());
     assert.deepEqual(b.c.record(img.id)?.labels, OURS);
     b.c.failImagesCalls('List', { code: grpc.status.UNAVAILABLE, message: 'connection reset' });
@@ -277,7 +277,7 @@ describe('ContainerdLabelPins against the containerd twin', () => {
     const img = b.image();
     await b.cri.pullImage(img.digestRef);
     await b.reconcile(img.digestRef);
-    await b.pins.stage([], signal());
+    await b.pins.stage([]);
     await b.pins.afterPulls(await observed(b.cri), [], [], signal());
     assert.deepEqual(b.c.record(img.id)?.labels, OURS);
   });
@@ -314,7 +314,7 @@ describe('ContainerdLabelPins against the containerd twin', () => {
   test('stage() touches nothing; a name-only pull never helps; in place is CRI\'s pinned', async () => {
     const b = await bed();
     const calls = b.c.imagesCalls.length;
-    await b.pins.stage(['registry.test/x@sha256:' + hex()], signal());
+    await b.pins.stage(['registry.test/x@sha256:' + hex()]);
     assert.equal(b.c.imagesCalls.length, calls);
     const img = { id: 'sha256:' + hex(), repoTags: [], repoDigests: [], size: 1, pinned: false, runtimeHandler: '' };
     assert.equal(b.pins.wantsNamePull('registry.test/x@sha256:' + hex(), img), false);
@@ -330,7 +330,7 @@ describe('ContainerdLabelPins against the containerd twin', () => {
     await b.reconcile(img.digestRef);
     // The API could not be read: the core keeps observe().current in its plan.
     const { current } = await b.pins.observe();
-    await b.pins.stage(current, signal());
+    await b.pins.stage(current);
     await b.pins.sync(await observed(b.cri), [], signal());
     assert.deepEqual(b.c.record(img.id)?.labels, OURS);
   });
