@@ -23,6 +23,7 @@ export const COMPONENTS = {
   htpasswd: { binary: 'htpasswd', aptPackage: 'apache2-utils' },
   'dbus-daemon': { binary: 'dbus-daemon', aptPackage: 'dbus' },
   openssl: { binary: 'openssl', aptPackage: 'openssl' },
+  podman: { binary: 'podman', aptPackage: 'podman' },
 } as const satisfies Record<string, Component>;
 
 export type ComponentName = keyof typeof COMPONENTS;
