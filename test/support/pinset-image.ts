@@ -23,8 +23,15 @@ export const IMAGE_CACHE = process.env.PINSET_IMAGE_CACHE || path.join(ROOT, '.c
 export const IMAGE_LAYOUT_REF = `oci:${path.join(IMAGE_CACHE, 'oci')}:dev`;
 export const BUILD_COMMAND = 'sudo bash scripts/build-image.sh';
 
-/** Why the image cannot be used for a test of these sources, or null. */
-export async function imageProblem(): Promise<string | null> {
+let checked: Promise<string | null> | undefined;
+
+/** Why the image cannot be used for a test of these sources, or null (asked once per test process). */
+export function imageProblem(): Promise<string | null> {
+  checked ??= findImageProblem();
+  return checked;
+}
+
+async function findImageProblem(): Promise<string | null> {
   const podman = findBinary('podman');
   if (!podman) return missingMessage(['podman']);
   if (process.getuid?.() !== 0) return 'running the image needs root here (its storage is the system one): run the end-to-end tests as root';
