@@ -324,6 +324,11 @@ export async function run(argv: string[]): Promise<number> {
     return await cannotStart(e);
   }
   logger.info({ lock: lock.path, pinFile: pinFile?.path, ...(waited ? { tookOver: true } : {}) }, 'node lock held: this agent writes the pins of this node');
+  // crio.conf.d mounted alone: every write would fail with EXDEV. Said once
+  // here; each write then refuses with the same message, which the sets'
+  // status carries (PinFileWriteFailed), and the current pins stay.
+  const layout = await pinFile?.mountProblem();
+  if (layout && pinFile) logger.error({ dropInDir: pinFile.dir, stagingDir: pinFile.stagingDir }, layout);
 
   agent = new Agent({
     nodeName,

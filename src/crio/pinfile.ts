@@ -18,7 +18,9 @@
 // crio.conf.d (`<parent>/.pinset/`, same filesystem and, in the DaemonSet and
 // the systemd unit, the same mount: rename(2) across mount points fails with
 // EXDEV even on one filesystem), then renamed into crio.conf.d, and the folder
-// fsynced. The agent deletes only its own pin file and the one temp file
+// fsynced. A layout where the two are on different mounts (crio.conf.d
+// mounted alone) is refused before anything is written, with a message that
+// says what to mount (./mounts.ts). The agent deletes only its own pin file and the one temp file
 // whose exact name it generates.
 //
 // scan() reads the folder exactly as CRI-O does (./crio-config.ts), every
@@ -29,6 +31,7 @@ import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
 import { stringify as stringifyToml } from 'smol-toml';
 import { readCrioConfig, type ConfigRejection } from './crio-config.ts';
+import { CrossMountError, crossMountMessage, crossMountProblem } from './mounts.ts';
 
 export const PIN_FILE_PREFIX = '99-pinset-';
 export const PIN_FILE_SUFFIX = '.conf';
@@ -209,7 +212,8 @@ export class PinFile {
 
   /**
    * Atomically replace the file with `content`. On failure the previous
-   * file is untouched and the temp file removed.
+   * file is untouched and the temp file removed. Throws CrossMountError,
+   * before writing anything, when the staging folder is on another mount.
    *
    * Order, and what a crash or a power loss at each point leaves:
    * 1. create `<staging>/<name>.tmp`, 2. write it, 3. fsync it: until here
@@ -228,6 +232,8 @@ export class PinFile {
   async write(content: string): Promise<void> {
     await fsp.mkdir(this.dir, { recursive: true });
     await fsp.mkdir(this.stagingDir, { recursive: true, mode: 0o700 });
+    const layout = await this.mountProblem();
+    if (layout) throw new CrossMountError(layout);
     const temp = this.tempPath;
     const step = (s: WriteStep) => this.hooks.afterStep?.(s, temp);
     let fh: fsp.FileHandle | undefined;
@@ -244,6 +250,8 @@ export class PinFile {
     } catch (e) {
       await fh?.close().catch(() => {});
       await removeRegularFile(temp).catch(() => {});
+      // A mount that changed since the check above.
+      if ((e as NodeJS.ErrnoException).code === 'EXDEV') throw new CrossMountError(crossMountMessage(this.dir, this.stagingDir));
       throw e;
     }
     await step('renamed');
@@ -254,6 +262,15 @@ export class PinFile {
       await dh.close();
     }
     await step('folder-fsynced');
+  }
+
+  /**
+   * Why the pin file cannot be renamed into place (the drop-in folder and
+   * the staging folder on different mounts: crio.conf.d mounted alone), or
+   * null. Nothing is created; a folder that does not exist yet is no problem.
+   */
+  mountProblem(): Promise<string | null> {
+    return crossMountProblem(this.dir, this.stagingDir);
   }
 
   /** Other files this agent owns (an older name): removed once the current file is in place. */

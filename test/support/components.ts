@@ -37,6 +37,7 @@ export const COMPONENTS = {
     projectPath: '.cache/containerd-1.7/usr/bin/containerd',
     install: 'bash .ci/containerd-1.7',
   },
+  podman: { binary: 'podman', aptPackage: 'podman' },
 } as const satisfies Record<string, Component>;
 
 export type ComponentName = keyof typeof COMPONENTS;

@@ -1,0 +1,153 @@
+// The agent from the image (scripts/build-image.sh builds it from the
+// Containerfile), run by podman as the DaemonSet runs it: ENTRYPOINT and
+// `agent`, uid 0 without capabilities, a read-only root file system, the
+// node's /etc/crio mounted read-write as one folder, the runtime's socket
+// and storage read-only, static sets and the kubelet's credentials
+// read-only. The runtime is a real containerd with a real registry on
+// loopback; containerd reports no pins, so "pinned" means "in the pin file"
+// (as in agent.test.ts). Then the mounts a user might write instead: only
+// /etc/crio/crio.conf.d.
+import assert from 'node:assert/strict';
+import { mkdir, mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
+import { stringify as dumpYaml } from 'yaml';
+import type { NodeSetStatus, PinnedImageSet } from '../../src/api/types.ts';
+import { missingComponents, requireComponents, type ComponentName } from '../support/components.ts';
+import { Containerd, CriClient } from '../support/containerd.ts';
+import { pushMultiLayer, pushSingleLayer, type PushedImage } from '../support/images.ts';
+import { readPinFile } from '../support/agent-process.ts';
+import { requireImage, runImage, type ContainerRun } from '../support/pinset-image.ts';
+import { Registry } from '../support/registry.ts';
+
+const NEEDS: ComponentName[] = ['containerd', 'runc', 'docker-registry', 'podman'];
+const NODE = 'image-node';
+
+function set(name: string, images: PushedImage[]): PinnedImageSet {
+  return { apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name }, spec: { pinnedImages: images.map((i) => ({ name: i.ref })) } };
+}
+
+function setsOf(r: ContainerRun): NodeSetStatus[] {
+  return r.stdout.split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l) as NodeSetStatus);
+}
+
+function logLines(r: ContainerRun): Record<string, unknown>[] {
+  return r.stderr.split('\n').flatMap((l) => {
+    try {
+      return [JSON.parse(l) as Record<string, unknown>];
+    } catch {
+      return [];
+    }
+  });
+}
+
+describe('pinset agent from the image, on containerd', () => {
+  let registry: Registry;
+  let containerd: Containerd;
+  let cri: CriClient;
+  let ready = false;
+  let work: string;
+  /** The node's /etc/crio. */
+  let etcCrio: string;
+  let dropIn: string;
+  let sets: string;
+  let authFile: string;
+
+  before(async () => {
+    if (missingComponents(NEEDS).length > 0 || process.getuid?.() !== 0) return; // each test reports it
+    registry = await Registry.start();
+    containerd = await Containerd.start({ mirrors: { 'registry.test': registry.url } });
+    cri = new CriClient(containerd.endpoint);
+    ready = true;
+  });
+
+  after(async () => {
+    cri?.close();
+    await containerd?.stop();
+    await registry?.stop();
+  });
+
+  beforeEach(async () => {
+    if (!ready) return;
+    work = await mkdtemp(path.join(os.tmpdir(), 'pinset-e2e-image-'));
+    etcCrio = path.join(work, 'etc-crio');
+    dropIn = path.join(etcCrio, 'crio.conf.d');
+    sets = path.join(work, 'sets.d');
+    authFile = path.join(work, 'config.json');
+    await mkdir(dropIn, { recursive: true });
+    await mkdir(sets);
+    await writeFile(authFile, JSON.stringify({ auths: {} }), { mode: 0o600 });
+  });
+
+  afterEach(async () => {
+    if (work) await rm(work, { recursive: true, force: true });
+  });
+
+  /**
+   * `agent --once` in the image with the DaemonSet's paths (the flags'
+   * defaults: /etc/crio/crio.conf.d, /etc/pinset/sets.d,
+   * /var/lib/kubelet/config.json), NODE_NAME from the environment as the
+   * DaemonSet sets it, and containerd's folder (socket and image
+   * filesystem) read-only at its own path.
+   */
+  function runAgent(crioMounts: string[], opts: { readOnly?: boolean } = {}): Promise<ContainerRun> {
+    return runImage(['agent', '--once', '--cri-endpoint', containerd.endpoint, '--reload', 'none'], {
+      volumes: [...crioMounts, `${containerd.dir}:${containerd.dir}:ro`, `${sets}:/etc/pinset/sets.d:ro`, `${authFile}:/var/lib/kubelet/config.json:ro`],
+      env: { NODE_NAME: NODE },
+      readOnly: opts.readOnly,
+    });
+  }
+
+  test("the DaemonSet's mounts: the set Ready, the images in containerd, the pin file in the node's drop-in folder", async (t) => {
+    if (!requireComponents(t, NEEDS) || !(await requireImage(t))) return;
+    const single = await pushSingleLayer(registry, 'image/single');
+    const layered = await pushMultiLayer(registry, 'image/layered', 3);
+    await writeFile(path.join(sets, 'sets.yaml'), dumpYaml(set('from-image', [single, layered])));
+
+    const r = await runAgent([`${etcCrio}:/etc/crio`]);
+    assert.equal(r.code, 0, r.stderr);
+    const [s, ...rest] = setsOf(r);
+    assert.deepEqual(rest, []);
+    assert.deepEqual([s?.name, s?.source, s?.phase, s?.reason], ['from-image', 'static', 'Ready', 'AllImagesPinned']);
+    assert.deepEqual(s?.images, { wanted: 2, present: 2, pinned: 2, failed: 0, invalid: 0 });
+    const starting = logLines(r).find((l) => l.msg === 'pinset agent starting');
+    assert.equal(starting?.dropInDir, '/etc/crio/crio.conf.d', 'the default drop-in folder, inside the container');
+
+    const listed = await cri.listImages();
+    for (const img of [single, layered]) assert.equal(listed.find((i) => i.repoDigests.includes(img.ref))?.id, img.id, `containerd holds ${img.ref}`);
+    assert.deepEqual((await readPinFile(dropIn))?.pins, [single.ref, layered.ref].sort(), "the pin file, in the node's folder");
+    assert.ok((await stat(path.join(etcCrio, '.pinset', 'agent.lock'))).isFile(), "the node lock beside it, in the node's /etc/crio");
+  });
+
+  test('only crio.conf.d mounted: refused with what to mount instead, the pins kept; with a read-only root, no start at all', async (t) => {
+    if (!requireComponents(t, NEEDS) || !(await requireImage(t))) return;
+    const first = await pushSingleLayer(registry, 'image/first');
+    const second = await pushSingleLayer(registry, 'image/second');
+    await writeFile(path.join(sets, 'sets.yaml'), dumpYaml(set('apps', [first])));
+    const ok = await runAgent([`${etcCrio}:/etc/crio`]);
+    assert.equal(ok.code, 0, ok.stderr);
+    const pinned = await readPinFile(dropIn);
+    assert.deepEqual(pinned?.pins, [first.ref]);
+
+    // A writable root: the staging folder /etc/crio/.pinset lands in the container, on another mount.
+    await writeFile(path.join(sets, 'sets.yaml'), dumpYaml(set('apps', [first, second])));
+    const r = await runAgent([`${dropIn}:/etc/crio/crio.conf.d`], { readOnly: false });
+    assert.equal(r.code, 1, r.stderr);
+    const s = setsOf(r)[0];
+    assert.deepEqual([s?.phase, s?.reason], ['Degraded', 'PinFileWriteFailed']);
+    assert.match(s?.message ?? '', /\/etc\/crio\/crio\.conf\.d is a mount point of its own, apart from the staging folder \/etc\/crio\/\.pinset: the pin file cannot be renamed into place \(EXDEV\)\. Mount \/etc\/crio read-write as one mount instead/);
+    const atStart = logLines(r).find((l) => l.level === 'error' && /EXDEV/.test(String(l.msg)));
+    assert.ok(atStart, `the error is logged at start\n${r.stderr.slice(-2000)}`);
+    assert.ok(s?.message?.endsWith(String(atStart.msg)), 'the status and the log say the same');
+    assert.deepEqual(await readPinFile(dropIn), pinned, 'the pin file is as it was');
+    assert.deepEqual(await readdir(dropIn), [path.basename(pinned!.file)], 'nothing else in the drop-in folder');
+
+    // The shipped DaemonSet's read-only root with the same mount: the staging folder cannot even be made.
+    const ro = await runAgent([`${dropIn}:/etc/crio/crio.conf.d`]);
+    assert.equal(ro.code, 2, ro.stderr);
+    const refused = logLines(ro).find((l) => l.level === 'error');
+    assert.match(String(refused?.msg), /the agent needs \/etc\/crio\/\.pinset and \/etc\/crio\/crio\.conf\.d writable, on one mount \(the DaemonSet mounts \/etc\/crio read-write/);
+    assert.deepEqual(await readPinFile(dropIn), pinned, 'the pin file is as it was');
+  });
+});
