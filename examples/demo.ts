@@ -1,33 +1,37 @@
 // `npm run demo`: pinset on one local node in a minute, with no cluster and
-// no network. Starts an OCI registry and containerd on loopback in a
+// no network. Starts an OCI registry and containerd 1.7 (Debian trixie's,
+// unpacked by .ci/setup into .cache/containerd-1.7) on loopback in a
 // temporary folder, pushes a few images, writes the example sets of
 // examples/demo-set.yaml (with the pushed digests) into a static folder,
-// runs `pinset agent --once` against containerd's CRI socket, and shows what
-// it did. Everything it starts is stopped by PID before it exits.
+// runs `pinset agent --once` against containerd's socket, and shows what it
+// did: the images pulled and pinned (CRI's `pinned`, the label that pins
+// them). Everything it starts is stopped by PID before it exits.
 import { spawn } from 'node:child_process';
-import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { stringify as dumpYaml } from 'yaml';
 import { parseYamlDocuments } from '../src/api/yaml.ts';
 import type { NodeSetStatus, PinnedImageSet } from '../src/api/types.ts';
-import { COMPONENTS, findBinary, installCommand, type ComponentName } from '../test/support/components.ts';
-import { Containerd, CriClient } from '../test/support/containerd.ts';
+import { ContainerdImages } from '../src/containerd/images.ts';
+import { PIN_LABEL } from '../src/containerd/label-pins.ts';
+import { COMPONENTS, installCommand, missingComponents, type ComponentName } from '../test/support/components.ts';
+import { Containerd, containerdComponent, CriClient } from '../test/support/containerd.ts';
 import { pushMultiArch, pushMultiLayer, pushSingleLayer, type PushedImage } from '../test/support/images.ts';
 import { Registry } from '../test/support/registry.ts';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const SET_FILE = path.join(ROOT, 'examples', 'demo-set.yaml');
 const NODE = 'demo-node';
-const NEEDS: ComponentName[] = ['containerd', 'runc', 'docker-registry'];
+const NEEDS: ComponentName[] = [containerdComponent('1.7'), 'runc', 'docker-registry'];
 
 function say(line = ''): void {
   process.stdout.write(`${line}\n`);
 }
 
 function preflight(): string | null {
-  const missing = NEEDS.filter((n) => findBinary(COMPONENTS[n].binary) === null);
+  const missing = missingComponents(NEEDS);
   if (missing.length > 0) {
     return `the demo needs ${missing.map((n) => COMPONENTS[n].binary).join(', ')}, which ${missing.length === 1 ? 'is' : 'are'} not installed. Install with:\n\n  ${installCommand(missing)}\n`;
   }
@@ -102,8 +106,8 @@ async function main(): Promise<number> {
     say('pinset demo: one node, a local registry, containerd, and the agent run once.\n');
     registry = await Registry.start();
     say(`registry    distribution on ${registry.url} (pid ${registry.pid}), known to containerd as registry.test`);
-    containerd = await Containerd.start({ mirrors: { 'registry.test': registry.url } });
-    say(`containerd  CRI on ${containerd.endpoint} (pid ${containerd.pid}), native snapshotter\n`);
+    containerd = await Containerd.start({ version: '1.7', mirrors: { 'registry.test': registry.url } });
+    say(`containerd  1.7 (CRI and its Images service) on ${containerd.endpoint} (pid ${containerd.pid}), native snapshotter\n`);
 
     const pushed = new Map<string, PushedImage>();
     for (const img of [
@@ -117,9 +121,7 @@ async function main(): Promise<number> {
     }
 
     const staticDir = path.join(work, 'sets.d');
-    const dropinDir = path.join(work, 'crio.conf.d');
     await mkdir(staticDir);
-    await mkdir(dropinDir);
     const docs = parseYamlDocuments(await readFile(SET_FILE, 'utf8')).map((d) => ('value' in d ? d.value : null)).filter(Boolean) as PinnedImageSet[];
     const sets = withPushedDigests(docs, pushed);
     await writeFile(path.join(staticDir, 'demo-set.yaml'), sets.map((s) => dumpYaml(s)).join('---\n'));
@@ -131,9 +133,8 @@ async function main(): Promise<number> {
       '--node-labels', 'pinset.dev/demo-gpu=true',
       '--static-dir', staticDir,
       '--cri-endpoint', containerd.endpoint,
-      '--crio-dropin-dir', dropinDir,
-      '--reload', 'none',
-      '--pin-backend', 'crio',
+      '--crio-dropin-dir', path.join(work, 'no-crio', 'crio.conf.d'),
+      '--state-dir', path.join(work, 'state'),
       '--auth-file', path.join(work, 'no-auth.json'),
       '--metrics-addr', '',
     ];
@@ -149,19 +150,17 @@ async function main(): Promise<number> {
     const reported = new Set(statuses.map((s) => s.name));
     for (const s of sets) if (!reported.has(s.metadata.name)) say(`  ${s.metadata.name.padEnd(18)} not selected by this node`);
 
-    const pinFiles = (await readdir(dropinDir)).filter((n) => n.startsWith('99-pinset-'));
-    for (const name of pinFiles) {
-      say(`\npin file ${path.join('<crio.conf.d>', name)}:`);
-      say((await readFile(path.join(dropinDir, name), 'utf8')).trimEnd());
-    }
-    if (pinFiles.length === 0) say('\nno pin file was written');
-
     const cri = new CriClient(containerd.endpoint);
+    const records = new ContainerdImages(containerd.endpoint);
     try {
       const images = await cri.listImages();
-      say(`\ncontainerd now holds (CRI ListImages):`);
-      for (const img of images) say(`  ${img.repoDigests.join(', ')}  ${img.id.slice(0, 19)}  ${img.size} bytes`);
+      say(`\ncontainerd now holds (CRI ListImages; pinned: the kubelet's image garbage collection skips the image):`);
+      for (const img of images) {
+        const label = (await records.get(img.id))?.labels[PIN_LABEL];
+        say(`  ${img.repoDigests.join(', ')}\n    ${img.id.slice(0, 19)}  ${img.size} bytes  pinned: ${img.pinned}${label ? `  (label ${PIN_LABEL}=${label} on ${img.id.slice(0, 19)})` : ''}`);
+      }
     } finally {
+      records.close();
       cri.close();
     }
 
@@ -169,7 +168,7 @@ async function main(): Promise<number> {
       say(`\nthe agent's log (stderr):\n${result.stderr.trimEnd()}`);
       return 1;
     }
-    say(`\nCRI-O would now keep these images through garbage collection; here containerd just holds them.`);
+    say(`\nThe kubelet keeps pinned images through its garbage collection; on CRI-O the same sets pin through a drop-in (README, "Runtimes").`);
     return 0;
   } finally {
     await stopAll();
