@@ -6,6 +6,8 @@
 // Runtimes: the CRI-O stand-in (always) and, with PINSET_CRIO_BIN set, a
 // real CRI-O as a plain process (test/support/real-crio.ts). Both behind a
 // private D-Bus whose systemd stand-in sends SIGHUP as CRI-O's unit does.
+// And containerd 1.7 (.cache/containerd-1.7, when .ci/setup has unpacked
+// it), pinned through its image labels: no reload at all.
 // Images of each set (BENCH_PIN_K, default 10) are, per case:
 // - present: already on the node under their digest names (pulled by digest);
 // - by tag: on the node under a tag only (the agent adds the names);
@@ -20,7 +22,8 @@ import { fileURLToPath } from 'node:url';
 import { randomBytes } from 'node:crypto';
 import { AgentProcess } from '../test/support/agent-process.ts';
 import { ApiServer, type KubeObject } from '../test/support/apiserver.ts';
-import { CriClient } from '../test/support/containerd.ts';
+import { missingComponents, missingMessage } from '../test/support/components.ts';
+import { Containerd, CriClient } from '../test/support/containerd.ts';
 import { startCrioNode, type CrioNode } from '../test/support/crio-node.ts';
 import { buildImage, layerOf, nodePlatform, pushBlob, pushManifest, pushSingleLayer } from '../test/support/images.ts';
 import { realCrioMissing, startRealCrioNode, type RealCrioNode } from '../test/support/real-crio.ts';
@@ -45,7 +48,6 @@ function median(xs: number[]): number {
 interface Target {
   name: string;
   endpoint: string;
-  dropInDir: string;
   env: NodeJS.ProcessEnv;
   /** Flags for the agent beyond the common ones. */
   agentArgs: string[];
@@ -61,10 +63,9 @@ async function standIn(): Promise<Target> {
   return {
     name: 'CRI-O stand-in',
     endpoint: node.endpoint,
-    dropInDir: node.dropInDir,
     env: node.env,
     // No registry behind the stand-in: no size estimate to make.
-    agentArgs: ['--disk-estimate-factor', '0'],
+    agentArgs: ['--crio-dropin-dir', node.dropInDir, '--reload', 'dbus', '--disk-estimate-factor', '0'],
     reloads: () => node.systemd.reloadCount('crio.service'),
     async images(how, run) {
       const refs: string[] = [];
@@ -94,10 +95,9 @@ async function realCrio(bin: string): Promise<Target> {
   return {
     name: 'CRI-O 1.32 (real)',
     endpoint: node.endpoint,
-    dropInDir: node.dropInDir,
     env: node.env,
     // The agent reads the node's registries.conf (CRI-O's here) for its size estimate, as on a node.
-    agentArgs: ['--registries-conf', path.join(path.dirname(node.crio.mainConfig), 'registries.conf')],
+    agentArgs: ['--crio-dropin-dir', node.dropInDir, '--reload', 'dbus', '--registries-conf', path.join(path.dirname(node.crio.mainConfig), 'registries.conf')],
     reloads: () => node.systemd.reloadCount('crio.service'),
     async images(how, run) {
       const refs: string[] = [];
@@ -125,6 +125,47 @@ async function realCrio(bin: string): Promise<Target> {
   };
 }
 
+async function containerd17(): Promise<Target> {
+  const registry = await Registry.start();
+  const containerd = await Containerd.start({ version: '1.7', mirrors: { 'registry.test': registry.url } });
+  const cri = new CriClient(containerd.endpoint);
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-bench-ctrd-'));
+  // The size estimate reaches the loopback registry as containerd does (its mirror).
+  const conf = path.join(dir, 'registries.conf');
+  await writeFile(conf, `[[registry]]\nprefix = "registry.test"\nlocation = "127.0.0.1:${registry.port}"\ninsecure = true\n`);
+  return {
+    name: 'containerd 1.7.24 (real, plain process)',
+    endpoint: containerd.endpoint,
+    env: {},
+    agentArgs: ['--pin-backend', 'containerd', '--crio-dropin-dir', path.join(dir, 'no-crio', 'crio.conf.d'), '--state-dir', path.join(dir, 'state'), '--registries-conf', conf],
+    reloads: () => 0,
+    async images(how, run) {
+      const refs: string[] = [];
+      for (let i = 0; i < K; i++) {
+        const repo = `bench/c${run}-${how.replace(' ', '')}-${i}`;
+        if (how === 'by tag') {
+          const image = buildImage([layerOf([{ name: 'f.txt', data: randomBytes(64) }])], nodePlatform(), repo);
+          for (const b of [...image.layers, image.config]) await pushBlob(registry, repo, b);
+          await pushManifest(registry, repo, image.manifest, 'v1');
+          await cri.pullImage(`registry.test/${repo}:v1`);
+          refs.push(`registry.test/${repo}@${image.manifest.digest}`);
+        } else {
+          const ref = (await pushSingleLayer(registry, repo)).ref;
+          if (how === 'present') await cri.pullImage(ref);
+          refs.push(ref);
+        }
+      }
+      return refs;
+    },
+    async stop() {
+      cri.close();
+      await containerd.stop();
+      await registry.stop();
+      await rm(dir, { recursive: true, force: true });
+    },
+  };
+}
+
 interface Sample {
   ms: number;
   reloads: number;
@@ -141,8 +182,6 @@ async function measure(t: Target): Promise<Record<Case, Sample[]>> {
       '--kubeconfig', await api.writeKubeconfig(dir),
       '--static-dir', path.join(dir, 'sets.d'),
       '--cri-endpoint', t.endpoint,
-      '--crio-dropin-dir', t.dropInDir,
-      '--reload', 'dbus',
       '--auth-file', path.join(dir, 'none.json'),
       '--metrics-addr', '',
       '--resync-interval', '10m',
@@ -188,6 +227,9 @@ const bin = process.env.PINSET_CRIO_BIN;
 const why = realCrioMissing(bin);
 if (!why) targets.push(() => realCrio(bin!));
 else say(`real CRI-O skipped: ${why}`);
+const ctrd = missingComponents(['containerd-1.7', 'runc', 'docker-registry']);
+if (ctrd.length === 0) targets.push(containerd17);
+else say(`containerd 1.7 skipped: ${missingMessage(ctrd)}`);
 
 const results: Record<string, Record<Case, Sample[]>> = {};
 for (const make of targets) {

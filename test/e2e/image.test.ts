@@ -4,9 +4,11 @@
 // node's /etc/crio mounted read-write as one folder, the runtime's socket
 // and storage read-only, static sets and the kubelet's credentials
 // read-only. The runtime is a real containerd with a real registry on
-// loopback; containerd reports no pins, so "pinned" means "in the pin file"
-// (as in agent.test.ts). Then the mounts a user might write instead: only
-// /etc/crio/crio.conf.d.
+// loopback; containerd 1.6 reports no pins, so with CRI-O's drop-in as the
+// pin backend (--pin-backend crio) "pinned" means "in the pin file" (as in
+// agent.test.ts). Then the mounts a user might write instead: only
+// /etc/crio/crio.conf.d. Last, the containerd overlay's DaemonSet
+// (deploy/containerd) on containerd 1.7: pins through image labels.
 import assert from 'node:assert/strict';
 import { mkdir, mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
@@ -15,7 +17,7 @@ import { after, afterEach, before, beforeEach, describe, test } from 'node:test'
 import { stringify as dumpYaml } from 'yaml';
 import type { NodeSetStatus, PinnedImageSet } from '../../src/api/types.ts';
 import { missingComponents, requireComponents, type ComponentName } from '../support/components.ts';
-import { Containerd, CriClient } from '../support/containerd.ts';
+import { Containerd, containerdComponent, CriClient } from '../support/containerd.ts';
 import { pushMultiLayer, pushSingleLayer, type PushedImage } from '../support/images.ts';
 import { readPinFile } from '../support/agent-process.ts';
 import { requireImage, runImage, type ContainerRun } from '../support/pinset-image.ts';
@@ -92,7 +94,7 @@ describe('pinset agent from the image, on containerd', () => {
    * filesystem) read-only at its own path.
    */
   function runAgent(crioMounts: string[], opts: { readOnly?: boolean } = {}): Promise<ContainerRun> {
-    return runImage(['agent', '--once', '--cri-endpoint', containerd.endpoint, '--reload', 'none'], {
+    return runImage(['agent', '--once', '--cri-endpoint', containerd.endpoint, '--reload', 'none', '--pin-backend', 'crio'], {
       volumes: [...crioMounts, `${containerd.dir}:${containerd.dir}:ro`, `${sets}:/etc/pinset/sets.d:ro`, `${authFile}:/var/lib/kubelet/config.json:ro`],
       env: { NODE_NAME: NODE },
       readOnly: opts.readOnly,
@@ -149,5 +151,32 @@ describe('pinset agent from the image, on containerd', () => {
     const refused = logLines(ro).find((l) => l.level === 'error');
     assert.match(String(refused?.msg), /the agent needs \/etc\/crio\/\.pinset and \/etc\/crio\/crio\.conf\.d writable, on one mount \(the DaemonSet mounts \/etc\/crio read-write/);
     assert.deepEqual(await readPinFile(dropIn), pinned, 'the pin file is as it was');
+  });
+
+  test("deploy/containerd's DaemonSet on containerd 1.7: the set Ready, the images pinned through their labels, no CRI-O folder", async (t) => {
+    const needs: ComponentName[] = [containerdComponent('1.7'), 'runc', 'docker-registry', 'podman'];
+    if (!requireComponents(t, needs) || !(await requireImage(t))) return;
+    const c17 = await Containerd.start({ version: '1.7', mirrors: { 'registry.test': registry.url } });
+    const cri17 = new CriClient(c17.endpoint);
+    try {
+      const img = await pushSingleLayer(registry, 'image/on-containerd');
+      await writeFile(path.join(sets, 'sets.yaml'), dumpYaml(set('on-containerd', [img])));
+      const state = path.join(work, 'var-lib-pinset');
+      await mkdir(state);
+      // The overlay's flags and mounts: containerd's folder read-only (socket and image filesystem), /var/lib/pinset for the lock.
+      const r = await runImage(['agent', '--once', '--cri-endpoint', c17.endpoint, '--pin-backend', 'containerd'], {
+        volumes: [`${c17.dir}:${c17.dir}:ro`, `${state}:/var/lib/pinset`, `${sets}:/etc/pinset/sets.d:ro`, `${authFile}:/var/lib/kubelet/config.json:ro`],
+        env: { NODE_NAME: NODE },
+      });
+      assert.equal(r.code, 0, r.stderr);
+      const [s, ...rest] = setsOf(r);
+      assert.deepEqual(rest, []);
+      assert.deepEqual([s?.phase, s?.reason, s?.images.pinned], ['Ready', 'AllImagesPinned', 1]);
+      assert.equal((await cri17.imageStatus(img.ref))?.pinned, true, 'containerd reports the image pinned');
+      assert.ok((await stat(path.join(state, 'agent.lock'))).isFile(), 'the node lock in /var/lib/pinset');
+    } finally {
+      cri17.close();
+      await c17.stop();
+    }
   });
 });
