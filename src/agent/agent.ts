@@ -44,6 +44,14 @@ import type { StatusReporter } from './status-reporter.ts';
 export { PRESENCE_CHECK_MS } from './presence.ts';
 export type { ReconcileResult } from './reconcile.ts';
 
+/**
+ * Events within this long of the first one make one reconcile. A burst (a
+ * `kubectl apply` of several sets, a relist, a folder of files written one
+ * by one) arrives within a few ms; the settle time is paid by every set
+ * change before anything happens on the node (BENCHMARKS.md, section 9).
+ */
+export const DEBOUNCE_MS = 50;
+
 export interface AgentOptions {
   nodeName: string;
   runtime: ImageRuntime;
@@ -77,7 +85,7 @@ export interface AgentOptions {
   resyncIntervalMs?: number;
   /** How often, at most, the runtime is asked (one ListImages) whether pinned images are still there between reconciles. */
   presenceCheckMs?: number;
-  /** Settle time before a triggered reconcile starts, to batch bursts of events. */
+  /** Settle time before a triggered reconcile starts, to batch bursts of events (default DEBOUNCE_MS). */
   debounceMs?: number;
   /** Bound of the wait for CRI-O to apply a reload (tests shorten it). */
   pinWaitTimeoutMs?: number;
@@ -180,7 +188,7 @@ export class Agent {
       this.debounce = undefined;
       this.dirty = true;
       this.wake?.();
-    }, this.opts.debounceMs ?? 200);
+    }, this.opts.debounceMs ?? DEBOUNCE_MS);
   }
 
   /** When a full reconcile is due without a trigger: the resync, or a failed step's next attempt. */

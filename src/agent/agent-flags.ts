@@ -1,0 +1,63 @@
+// `pinset agent`'s flags: each with its environment-variable twin, a
+// default and one line of help (src/util/flags.ts reads them; the README's
+// table says the same).
+import { DEFAULT_SLOT_NAMESPACE } from '../rollout/slots.ts';
+import type { FlagSpec } from '../util/flags.ts';
+import { DEFAULT_DISK_ESTIMATE_FACTOR } from './estimate.ts';
+import { PIN_BACKEND_FLAGS } from './pin-choice.ts';
+
+/**
+ * Default pull parallelism. Measured on containerd with a loopback
+ * registry (BENCHMARKS.md): 4 parallel pulls reach nearly all of the
+ * throughput of 8 while keeping the runtime's and the registry's load low;
+ * the kubelet itself pulls serially by default.
+ */
+export const DEFAULT_MAX_PARALLEL_PULLS = 4;
+
+export const AGENT_FLAGS: readonly FlagSpec[] = [
+  { name: 'node-name', env: 'NODE_NAME', type: 'string', required: true, help: 'name of this node (the DaemonSet sets it from spec.nodeName)' },
+  {
+    name: 'kubeconfig',
+    env: 'KUBECONFIG',
+    type: 'string',
+    help: 'kubeconfig file (on a host: the kubelet\'s, e.g. /var/lib/kubelet/kubeconfig; until it exists only static sets apply, then the agent exits with 75 to be restarted); in a pod the in-cluster config is used; with neither, only static sets apply',
+  },
+  { name: 'static-dir', env: 'PINSET_STATIC_DIR', type: 'string', default: '/etc/pinset/sets.d', help: 'folder of YAML files of PinnedImageSet documents (missing = none)' },
+  { name: 'node-labels', env: 'PINSET_NODE_LABELS', type: 'string', help: 'k=v,... labels for selector matching when the Node cannot be read' },
+  { name: 'cri-endpoint', env: 'PINSET_CRI_ENDPOINT', type: 'string', default: 'unix:///var/run/crio/crio.sock', help: 'CRI socket of the container runtime' },
+  {
+    name: 'pin-backend',
+    env: 'PINSET_PIN_BACKEND',
+    type: 'string',
+    default: 'auto',
+    choices: [...PIN_BACKEND_FLAGS],
+    help: 'how images are pinned: auto (from the runtime CRI Version names: CRI-O drop-in, containerd image labels, else pre-load only), crio, containerd, or none (pre-load only)',
+  },
+  { name: 'state-dir', env: 'PINSET_STATE_DIR', type: 'string', default: '/var/lib/pinset', help: 'where the node lock lives when CRI-O\'s drop-in folder is not used (containerd, pre-load only)' },
+  { name: 'crio-dropin-dir', env: 'PINSET_CRIO_DROPIN_DIR', type: 'string', default: '/etc/crio/crio.conf.d', help: 'CRI-O drop-in folder the pin file is written to' },
+  { name: 'reload', env: 'PINSET_RELOAD', type: 'string', default: 'dbus', choices: ['dbus', 'systemctl', 'none'], help: 'how CRI-O is reloaded after the pin file changes' },
+  { name: 'crio-unit', env: 'PINSET_CRIO_UNIT', type: 'string', default: 'crio.service', help: 'systemd unit of CRI-O' },
+  { name: 'auth-file', env: 'PINSET_AUTH_FILE', type: 'string', default: '/var/lib/kubelet/config.json', help: 'registry credentials, docker config.json format (missing = anonymous pulls)' },
+  { name: 'max-parallel-pulls', env: 'PINSET_MAX_PARALLEL_PULLS', type: 'int', default: DEFAULT_MAX_PARALLEL_PULLS, help: 'images pulled at the same time' },
+  { name: 'image-fs-high-watermark', env: 'PINSET_IMAGE_FS_HIGH_WATERMARK', type: 'int', default: 85, help: 'pulls wait while the image filesystem is at least this % full (the kubelet\'s image GC threshold); 0 disables' },
+  { name: 'disk-estimate-factor', env: 'PINSET_DISK_ESTIMATE_FACTOR', type: 'number', default: DEFAULT_DISK_ESTIMATE_FACTOR, help: 'before pulling, estimated disk = compressed size of the images to download (from the registry) x this; a batch that would not fit below the watermark waits; 0 disables the estimate' },
+  { name: 'registries-conf', env: 'CONTAINERS_REGISTRIES_CONF', type: 'string', help: 'registries.conf with the node\'s mirrors, for the size estimate (default /etc/containers/registries.conf)' },
+  { name: 'registries-conf-dir', env: 'PINSET_REGISTRIES_CONF_DIR', type: 'string', default: '/etc/containers/registries.conf.d', help: 'drop-in folder of registries.conf' },
+  { name: 'lease-namespace', env: 'POD_NAMESPACE', type: 'string', default: DEFAULT_SLOT_NAMESPACE, help: 'namespace of the rollout slot Leases (spec.rollout.maxConcurrentNodes); the DaemonSet sets it to its own' },
+  { name: 'rollout-lease-duration', env: 'PINSET_ROLLOUT_LEASE_DURATION', type: 'duration', default: '60s', help: 'a rollout slot not renewed for this long is free again (a node that died); renewed every third of it' },
+  { name: 'status-progress-interval', env: 'PINSET_STATUS_PROGRESS_INTERVAL', type: 'duration', default: '1m', help: 'progress alone (image counts) is written to the Node this long after the last write, then twice as long each time up to 5m; a change of phase is written at once' },
+  { name: 'resync-interval', env: 'PINSET_RESYNC_INTERVAL', type: 'duration', default: '5m', help: 'full reconcile at least this often' },
+  { name: 'presence-check-interval', env: 'PINSET_PRESENCE_CHECK_INTERVAL', type: 'duration', default: '30s', help: 'between reconciles, ask the runtime this often (one ListImages) whether pinned images are still there' },
+  { name: 'reload-confirm-timeout', env: 'PINSET_RELOAD_CONFIRM_TIMEOUT', type: 'duration', default: '5s', help: 'how long CRI-O may take to apply a reload before it counts as not applied (and is retried)' },
+  {
+    name: 'min-watch-timeout',
+    env: 'PINSET_MIN_WATCH_TIMEOUT',
+    type: 'duration',
+    default: '10m',
+    help: 'each API watch asks the server to end it after a random time between this and twice this, then resumes (2 watches: about 8 requests an hour)',
+  },
+  { name: 'metrics-addr', env: 'PINSET_METRICS_ADDR', type: 'string', default: '0.0.0.0:9402', allowEmpty: true, help: 'host:port for /healthz, /readyz and /metrics ("" disables)' },
+  { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['trace', 'debug', 'info', 'warn', 'error', 'fatal'], help: 'log level' },
+  { name: 'once', env: 'PINSET_ONCE', type: 'bool', default: false, help: 'one full reconcile, then exit 0 if every selected set is Ready, 1 if not (or a static file cannot be read); one JSON line per set on stdout' },
+  { name: 'lock-timeout', env: 'PINSET_LOCK_TIMEOUT', type: 'duration', default: '1m', help: 'with --once: how long to wait while another agent on this node holds the node lock (then exit 3)' },
+];
