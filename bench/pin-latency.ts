@@ -88,6 +88,26 @@ async function standIn(): Promise<Target> {
   };
 }
 
+/** K images from the loopback registry, put on the node through CRI as `how` says (a runtime that pulls from it). */
+async function registryImages(registry: Registry, cri: CriClient, how: Case, prefix: string): Promise<string[]> {
+  const refs: string[] = [];
+  for (let i = 0; i < K; i++) {
+    const repo = `${prefix}-${how.replace(' ', '')}-${i}`;
+    if (how === 'by tag') {
+      const image = buildImage([layerOf([{ name: 'f.txt', data: randomBytes(64) }])], nodePlatform(), repo);
+      for (const b of [...image.layers, image.config]) await pushBlob(registry, repo, b);
+      await pushManifest(registry, repo, image.manifest, 'v1');
+      await cri.pullImage(`registry.test/${repo}:v1`);
+      refs.push(`registry.test/${repo}@${image.manifest.digest}`);
+    } else {
+      const ref = (await pushSingleLayer(registry, repo)).ref;
+      if (how === 'present') await cri.pullImage(ref);
+      refs.push(ref);
+    }
+  }
+  return refs;
+}
+
 async function realCrio(bin: string): Promise<Target> {
   const registry = await Registry.start();
   const node: RealCrioNode = await startRealCrioNode({ bin, registries: { 'registry.test': `127.0.0.1:${registry.port}` } });
@@ -99,24 +119,7 @@ async function realCrio(bin: string): Promise<Target> {
     // The agent reads the node's registries.conf (CRI-O's here) for its size estimate, as on a node.
     agentArgs: ['--crio-dropin-dir', node.dropInDir, '--reload', 'dbus', '--registries-conf', path.join(path.dirname(node.crio.mainConfig), 'registries.conf')],
     reloads: () => node.systemd.reloadCount('crio.service'),
-    async images(how, run) {
-      const refs: string[] = [];
-      for (let i = 0; i < K; i++) {
-        const repo = `bench/r${run}-${how.replace(' ', '')}-${i}`;
-        if (how === 'by tag') {
-          const image = buildImage([layerOf([{ name: 'f.txt', data: randomBytes(64) }])], nodePlatform(), repo);
-          for (const b of [...image.layers, image.config]) await pushBlob(registry, repo, b);
-          await pushManifest(registry, repo, image.manifest, 'v1');
-          await cri.pullImage(`registry.test/${repo}:v1`);
-          refs.push(`registry.test/${repo}@${image.manifest.digest}`);
-        } else {
-          const ref = (await pushSingleLayer(registry, repo)).ref;
-          if (how === 'present') await cri.pullImage(ref);
-          refs.push(ref);
-        }
-      }
-      return refs;
-    },
+    images: (how, run) => registryImages(registry, cri, how, `bench/r${run}`),
     async stop() {
       cri.close();
       await node.stop();
@@ -139,24 +142,7 @@ async function containerd17(): Promise<Target> {
     env: {},
     agentArgs: ['--pin-backend', 'containerd', '--crio-dropin-dir', path.join(dir, 'no-crio', 'crio.conf.d'), '--state-dir', path.join(dir, 'state'), '--registries-conf', conf],
     reloads: () => 0,
-    async images(how, run) {
-      const refs: string[] = [];
-      for (let i = 0; i < K; i++) {
-        const repo = `bench/c${run}-${how.replace(' ', '')}-${i}`;
-        if (how === 'by tag') {
-          const image = buildImage([layerOf([{ name: 'f.txt', data: randomBytes(64) }])], nodePlatform(), repo);
-          for (const b of [...image.layers, image.config]) await pushBlob(registry, repo, b);
-          await pushManifest(registry, repo, image.manifest, 'v1');
-          await cri.pullImage(`registry.test/${repo}:v1`);
-          refs.push(`registry.test/${repo}@${image.manifest.digest}`);
-        } else {
-          const ref = (await pushSingleLayer(registry, repo)).ref;
-          if (how === 'present') await cri.pullImage(ref);
-          refs.push(ref);
-        }
-      }
-      return refs;
-    },
+    images: (how, run) => registryImages(registry, cri, how, `bench/c${run}`),
     async stop() {
       cri.close();
       await containerd.stop();

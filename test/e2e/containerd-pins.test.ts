@@ -7,38 +7,21 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { CriImageRuntime } from '../../src/cri/client.ts';
-import type { RuntimeImage } from '../../src/cri/runtime.ts';
-import { RuntimeView } from '../../src/cri/view.ts';
 import { ContainerdImages } from '../../src/containerd/images.ts';
 import { ContainerdLabelPins, OWN_LABEL, PIN_LABEL } from '../../src/containerd/label-pins.ts';
-import type { PinTarget, RuntimeState } from '../../src/pins/backend.ts';
 import { missingComponents, requireComponents, type ComponentName } from '../support/components.ts';
 import { Containerd, containerdComponent, type ContainerdVersion } from '../support/containerd.ts';
 import { ImagesClient } from '../support/containerd-proto.ts';
 import { pushSingleLayer } from '../support/images.ts';
 import { captureLogs } from '../support/log-capture.ts';
+import { observedRuntime, pinTargets } from '../support/pin-runtime.ts';
 import { Registry } from '../support/registry.ts';
 
 const MANAGED = { 'io.cri-containerd.image': 'managed' };
 const OURS = { ...MANAGED, [PIN_LABEL]: 'pinned', [OWN_LABEL]: 'agent' };
 const signal = () => new AbortController().signal;
-const targets = (...refs: string[]): PinTarget[] => refs.map((ref) => ({ ref, runtimeHandler: '' }));
+const targets = pinTargets;
 
-async function observed(cri: CriImageRuntime): Promise<RuntimeState> {
-  const info = await cri.version();
-  let view = new RuntimeView(await cri.listImages());
-  return {
-    answered: true,
-    info,
-    error: undefined,
-    get view() {
-      return view;
-    },
-    async refresh(images: RuntimeImage[]) {
-      view = new RuntimeView(images);
-    },
-  };
-}
 
 function suite(version: ContainerdVersion, body: (ctx: () => Ctx) => void): void {
   const NEEDS: ComponentName[] = [containerdComponent(version), 'runc', 'docker-registry'];
@@ -87,7 +70,7 @@ class Ctx {
   }
   async reconcile(...refs: string[]): Promise<void> {
     await this.pins.stage(refs);
-    await this.pins.sync(await observed(this.cri), targets(...refs), signal());
+    await this.pins.sync(await observedRuntime(this.cri), targets(...refs), signal());
   }
   async labels(name: string): Promise<Record<string, string>> {
     return (await this.images.get(name)).labels;
@@ -182,7 +165,7 @@ suite('1.7', (ctx) => {
     await c.cri.pullImage(add.digestRef);
     await c.reconcile(keep.digestRef);
     // The view is taken while containerd answers; then it goes away before the labels are written.
-    const state = await observed(c.cri);
+    const state = await observedRuntime(c.cri);
     await c.containerd.shutdown();
     await c.pins.stage([add.digestRef]);
     await c.pins.sync(state, targets(add.digestRef), signal());

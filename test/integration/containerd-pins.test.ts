@@ -8,36 +8,20 @@ import { randomBytes } from 'node:crypto';
 import { after, describe, test } from 'node:test';
 import * as grpc from '@grpc/grpc-js';
 import { CriImageRuntime } from '../../src/cri/client.ts';
-import type { RuntimeImage } from '../../src/cri/runtime.ts';
 import { RuntimeView } from '../../src/cri/view.ts';
 import { ContainerdImages } from '../../src/containerd/images.ts';
 import { ContainerdLabelPins, OWN_LABEL, PIN_LABEL } from '../../src/containerd/label-pins.ts';
-import type { PinTarget, RuntimeState } from '../../src/pins/backend.ts';
+import type { RuntimeState } from '../../src/pins/backend.ts';
 import { captureLogs } from '../support/log-capture.ts';
+import { observedRuntime, pinTargets } from '../support/pin-runtime.ts';
 import { startFakeContainerd, type FakeContainerd, type FakeContainerdOptions } from '../support/fake-containerd.ts';
 
 const hex = () => randomBytes(32).toString('hex');
 const MANAGED = { 'io.cri-containerd.image': 'managed' };
 const OURS = { ...MANAGED, [PIN_LABEL]: 'pinned', [OWN_LABEL]: 'agent' };
-const targets = (...refs: string[]): PinTarget[] => refs.map((ref) => ({ ref, runtimeHandler: '' }));
+const targets = pinTargets;
 const signal = () => new AbortController().signal;
 
-/** What the core hands a backend: CRI's answers of this reconcile. */
-async function observed(cri: CriImageRuntime): Promise<RuntimeState> {
-  const info = await cri.version();
-  let view = new RuntimeView(await cri.listImages());
-  return {
-    answered: true,
-    info,
-    error: undefined,
-    get view() {
-      return view;
-    },
-    async refresh(images: RuntimeImage[]) {
-      view = new RuntimeView(images);
-    },
-  };
-}
 
 interface Bed {
   c: FakeContainerd;
@@ -85,7 +69,7 @@ describe('ContainerdLabelPins against the containerd twin', () => {
       },
       async reconcile(...refs) {
         await pins.stage(refs);
-        await pins.sync(await observed(cri), targets(...refs), signal());
+        await pins.sync(await observedRuntime(cri), targets(...refs), signal());
       },
       async close() {
         pins.close();
@@ -171,7 +155,7 @@ describe('ContainerdLabelPins against the containerd twin', () => {
     assert.deepEqual(b.c.record(img.id)?.labels, OURS, 'not unpinned');
     assert.equal(b.pins.status().holds(img.digestRef), false, 'CRI no longer shows the image under the reference');
     await b.cri.pullImage(img.digestRef);
-    await b.pins.afterPulls(await observed(b.cri), targets(img.digestRef), targets(img.digestRef), signal());
+    await b.pins.afterPulls(await observedRuntime(b.cri), targets(img.digestRef), targets(img.digestRef), signal());
     assert.equal(b.pins.status().holds(img.digestRef), true);
     assert.equal(b.c.updates(img.id).length, 1, 'labelled once');
   });
@@ -267,7 +251,7 @@ describe('ContainerdLabelPins against the containerd twin', () => {
     await b.reconcile(img.digestRef);
     assert.equal(b.pins.status().holds(img.digestRef), false, 'not present: nothing to label');
     await b.cri.pullImage(img.digestRef);
-    await b.pins.afterPulls(await observed(b.cri), targets(img.digestRef), targets(img.digestRef), signal());
+    await b.pins.afterPulls(await observedRuntime(b.cri), targets(img.digestRef), targets(img.digestRef), signal());
     assert.deepEqual(b.c.record(img.id)?.labels, OURS);
     assert.equal(b.pins.status().holds(img.digestRef), true);
   });
@@ -278,7 +262,7 @@ describe('ContainerdLabelPins against the containerd twin', () => {
     await b.cri.pullImage(img.digestRef);
     await b.reconcile(img.digestRef);
     await b.pins.stage([]);
-    await b.pins.afterPulls(await observed(b.cri), [], [], signal());
+    await b.pins.afterPulls(await observedRuntime(b.cri), [], [], signal());
     assert.deepEqual(b.c.record(img.id)?.labels, OURS);
   });
 
@@ -331,7 +315,7 @@ describe('ContainerdLabelPins against the containerd twin', () => {
     // The API could not be read: the core keeps observe().current in its plan.
     const { current } = await b.pins.observe();
     await b.pins.stage(current);
-    await b.pins.sync(await observed(b.cri), [], signal());
+    await b.pins.sync(await observedRuntime(b.cri), [], signal());
     assert.deepEqual(b.c.record(img.id)?.labels, OURS);
   });
 });
