@@ -74,7 +74,8 @@ export class PullAdmission {
       const held = r.heldDigests();
       const refs = new Set<string>();
       for (const w of plan.wanted) {
-        if (r.found(w) || held.has(w.reference.digest) || w.sets.some((k) => limited.has(k))) continue;
+        // Images under a runtime handler are asked for one by one later: the estimate takes them then.
+        if (w.runtimeHandler || r.found(w) || held.has(w.reference.digest) || w.sets.some((k) => limited.has(k))) continue;
         refs.add(w.reference.reference);
       }
       return refs.size > 0 ? estimator.sizes([...refs], signal) : new Map<string, ImageSizes>();
