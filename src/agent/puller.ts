@@ -74,11 +74,14 @@ class Slots {
   constructor(limit: number) {
     this.limit = Math.max(1, limit);
   }
+  /** Take a free slot at once, if there is one (a slot freed while others wait goes to the first of them, never here). */
+  tryAcquire(): boolean {
+    if (this.used >= this.limit) return false;
+    this.used++;
+    return true;
+  }
   async acquire(signal: AbortSignal): Promise<void> {
-    if (this.used < this.limit) {
-      this.used++;
-      return;
-    }
+    if (this.tryAcquire()) return;
     await new Promise<void>((resolve, reject) => {
       const grant = () => {
         signal.removeEventListener('abort', onAbort);
@@ -92,11 +95,12 @@ class Slots {
       this.waiters.push(grant);
       signal.addEventListener('abort', onAbort, { once: true });
     });
-    this.used++;
   }
+  /** Hand the slot to the first waiter (it stays used), or free it. */
   release(): void {
-    this.used--;
-    this.waiters.shift()?.();
+    const next = this.waiters.shift();
+    if (next) next();
+    else this.used--;
   }
 }
 
@@ -207,10 +211,14 @@ export class ImagePuller {
   private async attempt(w: WantedImage, kind: PullKind, signal: AbortSignal): Promise<PullResult> {
     const { runtime, logger } = this.opts;
     const ref = w.reference.reference;
-    try {
-      await this.slots.acquire(signal);
-    } catch {
-      return { key: w.key, kind, ok: false, durationMs: 0, failure: this.recordFailure(w.key, new RuntimeError('Canceled', 'pull cancelled: no longer wanted')) };
+    // A free slot is taken in the same turn: the first pulls of a batch reach
+    // the runtime before pull() returns, not after whatever its caller does next.
+    if (!this.slots.tryAcquire()) {
+      try {
+        await this.slots.acquire(signal);
+      } catch {
+        return { key: w.key, kind, ok: false, durationMs: 0, failure: this.recordFailure(w.key, new RuntimeError('Canceled', 'pull cancelled: no longer wanted')) };
+      }
     }
     // Made once the pull has its slot: the pulls of a large set all wait for one at once.
     const log = logger.child({ image: ref, kind, ...(w.runtimeHandler ? { runtimeHandler: w.runtimeHandler } : {}) });

@@ -14,6 +14,15 @@
 //   - proxies and trust from the environment (./transport.ts).
 // No credential or token appears in an error or a log line.
 //
+// Requests go through undici's request(), not fetch(): the agent runs
+// without V8's optimizing compilers (scripts/build.ts NODE_FLAGS), where
+// fetch's WHATWG machinery (Request, Headers, Response, web streams) cost
+// about twice the CPU per manifest that request() does, and a size estimate
+// asks for one manifest per image before any pull starts (BENCHMARKS.md,
+// section 1). Redirects are followed by undici's redirect interceptor, which
+// drops the Authorization header when a redirect leaves the origin, as
+// fetch does.
+//
 // Why not a library: @snyk/docker-registry-v2-client (maintained, 2026) asks
 // for a new token on every call (three round trips per manifest), has no
 // HEAD of manifests, no mirrors, no refresh or registry tokens, and is
@@ -21,9 +30,9 @@
 // and oci-registry-client are unmaintained (last releases 2019 and 2024, on
 // node-fetch 2). The protocol pinset needs fits in this file.
 import { createHash } from 'node:crypto';
-import { Readable } from 'node:stream';
+import type { Readable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { fetch, type Dispatcher, type Response } from 'undici';
+import { interceptors, request, type Dispatcher } from 'undici';
 import { backoffDelay, type BackoffPolicy } from '../util/backoff.ts';
 import type { PullAuth } from '../cri/runtime.ts';
 import { ANONYMOUS, type CredentialSource } from './credentials.ts';
@@ -159,48 +168,79 @@ function kindOfStatus(status: number): RegistryErrorKind {
 
 const TRANSIENT_STATUS = new Set([408, 429, 500, 502, 503, 504]);
 
+type NetError = { name?: string; message?: string; code?: unknown; cause?: NetError };
+
+/** An error's code when it is a string (a DOMException's is a number). */
+function codeOf(e: NetError | undefined): string {
+  return typeof e?.code === 'string' ? e.code : '';
+}
+
+/** The error that says what went wrong: undici's own, or the socket's or TLS's it wraps. */
+function rootCause(e: unknown): NetError {
+  const err = e as NetError;
+  return err?.cause && typeof err.cause === 'object' && (codeOf(err.cause) || !codeOf(err)) ? err.cause : err;
+}
+
 function networkMessage(e: unknown): string {
-  const err = e as { name?: string; message?: string; cause?: { code?: string; message?: string } };
-  if (err?.name === 'TimeoutError') return 'no answer in time';
-  const code = err?.cause?.code;
-  const msg = err?.cause?.message ?? err?.message ?? String(e);
+  if ((e as NetError)?.name === 'TimeoutError') return 'no answer in time';
+  const err = rootCause(e);
+  const msg = err?.message ?? String(e);
+  const code = codeOf(err);
   return code ? `${code}: ${msg}` : msg;
 }
 
+function errorCode(e: unknown): string {
+  return codeOf(rootCause(e));
+}
+
 function isTlsOrProtocolError(e: unknown): boolean {
-  const code = (e as { cause?: { code?: string } })?.cause?.code ?? '';
-  const msg = (e as { cause?: { message?: string } })?.cause?.message ?? '';
+  const code = errorCode(e);
+  const msg = rootCause(e)?.message ?? '';
   return code.startsWith('ERR_SSL') || code === 'EPROTO' || code === 'ECONNRESET' || /SSL|TLS|wrong version/i.test(msg);
 }
 
 function isCertificateError(e: unknown): boolean {
-  const code = (e as { cause?: { code?: string } })?.cause?.code ?? '';
-  return /CERT|SELF_SIGNED|UNABLE_TO_VERIFY|UNABLE_TO_GET_ISSUER|ERR_TLS_CERT_ALTNAME/.test(code);
+  return /CERT|SELF_SIGNED|UNABLE_TO_VERIFY|UNABLE_TO_GET_ISSUER|ERR_TLS_CERT_ALTNAME/.test(errorCode(e));
 }
+
+/** An HTTP answer as undici's request() gives it. */
+type Answer = Dispatcher.ResponseData;
+
+/** A response header's value (the first, if the server repeated it), or null. */
+function header(res: Answer, name: string): string | null {
+  const v = res.headers[name];
+  return v === undefined ? null : Array.isArray(v) ? (v[0] ?? null) : v;
+}
+
+/** Read and drop what is left of a body, so its connection can serve the next request. */
+async function discard(res: Answer): Promise<void> {
+  await res.body.dump().catch(() => {});
+}
+
+/** Redirects followed per request (fetch's limit). */
+const MAX_REDIRECTIONS = 20;
 
 function sha256(data: Buffer): string {
   return `sha256:${createHash('sha256').update(data).digest('hex')}`;
 }
 
-async function readLimited(res: Response, limit: number): Promise<Buffer> {
-  const declared = Number(res.headers.get('content-length'));
+async function readLimited(res: Answer, limit: number): Promise<Buffer> {
+  const declared = Number(header(res, 'content-length') ?? NaN);
   if (Number.isFinite(declared) && declared > limit) {
-    await res.body?.cancel();
+    res.body.destroy();
     throw new AttemptError('Invalid', `the manifest is ${declared} bytes, over the ${limit}-byte limit registries keep to`);
   }
   const chunks: Buffer[] = [];
   let total = 0;
-  if (res.body) {
-    for await (const chunk of res.body) {
-      total += (chunk as Uint8Array).length;
-      if (total > limit) {
-        await res.body.cancel().catch(() => {});
-        throw new AttemptError('Invalid', `the manifest is over the ${limit}-byte limit registries keep to`);
-      }
-      chunks.push(Buffer.from(chunk as Uint8Array));
+  for await (const chunk of res.body) {
+    total += (chunk as Buffer).length;
+    if (total > limit) {
+      res.body.destroy();
+      throw new AttemptError('Invalid', `the manifest is over the ${limit}-byte limit registries keep to`);
     }
+    chunks.push(chunk as Buffer);
   }
-  return Buffer.concat(chunks);
+  return chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks);
 }
 
 export class RegistryClient {
@@ -208,6 +248,9 @@ export class RegistryClient {
   private readonly credentials: CredentialSource;
   private readonly transport: Transport;
   private readonly ownsTransport: boolean;
+  /** The transport's dispatchers, following redirects. */
+  private readonly verified: Dispatcher;
+  private readonly unverified: Dispatcher;
   private readonly timeoutMs: number;
   private readonly attempts: number;
   private readonly retryPolicy: BackoffPolicy;
@@ -226,6 +269,9 @@ export class RegistryClient {
     this.credentials = opts.credentials ?? ANONYMOUS;
     this.ownsTransport = !opts.transport;
     this.transport = opts.transport ?? new Transport();
+    const redirects = interceptors.redirect({ maxRedirections: MAX_REDIRECTIONS });
+    this.verified = this.transport.verified.compose(redirects);
+    this.unverified = this.transport.unverified.compose(redirects);
     this.timeoutMs = opts.timeoutMs ?? 30_000;
     this.attempts = Math.max(1, opts.attempts ?? 4);
     this.retryPolicy = opts.retryPolicy ?? { baseMs: 250, capMs: 5_000 };
@@ -246,12 +292,12 @@ export class RegistryClient {
     }
     return this.fromSources(name, async (src) => {
       const res = await this.send(src, 'HEAD', `manifests/${manifestReference(name)}`, { accept: MANIFEST_ACCEPT }, signal);
-      const digest = name.digest ?? res.headers.get('docker-content-digest') ?? undefined;
+      const digest = name.digest ?? header(res, 'docker-content-digest') ?? undefined;
       if (!digest || !/^sha256:[a-f0-9]{64}$/.test(digest)) return this.getFrom(src, name, signal);
       return {
         digest,
-        mediaType: (res.headers.get('content-type') ?? '').split(';')[0]!.trim(),
-        size: Number(res.headers.get('content-length') ?? 0),
+        mediaType: (header(res, 'content-type') ?? '').split(';')[0]!.trim(),
+        size: Number(header(res, 'content-length') ?? 0),
         registry: src.host,
       };
     });
@@ -277,8 +323,8 @@ export class RegistryClient {
     return this.fromSources(withDigest, async (src) => {
       const res = await this.send(src, 'GET', `blobs/${digest}`, {}, signal, { bodyFollows: true });
       this.requests.blob++;
-      const len = Number(res.headers.get('content-length'));
-      return { body: Readable.fromWeb(res.body as never), size: Number.isFinite(len) ? len : undefined, registry: src.host };
+      const len = Number(header(res, 'content-length') ?? NaN);
+      return { body: res.body, size: Number.isFinite(len) ? len : undefined, registry: src.host };
     });
   }
 
@@ -290,11 +336,11 @@ export class RegistryClient {
     if (name.digest && digest !== name.digest) {
       throw new AttemptError('Invalid', `sent a manifest whose digest is ${digest}, not the ${name.digest} asked for`);
     }
-    const announced = res.headers.get('docker-content-digest');
+    const announced = header(res, 'docker-content-digest');
     if (!name.digest && announced && announced.startsWith('sha256:') && announced !== digest) {
       throw new AttemptError('Invalid', `sent a manifest whose digest is ${digest}, but announced ${announced}`);
     }
-    const contentType = res.headers.get('content-type');
+    const contentType = header(res, 'content-type');
     let manifest: Manifest;
     try {
       manifest = parseManifest(bytes, contentType);
@@ -351,7 +397,7 @@ export class RegistryClient {
     headers: Record<string, string>,
     signal: AbortSignal | undefined,
     opts: { bodyFollows?: boolean } = {},
-  ): Promise<Response> {
+  ): Promise<Answer> {
     const state = this.state(src.host);
     const auth = this.credentials.authFor(src.host, src.path);
     const scope = `repository:${src.path}:pull`;
@@ -362,13 +408,13 @@ export class RegistryClient {
         authorization = await this.authorization(src, state.challenge, auth, scope, signal);
         triedChallenge = true;
       }
-      let res: Response;
+      let res: Answer;
       try {
         res = await this.exchange(src, state, method, `/v2/${src.path}/${suffix}`, { 'user-agent': this.userAgent, ...headers, ...(authorization ? { authorization } : {}) }, signal);
       } catch (e) {
         if (signal?.aborted) throw signal.reason ?? e;
         if (e instanceof AttemptError) throw e;
-        if (isCertificateError(e) || (isTlsOrProtocolError(e) && !src.endpoint.insecure && (e as { cause?: { code?: string } })?.cause?.code !== 'ECONNRESET')) {
+        if (isCertificateError(e) || (isTlsOrProtocolError(e) && !src.endpoint.insecure && errorCode(e) !== 'ECONNRESET')) {
           // Not transient: retrying cannot change a certificate or a protocol.
           throw new AttemptError('Unavailable', `cannot be reached over TLS: ${networkMessage(e)} (a registry signed by a private CA needs that CA in the system store or NODE_EXTRA_CA_CERTS; one that serves plain HTTP needs insecure = true in registries.conf)`);
         }
@@ -376,9 +422,9 @@ export class RegistryClient {
         await this.pause(attempt, undefined, signal);
         continue;
       }
-      if (res.status === 401) {
-        const challenge = parseChallenge(res.headers.get('www-authenticate'));
-        const body = method === 'HEAD' ? '' : await res.text().catch(() => '');
+      if (res.statusCode === 401) {
+        const challenge = parseChallenge(header(res, 'www-authenticate'));
+        const body = method === 'HEAD' ? (await discard(res), '') : await res.body.text().catch(() => '');
         if (challenge && !triedChallenge) {
           state.challenge = challenge;
           authorization = await this.authorization(src, challenge, auth, scope, signal);
@@ -391,18 +437,19 @@ export class RegistryClient {
         const who = auth?.username ? `the credentials of ${auth.username}` : auth ? 'the configured token' : 'anonymous access (no credentials for it in the auth files)';
         throw new AttemptError('Unauthorized', `refused ${who}: HTTP 401${body ? ` ${describeBody(body)}` : ''}`);
       }
-      if (res.status >= 200 && res.status < 300) {
-        if (!opts.bodyFollows) await res.body?.cancel().catch(() => {});
+      const status = res.statusCode;
+      if (status >= 200 && status < 300) {
+        if (!opts.bodyFollows) await discard(res);
         return res;
       }
-      const body = method === 'HEAD' ? '' : await res.text().catch(() => '');
-      if (TRANSIENT_STATUS.has(res.status) && attempt < this.attempts) {
-        await this.pause(attempt, res.headers.get('retry-after'), signal);
+      const body = method === 'HEAD' ? (await discard(res), '') : await res.body.text().catch(() => '');
+      if (TRANSIENT_STATUS.has(status) && attempt < this.attempts) {
+        await this.pause(attempt, header(res, 'retry-after'), signal);
         continue;
       }
-      if (method === 'HEAD') throw new AttemptError(kindOfStatus(res.status), `answered HTTP ${res.status}${res.status === 404 ? ': the manifest is unknown' : ''}`);
+      if (method === 'HEAD') throw new AttemptError(kindOfStatus(status), `answered HTTP ${status}${status === 404 ? ': the manifest is unknown' : ''}`);
       const what = describeBody(body);
-      throw new AttemptError(kindOfStatus(res.status), `answered HTTP ${res.status}${what ? ` ${what}` : ''}`);
+      throw new AttemptError(kindOfStatus(status), `answered HTTP ${status}${what ? ` ${what}` : ''}`);
     }
   }
 
@@ -414,22 +461,22 @@ export class RegistryClient {
   }
 
   /** One HTTP exchange at the source, choosing https or (for an insecure registry) http. */
-  private async exchange(src: PullSource, state: EndpointState, method: string, pathname: string, headers: Record<string, string>, signal?: AbortSignal): Promise<Response> {
+  private async exchange(src: PullSource, state: EndpointState, method: 'GET' | 'HEAD', pathname: string, headers: Record<string, string>, signal?: AbortSignal): Promise<Answer> {
     const insecure = src.endpoint.insecure;
-    const dispatcher: Dispatcher = insecure ? this.transport.unverified : this.transport.verified;
+    const dispatcher = insecure ? this.unverified : this.verified;
     const schemes: ('https' | 'http')[] = state.scheme ? [state.scheme] : insecure ? ['https', 'http'] : ['https'];
     let lastError: unknown;
     for (const scheme of schemes) {
       const url = `${scheme}://${src.host}${pathname}`;
       const timeout = AbortSignal.timeout(this.timeoutMs);
       try {
-        const res = await fetch(url, { method, headers, dispatcher, redirect: 'follow', signal: signal ? AbortSignal.any([signal, timeout]) : timeout });
+        const res = await request(url, { method, headers, dispatcher, signal: signal ? AbortSignal.any([signal, timeout]) : timeout });
         state.scheme = scheme;
         return res;
       } catch (e) {
         lastError = e;
         // An insecure registry may speak plain HTTP: containers/image tries HTTPS, then HTTP.
-        if (scheme === 'https' && schemes.length > 1 && (isTlsOrProtocolError(e) || (e as { cause?: { code?: string } })?.cause?.code === 'ECONNREFUSED')) continue;
+        if (scheme === 'https' && schemes.length > 1 && (isTlsOrProtocolError(e) || errorCode(e) === 'ECONNREFUSED')) continue;
         throw e;
       }
     }
@@ -463,32 +510,32 @@ export class RegistryClient {
     } catch {
       throw new AttemptError('Unauthorized', `named a token realm that is not an http(s) URL: ${JSON.stringify(challenge.realm).slice(0, 200)}`);
     }
-    const dispatcher = src.endpoint.insecure ? this.transport.unverified : this.transport.verified;
+    const dispatcher = src.endpoint.insecure ? this.unverified : this.verified;
     const timeout = AbortSignal.timeout(this.timeoutMs);
     const sig = signal ? AbortSignal.any([signal, timeout]) : timeout;
-    let res: Response;
+    let res: Answer;
     this.requests.token++;
     try {
       if (auth?.identityToken) {
         // OAuth2 refresh-token grant (docker login's identity token).
         const form = new URLSearchParams({ grant_type: 'refresh_token', refresh_token: auth.identityToken, client_id: this.userAgent, scope });
         if (challenge.service) form.set('service', challenge.service);
-        res = await fetch(realm, { method: 'POST', body: form, headers: { 'content-type': 'application/x-www-form-urlencoded', 'user-agent': this.userAgent }, dispatcher, signal: sig });
+        res = await request(realm, { method: 'POST', body: form.toString(), headers: { 'content-type': 'application/x-www-form-urlencoded', 'user-agent': this.userAgent }, dispatcher, signal: sig });
       } else {
         if (challenge.service) realm.searchParams.set('service', challenge.service);
         realm.searchParams.set('scope', scope);
         const headers: Record<string, string> = { 'user-agent': this.userAgent };
         if (auth?.username && auth.password !== undefined) headers.authorization = `Basic ${Buffer.from(`${auth.username}:${auth.password}`).toString('base64')}`;
-        res = await fetch(realm, { headers, dispatcher, signal: sig });
+        res = await request(realm, { method: 'GET', headers, dispatcher, signal: sig });
       }
     } catch (e) {
       if (signal?.aborted) throw signal.reason ?? e;
       throw new AttemptError('Unavailable', `sent clients to its token service at ${realm.host}, which cannot be reached: ${networkMessage(e)}`);
     }
-    const text = await res.text().catch(() => '');
-    if (!res.ok) {
+    const text = await res.body.text().catch(() => '');
+    if (res.statusCode < 200 || res.statusCode >= 300) {
       const who = auth?.username ? `the credentials of ${auth.username}` : auth?.identityToken ? 'the identity token' : 'an anonymous token request';
-      throw new AttemptError(res.status === 401 || res.status === 403 ? 'Unauthorized' : kindOfStatus(res.status), `token service at ${realm.host} refused ${who}: HTTP ${res.status} ${describeBody(this.credentials.scrub(text))}`);
+      throw new AttemptError(res.statusCode === 401 || res.statusCode === 403 ? 'Unauthorized' : kindOfStatus(res.statusCode), `token service at ${realm.host} refused ${who}: HTTP ${res.statusCode} ${describeBody(this.credentials.scrub(text))}`);
     }
     let doc: { token?: unknown; access_token?: unknown; expires_in?: unknown };
     try {

@@ -13,7 +13,7 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { stringify as dumpYaml } from 'yaml';
 import { MemorySizeEstimator } from '../../src/agent/estimate.ts';
-import { RegistrySizeEstimator } from '../../src/registry/size-estimator.ts';
+import { MAX_PARALLEL_REQUESTS, RegistrySizeEstimator } from '../../src/registry/size-estimator.ts';
 import { RegistryClient } from '../../src/registry/client.ts';
 import { parseRegistriesConf, RegistriesConf } from '../../src/registry/registries-conf.ts';
 import { bundledCli, readPinFile, runAgentOnce } from '../support/agent-process.ts';
@@ -95,6 +95,135 @@ describe('size estimates from a real registry', () => {
       now += 61_000;
       await est.sizes([ref('d')]);
       assert.ok(calls > asked, 'asked again after a minute');
+    } finally {
+      await client.close();
+      srv.closeAllConnections();
+      await new Promise<void>((r) => srv.close(() => r()));
+    }
+  });
+});
+
+/** A loopback "registry" that serves `count` image manifests by digest, each after `delayMs`, counting requests in flight. */
+async function manifestServer(count: number, delayMs: number): Promise<{ refs: string[]; sizes: Map<string, Map<string, number>>; stats: { calls: number; inFlight: number; maxInFlight: number; firstAlone: boolean }; registries: RegistriesConf; close: () => Promise<void> }> {
+  const bodies = new Map<string, Buffer>();
+  const sizes = new Map<string, Map<string, number>>();
+  const refs: string[] = [];
+  const sha = (b: Buffer | string) => `sha256:${createHash('sha256').update(b).digest('hex')}`;
+  for (let i = 0; i < count; i++) {
+    const config = { mediaType: 'application/vnd.oci.image.config.v1+json', digest: sha(`config ${i}`), size: 500 + i };
+    const layer = { mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', digest: sha(`layer ${i}`), size: 1_000_000 + i };
+    const body = Buffer.from(JSON.stringify({ schemaVersion: 2, mediaType: MEDIA_TYPES.manifest, config, layers: [layer] }));
+    bodies.set(sha(body), body);
+    refs.push(`many.test/est/app${i}@${sha(body)}`);
+    sizes.set(refs.at(-1)!, new Map([[config.digest, config.size], [layer.digest, layer.size]]));
+  }
+  const stats = { calls: 0, inFlight: 0, maxInFlight: 0, firstAlone: true };
+  const srv = http.createServer((req, res) => {
+    stats.calls++;
+    stats.inFlight++;
+    stats.maxInFlight = Math.max(stats.maxInFlight, stats.inFlight);
+    if (stats.calls === 2 && stats.inFlight > 1) stats.firstAlone = false;
+    setTimeout(() => {
+      stats.inFlight--;
+      const body = bodies.get(req.url!.slice(req.url!.lastIndexOf('/') + 1));
+      if (!body) res.writeHead(404).end();
+      else res.writeHead(200, { 'content-type': MEDIA_TYPES.manifest, 'content-length': String(body.length) }).end(body);
+    }, delayMs);
+  });
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const host = `127.0.0.1:${(srv.address() as AddressInfo).port}`;
+  const registries = new RegistriesConf(parseRegistriesConf(`[[registry]]\nprefix = "many.test"\nlocation = "${host}"\ninsecure = true\n`, 't.conf'));
+  return {
+    refs,
+    sizes,
+    stats,
+    registries,
+    close: async () => {
+      srv.closeAllConnections();
+      await new Promise<void>((r) => srv.close(() => r()));
+    },
+  };
+}
+
+describe('size estimates ask for a batch at once', () => {
+  test('a registry not heard from yet is asked for one image first, then for the rest of the batch at once; a registry that answered, for all of it at once', async () => {
+    const reg = await manifestServer(30, 30);
+    const client = new RegistryClient({ registries: reg.registries, cacheEntries: 0 });
+    const est = new RegistrySizeEstimator(client);
+    try {
+      const sizes = await est.sizes(reg.refs.slice(0, 20));
+      for (const ref of reg.refs.slice(0, 20)) assert.deepEqual((sizes.get(ref) as { blobs: Map<string, number> }).blobs, reg.sizes.get(ref));
+      assert.deepEqual([...sizes.keys()], reg.refs.slice(0, 20), 'answers in the order asked');
+      assert.ok(reg.stats.firstAlone, 'the first request went alone');
+      assert.equal(reg.stats.maxInFlight, 19, 'then the other 19 at once');
+      reg.stats.maxInFlight = 0;
+      await est.sizes(reg.refs.slice(20));
+      assert.equal(reg.stats.maxInFlight, 10, 'the registry answered before: all 10 at once');
+      assert.equal(reg.stats.calls, 30, 'one request per image');
+    } finally {
+      await client.close();
+      await reg.close();
+    }
+  });
+
+  test('an estimate started earlier is joined, not repeated; one cut short by its caller\'s signal is asked again', async () => {
+    const reg = await manifestServer(12, 30);
+    const client = new RegistryClient({ registries: reg.registries, cacheEntries: 0 });
+    const est = new RegistrySizeEstimator(client);
+    try {
+      await est.sizes(reg.refs.slice(0, 1));
+      // Started early (as while the pin file is written), then asked for again with a part of it.
+      const early = est.sizes(reg.refs.slice(1, 8));
+      const later = await est.sizes(reg.refs.slice(4, 8));
+      await early;
+      assert.equal(reg.stats.calls, 8, 'one request per image');
+      for (const ref of reg.refs.slice(4, 8)) assert.deepEqual((later.get(ref) as { blobs: Map<string, number> }).blobs, reg.sizes.get(ref));
+      // The first caller gives up (a cancelled reconcile): the next one gets sizes, not "ran out of time".
+      const cancel = new AbortController();
+      const doomed = est.sizes(reg.refs.slice(8), cancel.signal);
+      const next = est.sizes(reg.refs.slice(8));
+      cancel.abort(new Error('superseded'));
+      await assert.rejects(doomed, /superseded/);
+      const sizes = await next;
+      for (const ref of reg.refs.slice(8)) assert.deepEqual((sizes.get(ref) as { blobs: Map<string, number> }).blobs, reg.sizes.get(ref));
+    } finally {
+      await client.close();
+      await reg.close();
+    }
+  });
+
+  test('at most MAX_PARALLEL_REQUESTS requests at once', async () => {
+    const reg = await manifestServer(MAX_PARALLEL_REQUESTS + 36, 20);
+    const client = new RegistryClient({ registries: reg.registries, cacheEntries: 0 });
+    const est = new RegistrySizeEstimator(client);
+    try {
+      await est.sizes(reg.refs.slice(0, 1));
+      const sizes = await est.sizes(reg.refs.slice(1));
+      assert.ok([...sizes.values()].every((s) => 'blobs' in s));
+      assert.equal(reg.stats.maxInFlight, MAX_PARALLEL_REQUESTS);
+    } finally {
+      await client.close();
+      await reg.close();
+    }
+  });
+
+  test('a registry that is down costs one image\'s requests, not one per image', async () => {
+    let calls = 0;
+    const srv = http.createServer((_req, res) => {
+      calls++;
+      res.writeHead(503).end();
+    });
+    await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+    const host = `127.0.0.1:${(srv.address() as AddressInfo).port}`;
+    const registries = new RegistriesConf(parseRegistriesConf(`[[registry]]\nprefix = "down.test"\nlocation = "${host}"\ninsecure = true\n`, 't.conf'));
+    const client = new RegistryClient({ registries, attempts: 2, retryPolicy: { baseMs: 5, capMs: 10 } });
+    const est = new RegistrySizeEstimator(client);
+    const ref = (c: string) => `down.test/x/y@sha256:${createHash('sha256').update(c).digest('hex')}`;
+    try {
+      const refs = ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j'].map(ref);
+      const sizes = await est.sizes(refs);
+      assert.equal(calls, 2, 'one image, two attempts');
+      for (const r of refs) assert.match((sizes.get(r) as { unknown: string }).unknown, /HTTP 503/);
     } finally {
       await client.close();
       srv.closeAllConnections();

@@ -135,6 +135,34 @@ describe('ImagePuller: parallelism', () => {
     );
   });
 
+  test('the first pulls of a batch reach the runtime before pull() returns', () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt, { maxParallel: 2 });
+    void p.pull([img('a'), img('b'), img('c')], never());
+    // No await: whatever the caller does next, the runtime already has the pulls that have a slot.
+    assert.deepEqual(rt.started(), [img('a'), img('b')].map((w) => w.reference.reference));
+  });
+
+  test('a slot freed while pulls wait goes to the first of them, even when another pull asks at that very moment', async () => {
+    // The newcomer asks at every point of the freed pull's completion, one microtask apart.
+    for (let delay = 0; delay < 8; delay++) {
+      const rt = new MemoryRuntime();
+      const { p } = puller(rt, { maxParallel: 1 });
+      const first = p.pull([img('a'), img('b')], never());
+      await settle();
+      rt.open(img('a').reference.reference).resolve('sha256:a');
+      for (let i = 0; i < delay; i++) await Promise.resolve();
+      const second = p.pull([img('c')], never());
+      for (let i = 0; i < 4; i++) {
+        for (const c of rt.calls) if (!c.settled) c.resolve(`id-${c.ref}`);
+        await settle();
+      }
+      await Promise.all([first, second]);
+      assert.equal(rt.maxActive, 1, `newcomer after ${delay} microtask(s)`);
+      assert.deepEqual(rt.started(), ['a', 'b', 'c'].map((n) => img(n).reference.reference), `newcomer after ${delay} microtask(s)`);
+    }
+  });
+
   test('maxParallel below 1 still pulls, one at a time', async () => {
     const rt = new MemoryRuntime();
     const { p } = puller(rt, { maxParallel: 0 });

@@ -124,6 +124,29 @@ describe('registry client', () => {
     }
   });
 
+  test('a redirect is followed; the credentials do not follow it to another host', async () => {
+    const seen: (string | undefined)[] = [];
+    const elsewhere = await serve((req, res) => {
+      seen.push(req.headers.authorization);
+      res.writeHead(200, { 'content-type': 'application/vnd.oci.image.manifest.v1+json' }).end(req.method === 'HEAD' ? undefined : manifestBody);
+    });
+    const srv = await serve((req, res) => {
+      if (!req.headers.authorization) return void res.writeHead(401, { 'www-authenticate': 'Basic realm="r"' }).end();
+      res.writeHead(307, { location: `http://${elsewhere.host}/storage/manifest` }).end();
+    });
+    const credentials = { authFor: () => ({ username: 'puller', password: 'secret' }), scrub: (t: string) => t.replaceAll('secret', '***') };
+    const client = new RegistryClient({ registries: insecure(srv.host), credentials });
+    try {
+      const m = await client.manifest(name(`r.test/a/b@${sha(manifestBody)}`));
+      assert.equal(m.digest, sha(manifestBody));
+      assert.deepEqual(seen, [undefined], 'the other host got the request, without the Authorization header');
+    } finally {
+      await client.close();
+      await srv.close();
+      await elsewhere.close();
+    }
+  });
+
   test('a manifest fetched by digest must hash to that digest', async () => {
     const srv = await serve((_req, res) => {
       res.writeHead(200, { 'content-type': 'application/vnd.oci.image.manifest.v1+json' }).end(manifestBody);
