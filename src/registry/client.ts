@@ -29,7 +29,6 @@
 // built on needle, a second HTTP stack beside undici; docker-registry-client
 // and oci-registry-client are unmaintained (last releases 2019 and 2024, on
 // node-fetch 2). The protocol pinset needs fits in this file.
-import { createHash } from 'node:crypto';
 import type { Readable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { interceptors, request, type Dispatcher } from 'undici';
@@ -40,39 +39,9 @@ import { MANIFEST_ACCEPT, MAX_MANIFEST_BYTES, ManifestError, parseManifest, type
 import { formatImageName, manifestReference, type ImageName } from './names.ts';
 import { RegistriesConf, RegistriesConfError, type PullSource } from './registries-conf.ts';
 import { Transport } from './transport.ts';
+import { type Answer, AttemptError, type Challenge, describeBody, discard, errorCode, header, isCertificateError, isTlsOrProtocolError, kindOfStatus, MAX_REDIRECTIONS, networkMessage, parseChallenge, readLimited, RegistryError, type RegistryErrorKind, sha256, type SourceFailure, TRANSIENT_STATUS } from './http.ts';
 
-export type RegistryErrorKind = 'NotFound' | 'Unauthorized' | 'Unavailable' | 'Blocked' | 'Invalid' | 'Other';
-
-export interface SourceFailure {
-  /** host[:port] asked. */
-  registry: string;
-  mirror: boolean;
-  kind: RegistryErrorKind;
-  message: string;
-}
-
-export class RegistryError extends Error {
-  override name = 'RegistryError';
-  readonly kind: RegistryErrorKind;
-  /** The image as the caller named it. */
-  readonly image: string;
-  readonly failures: SourceFailure[];
-  constructor(kind: RegistryErrorKind, image: string, message: string, failures: SourceFailure[] = []) {
-    super(message);
-    this.kind = kind;
-    this.image = image;
-    this.failures = failures;
-  }
-}
-
-/** One failure at one registry, before the mirrors are summed up. */
-class AttemptError extends Error {
-  readonly kind: RegistryErrorKind;
-  constructor(kind: RegistryErrorKind, message: string) {
-    super(message);
-    this.kind = kind;
-  }
-}
+export { parseChallenge, RegistryError, type RegistryErrorKind, type SourceFailure } from './http.ts';
 
 export interface ManifestHead {
   /** The manifest's digest (for a tag, what the registry resolved it to). */
@@ -110,12 +79,6 @@ export interface RegistryClientOptions {
   cacheEntries?: number;
 }
 
-interface Challenge {
-  scheme: 'basic' | 'bearer';
-  realm?: string;
-  service?: string;
-}
-
 interface EndpointState {
   scheme?: 'https' | 'http';
   challenge?: Challenge;
@@ -124,123 +87,6 @@ interface EndpointState {
 interface CachedToken {
   value: string;
   expiresAt: number;
-}
-
-/**
- * WWW-Authenticate: `Bearer realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull"`.
- * RFC 7235 auth-params; quoted strings may hold commas and escaped quotes.
- */
-export function parseChallenge(header: string | null): Challenge | undefined {
-  if (!header) return undefined;
-  const m = /^\s*(\w+)\s*(.*)$/s.exec(header);
-  if (!m) return undefined;
-  const scheme = m[1]!.toLowerCase();
-  if (scheme !== 'basic' && scheme !== 'bearer') return undefined;
-  const params: Record<string, string> = {};
-  const re = /([\w-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]*))\s*,?\s*/g;
-  let p: RegExpExecArray | null;
-  while ((p = re.exec(m[2]!)) !== null) {
-    if (p[0] === '') break;
-    params[p[1]!.toLowerCase()] = p[2] !== undefined ? p[2].replace(/\\(.)/g, '$1') : (p[3] ?? '');
-  }
-  return { scheme, realm: params.realm, service: params.service };
-}
-
-/** A distribution error body ({"errors":[{"code","message"}]}) in one line, else the start of the text. */
-function describeBody(text: string): string {
-  try {
-    const doc = JSON.parse(text) as { errors?: { code?: string; message?: string }[] };
-    if (Array.isArray(doc.errors) && doc.errors.length > 0) {
-      return doc.errors.map((e) => [e.code, e.message].filter(Boolean).join(': ')).join('; ');
-    }
-  } catch {
-    // not JSON
-  }
-  return text.replace(/\s+/g, ' ').trim().slice(0, 200);
-}
-
-function kindOfStatus(status: number): RegistryErrorKind {
-  if (status === 404) return 'NotFound';
-  if (status === 401 || status === 403) return 'Unauthorized';
-  if (status === 429 || status >= 500) return 'Unavailable';
-  return 'Other';
-}
-
-const TRANSIENT_STATUS = new Set([408, 429, 500, 502, 503, 504]);
-
-type NetError = { name?: string; message?: string; code?: unknown; cause?: NetError };
-
-/** An error's code when it is a string (a DOMException's is a number). */
-function codeOf(e: NetError | undefined): string {
-  return typeof e?.code === 'string' ? e.code : '';
-}
-
-/** The error that says what went wrong: undici's own, or the socket's or TLS's it wraps. */
-function rootCause(e: unknown): NetError {
-  const err = e as NetError;
-  return err?.cause && typeof err.cause === 'object' && (codeOf(err.cause) || !codeOf(err)) ? err.cause : err;
-}
-
-function networkMessage(e: unknown): string {
-  if ((e as NetError)?.name === 'TimeoutError') return 'no answer in time';
-  const err = rootCause(e);
-  const msg = err?.message ?? String(e);
-  const code = codeOf(err);
-  return code ? `${code}: ${msg}` : msg;
-}
-
-function errorCode(e: unknown): string {
-  return codeOf(rootCause(e));
-}
-
-function isTlsOrProtocolError(e: unknown): boolean {
-  const code = errorCode(e);
-  const msg = rootCause(e)?.message ?? '';
-  return code.startsWith('ERR_SSL') || code === 'EPROTO' || code === 'ECONNRESET' || /SSL|TLS|wrong version/i.test(msg);
-}
-
-function isCertificateError(e: unknown): boolean {
-  return /CERT|SELF_SIGNED|UNABLE_TO_VERIFY|UNABLE_TO_GET_ISSUER|ERR_TLS_CERT_ALTNAME/.test(errorCode(e));
-}
-
-/** An HTTP answer as undici's request() gives it. */
-type Answer = Dispatcher.ResponseData;
-
-/** A response header's value (the first, if the server repeated it), or null. */
-function header(res: Answer, name: string): string | null {
-  const v = res.headers[name];
-  return v === undefined ? null : Array.isArray(v) ? (v[0] ?? null) : v;
-}
-
-/** Read and drop what is left of a body, so its connection can serve the next request. */
-async function discard(res: Answer): Promise<void> {
-  await res.body.dump().catch(() => {});
-}
-
-/** Redirects followed per request (fetch's limit). */
-const MAX_REDIRECTIONS = 20;
-
-function sha256(data: Buffer): string {
-  return `sha256:${createHash('sha256').update(data).digest('hex')}`;
-}
-
-async function readLimited(res: Answer, limit: number): Promise<Buffer> {
-  const declared = Number(header(res, 'content-length') ?? NaN);
-  if (Number.isFinite(declared) && declared > limit) {
-    res.body.destroy();
-    throw new AttemptError('Invalid', `the manifest is ${declared} bytes, over the ${limit}-byte limit registries keep to`);
-  }
-  const chunks: Buffer[] = [];
-  let total = 0;
-  for await (const chunk of res.body) {
-    total += (chunk as Buffer).length;
-    if (total > limit) {
-      res.body.destroy();
-      throw new AttemptError('Invalid', `the manifest is over the ${limit}-byte limit registries keep to`);
-    }
-    chunks.push(chunk as Buffer);
-  }
-  return chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks);
 }
 
 export class RegistryClient {
