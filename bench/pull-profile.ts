@@ -272,6 +272,8 @@ interface RunResult {
   pullMs: number[];
   /** PullImage durations as containerd logged them (ms). */
   containerdMs: number[];
+  /** GC (ms of samples) from the reconcile's start to "pin file written". */
+  gcToPin: number;
   /** First PullImage to the last answer. */
   pulling: number;
   startToFirstPull: number;
@@ -340,7 +342,10 @@ async function profiledRun(entry: string, registry: Registry, warmRef: string, r
       say(`leaf frames under ${LEAVES} (samples of ${INTERVAL_US} µs): ${[...leaves].sort((a, b) => b[1] - a[1]).slice(0, 12).map(([k, v]) => `${k} ${v}`).join('; ')}`);
     }
     // Log times are whole ms: the window starts at the start of that ms and ends at the end of the last one.
+    const pinAt = lines.find((l) => l.msg === 'pin file written' && logTime(l) >= start);
+    const gcToPin = pinAt ? (cpuByCategory(samples, start, logTime(pinAt) + 1).get('GC') ?? 0) : NaN;
     return {
+      gcToPin,
       pullMs: lines.filter((l) => l.msg === 'pulled image').map((l) => Number(l.durationMs)),
       containerdMs,
       pulling: lastPulled - firstPull,
@@ -350,7 +355,7 @@ async function profiledRun(entry: string, registry: Registry, warmRef: string, r
       preCpu: cpuByCategory(samples, start, firstPull + 1),
       pullCpu: cpuByCategory(samples, firstPull + 1, lastPulled + 1),
       preTimeline: timeline(samples, start, firstPull + 1),
-      steps: lines.filter((l) => logTime(l) >= start && logTime(l) <= firstPull).map((l) => ({ at: logTime(l) - start, msg: String(l.msg) })),
+      steps: lines.filter((l) => logTime(l) >= start && logTime(l) <= firstPull + 1).map((l) => ({ at: logTime(l) - start, msg: String(l.msg) })),
     };
   } finally {
     if (agent.running) await agent.stop();
@@ -431,6 +436,15 @@ function report(label: string, p: number, runs: RunResult[], bare: BareResult[])
   say(`first PullImage to last answer (median of runs): agent ${median(runs.map((r) => r.pulling))} ms, bare loop ${median(bare.map((b) => b.pulling)).toFixed(0)} ms (${bare.map((b) => b.pulling.toFixed(0)).join(', ')})`);
   say(`reconcile start to first PullImage: ${runs.map((r) => r.startToFirstPull).join(', ')} ms (median ${median(runs.map((r) => r.startToFirstPull))})`);
   say(`reconcile start to last image present: ${runs.map((r) => r.startToLastPulled).join(', ')} ms (median ${median(runs.map((r) => r.startToLastPulled))})`);
+  // The stretches between the reconcile's log lines, median of the runs.
+  const at = (r: RunResult, msg: string) => r.steps.find((x) => x.msg === msg)?.at;
+  const span = (from: (r: RunResult) => number | undefined, to: (r: RunResult) => number | undefined) =>
+    median(runs.map((r) => (to(r) ?? NaN) - (from(r) ?? NaN)).filter((x) => Number.isFinite(x)));
+  const pinned = (r: RunResult) => at(r, 'pin file written');
+  const estimated = (r: RunResult) => at(r, 'disk estimate for the images to pull') ?? pinned(r);
+  say(
+    `stretches (median of runs): start to "pin file written" ${span(() => 0, pinned)} ms; to "disk estimate for the images to pull" ${span(pinned, estimated)} ms; to the first PullImage ${span(estimated, (r) => r.startToFirstPull)} ms; GC before "pin file written" ${median(runs.map((r) => r.gcToPin)).toFixed(1)} ms`,
+  );
   if (p === 1) {
     const all = runs.flatMap((r) => r.gaps);
     say(`"pulled image" to the next "pulling image": median ${median(all)} ms, max ${Math.max(...all)} ms over ${all.length} gaps (log times, whole ms)`);
