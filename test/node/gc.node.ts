@@ -6,7 +6,7 @@
 //
 // The steps run in order on one node, on the kubelet's own clock: its image
 // GC runs every 5 minutes, the first real pass about 300 s after it starts
-// (facts/test-bed.md), so the suite takes about 12 minutes.
+// (facts/test-bed.md), so the suite takes about 11 minutes.
 //  1. deploy/ applied with server-side apply (the image replaced by the one
 //     scripts/build-image.sh built, pushed to a loopback registry); the
 //     DaemonSet's pod created as the daemonset controller would, Running and

@@ -4,7 +4,7 @@
 // root, and from Debian etcd-server, conmon, runc, docker-registry, skopeo,
 // dbus, openssl, plus kubectl and the image's OCI layout from
 // scripts/build-image.sh. Without them it says what is missing and exits 0:
-// `npm test` and CI do not need it. It takes about 12 minutes (the kubelet's
+// `npm test` and CI do not need it. It takes about 11 minutes (the kubelet's
 // image GC runs every 5).
 import { spawnSync } from 'node:child_process';
 import { readdirSync } from 'node:fs';
