@@ -35,9 +35,10 @@ export class PrivateBus {
   pid: number | undefined;
   #child: ChildProcessByStdio<null, Readable, Readable> | undefined;
 
-  constructor(dir: string) {
+  /** `socketPath` defaults to `<dir>/bus.sock`; a node bed puts it where the system bus socket goes. */
+  constructor(dir: string, socketPath = join(dir, 'bus.sock')) {
     this.dir = dir;
-    this.socketPath = join(dir, 'bus.sock');
+    this.socketPath = socketPath;
     this.configPath = join(dir, 'bus.conf');
     this.address = `unix:path=${this.socketPath}`;
   }

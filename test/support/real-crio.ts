@@ -25,6 +25,14 @@ export interface RealCrioOptions {
   pauseImage?: string;
   /** The drop-in folder; default `<dir>/crio.conf.d`. */
   dropInDir?: string;
+  /**
+   * Where CRI-O's files go when they must sit at a node's usual places (the
+   * node suite lays out a host root: `<root>/etc/crio/crio.conf`,
+   * `<root>/var/run/crio/crio.sock`, ...); each defaults to a file in `<dir>`.
+   */
+  paths?: { mainConfig?: string; socket?: string; storageRoot?: string; registriesConf?: string; registriesConfDir?: string };
+  /** The OCI runtime; default crun when installed, else runc. */
+  runtime?: 'crun' | 'runc';
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -48,15 +56,23 @@ export class RealCrio {
   readonly dropInDir: string;
   readonly mainConfig: string;
   readonly pauseImage: string;
+  readonly storageRoot: string;
+  readonly registriesConf: string;
+  readonly registriesConfDir: string;
+  readonly runtime: 'crun' | 'runc' | undefined;
   proc: ServerProcess | undefined;
   #starts = 0;
 
   constructor(dir: string, opts: RealCrioOptions) {
     this.dir = dir;
     this.bin = opts.bin;
-    this.socketPath = join(dir, 'crio.sock');
+    this.socketPath = opts.paths?.socket ?? join(dir, 'crio.sock');
     this.dropInDir = opts.dropInDir ?? join(dir, 'crio.conf.d');
-    this.mainConfig = join(dir, 'crio.conf');
+    this.mainConfig = opts.paths?.mainConfig ?? join(dir, 'crio.conf');
+    this.storageRoot = opts.paths?.storageRoot ?? join(dir, 'root');
+    this.registriesConf = opts.paths?.registriesConf ?? join(dir, 'registries.conf');
+    this.registriesConfDir = opts.paths?.registriesConfDir ?? join(dir, 'registries.conf.d');
+    this.runtime = opts.runtime;
     this.pauseImage = opts.pauseImage ?? `${Object.keys(opts.registries)[0] ?? 'registry.test'}/pause:3.10`;
   }
 
@@ -76,12 +92,14 @@ export class RealCrio {
   /** Writes the configuration (once). */
   async configure(registries: Record<string, string>): Promise<void> {
     const d = this.dir;
-    for (const sub of ['crio.conf.d', 'registries.conf.d', 'cni/net.d', 'cni/bin', 'hooks', 'logs']) await mkdir(join(d, sub), { recursive: true });
-    const runtime = findBinary('crun') ? { name: 'crun', path: findBinary('crun')! } : { name: 'runc', path: findBinary('runc')! };
+    for (const sub of ['cni/net.d', 'cni/bin', 'hooks', 'logs']) await mkdir(join(d, sub), { recursive: true });
+    for (const folder of [this.dropInDir, this.registriesConfDir, dirname(this.mainConfig), dirname(this.socketPath), dirname(this.registriesConf)]) await mkdir(folder, { recursive: true });
+    const name = this.runtime ?? (findBinary('crun') ? 'crun' : 'runc');
+    const runtime = { name, path: findBinary(name)! };
     const pinns = existsSync(join(dirname(this.bin), 'pinns')) ? join(dirname(this.bin), 'pinns') : findBinary('pinns')!;
     const config = {
       crio: {
-        root: join(d, 'root'),
+        root: this.storageRoot,
         runroot: join(d, 'runroot'),
         storage_driver: 'vfs',
         log_dir: join(d, 'logs'),
@@ -122,13 +140,17 @@ export class RealCrio {
         { location, insecure: true },
       ]),
     };
-    await writeFile(join(d, 'registries.conf'), toToml(regs) + '\n');
+    await writeFile(this.registriesConf, toToml(regs) + '\n');
     await writeFile(join(d, 'policy.json'), JSON.stringify({ default: [{ type: 'insecureAcceptAnything' }] }));
+  }
+
+  #args(): string[] {
+    return ['--config', this.mainConfig, '--config-dir', this.dropInDir, '--registries-conf', this.registriesConf, '--registries-conf-dir', this.registriesConfDir, '--log-level', 'info'];
   }
 
   /** Starts CRI-O and waits until it answers Version (a SIGHUP before then would kill it). Throws with its log if it exits. */
   async start(timeoutMs = 30_000): Promise<void> {
-    const args = ['--config', this.mainConfig, '--config-dir', this.dropInDir, '--registries-conf', join(this.dir, 'registries.conf'), '--registries-conf-dir', join(this.dir, 'registries.conf.d'), '--log-level', 'info'];
+    const args = this.#args();
     this.proc = new ServerProcess('crio', this.bin, args, join(this.dir, `crio-${this.#starts++}.log`));
     const cri = new CriClient(this.endpoint);
     const deadline = Date.now() + timeoutMs;
@@ -146,7 +168,7 @@ export class RealCrio {
 
   /** Starts CRI-O expecting it to refuse; resolves with its exit code and log. */
   async startRefused(timeoutMs = 30_000): Promise<{ code: number | string; log: string }> {
-    const args = ['--config', this.mainConfig, '--config-dir', this.dropInDir, '--registries-conf', join(this.dir, 'registries.conf'), '--registries-conf-dir', join(this.dir, 'registries.conf.d'), '--log-level', 'info'];
+    const args = this.#args();
     const proc = new ServerProcess('crio', this.bin, args, join(this.dir, `crio-${this.#starts++}.log`));
     const code = await Promise.race([proc.exited, sleep(timeoutMs).then(() => 'still running')]);
     if (proc.running) {
