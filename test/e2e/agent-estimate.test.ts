@@ -30,6 +30,28 @@ async function blobSizes(reg: Registry, repo: string, digest: string): Promise<M
   return new Map([doc.config, ...doc.layers].map((d) => [d.digest, d.size]));
 }
 
+/** A loopback "registry" (down.test) that answers 503 to everything, and a client that tries each request twice. */
+async function downRegistry(): Promise<{ client: RegistryClient; calls: () => number; close: () => Promise<void> }> {
+  let calls = 0;
+  const srv = http.createServer((_req, res) => {
+    calls++;
+    res.writeHead(503).end();
+  });
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const host = `127.0.0.1:${(srv.address() as AddressInfo).port}`;
+  const registries = new RegistriesConf(parseRegistriesConf(`[[registry]]\nprefix = "down.test"\nlocation = "${host}"\ninsecure = true\n`, 't.conf'));
+  const client = new RegistryClient({ registries, attempts: 2, retryPolicy: { baseMs: 5, capMs: 10 } });
+  return {
+    client,
+    calls: () => calls,
+    close: async () => {
+      await client.close();
+      srv.closeAllConnections();
+      await new Promise<void>((r) => srv.close(() => r()));
+    },
+  };
+}
+
 describe('size estimates from a real registry', () => {
   let reg: Registry;
   const ok = () => missingComponents(['docker-registry']).length === 0;
@@ -73,32 +95,23 @@ describe('size estimates from a real registry', () => {
   });
 
   test('a registry that fails is not asked again for a minute: the next estimate knows at once', async () => {
-    let calls = 0;
-    const srv = http.createServer((_req, res) => {
-      calls++;
-      res.writeHead(503).end();
-    });
-    await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
-    const host = `127.0.0.1:${(srv.address() as AddressInfo).port}`;
-    const registries = new RegistriesConf(parseRegistriesConf(`[[registry]]\nprefix = "down.test"\nlocation = "${host}"\ninsecure = true\n`, 't.conf'));
-    const client = new RegistryClient({ registries, attempts: 2, retryPolicy: { baseMs: 5, capMs: 10 } });
+    const down = await downRegistry();
+    const client = down.client;
     let now = 1_000_000;
     const est = new RegistrySizeEstimator(client, { now: () => now });
     const ref = (c: string) => `down.test/x/y@sha256:${createHash('sha256').update(c).digest('hex')}`;
     try {
       const first = await est.sizes([ref('a')]);
       assert.match((first.get(ref('a')) as { unknown: string }).unknown, /HTTP 503/);
-      const asked = calls;
+      const asked = down.calls();
       const second = await est.sizes([ref('b'), ref('c')]);
-      assert.equal(calls, asked, 'no request while the registry is remembered as down');
+      assert.equal(down.calls(), asked, 'no request while the registry is remembered as down');
       assert.match((second.get(ref('c')) as { unknown: string }).unknown, /HTTP 503/);
       now += 61_000;
       await est.sizes([ref('d')]);
-      assert.ok(calls > asked, 'asked again after a minute');
+      assert.ok(down.calls() > asked, 'asked again after a minute');
     } finally {
-      await client.close();
-      srv.closeAllConnections();
-      await new Promise<void>((r) => srv.close(() => r()));
+      await down.close();
     }
   });
 });
@@ -208,26 +221,17 @@ describe('size estimates ask for a batch at once', () => {
   });
 
   test('a registry that is down costs one image\'s requests, not one per image', async () => {
-    let calls = 0;
-    const srv = http.createServer((_req, res) => {
-      calls++;
-      res.writeHead(503).end();
-    });
-    await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
-    const host = `127.0.0.1:${(srv.address() as AddressInfo).port}`;
-    const registries = new RegistriesConf(parseRegistriesConf(`[[registry]]\nprefix = "down.test"\nlocation = "${host}"\ninsecure = true\n`, 't.conf'));
-    const client = new RegistryClient({ registries, attempts: 2, retryPolicy: { baseMs: 5, capMs: 10 } });
+    const down = await downRegistry();
+    const client = down.client;
     const est = new RegistrySizeEstimator(client);
     const ref = (c: string) => `down.test/x/y@sha256:${createHash('sha256').update(c).digest('hex')}`;
     try {
       const refs = ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j'].map(ref);
       const sizes = await est.sizes(refs);
-      assert.equal(calls, 2, 'one image, two attempts');
+      assert.equal(down.calls(), 2, 'one image, two attempts');
       for (const r of refs) assert.match((sizes.get(r) as { unknown: string }).unknown, /HTTP 503/);
     } finally {
-      await client.close();
-      srv.closeAllConnections();
-      await new Promise<void>((r) => srv.close(() => r()));
+      await down.close();
     }
   });
 });
