@@ -10,33 +10,23 @@ import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
-import type { ImageRuntime, RuntimeImage } from '../cri/runtime.ts';
-import type { AgentMetrics } from '../metrics/agent-metrics.ts';
+import type { RuntimeImage } from '../cri/runtime.ts';
 import type { PinBackend, PinProblem, PinsObserved, PinStatus, PinTarget, RuntimeState } from '../pins/backend.ts';
-import type { BackoffPolicy } from '../util/backoff.ts';
 import { checkpoint } from '../util/cancel.ts';
 import { errMessage, ProblemLog } from '../util/problem-log.ts';
 import { RetryGate } from '../util/retry.ts';
 import type { ConfigRejection } from './crio-config.ts';
 import { effectivePins, renderPinFile, type DropinPins, type DropinScan, type PinFile } from './pinfile.ts';
-import type { Reloader } from './reloader.ts';
-import { ReloadSync, type EffectiveList, type PinEvents, type ReloadOutcome } from './reload-sync.ts';
+import { ReloadSync, type EffectiveList, type ReloadOutcome, type ReloadSyncOptions } from './reload-sync.ts';
 
 /** While the pin file cannot be written, this often a cheap check (access + statfs) looks for the cause clearing. */
 const WRITE_PROBE_MS = 2_000;
 /** Free space under which the drop-in folder counts as full for that check. */
 const WRITE_PROBE_MIN_FREE = 64 * 1024;
 
-export interface CrioPinsOptions {
+/** What the reloads need (./reload-sync.ts), and the pin file. */
+export interface CrioPinsOptions extends ReloadSyncOptions {
   pinFile: PinFile;
-  reloader: Reloader;
-  runtime: ImageRuntime;
-  logger: Logger;
-  metrics?: AgentMetrics | null;
-  events?: PinEvents | null;
-  pinWaitTimeoutMs?: number;
-  retryPolicy: BackoffPolicy;
-  now: () => number;
   /** The write probe found the folder writable again: retry now. */
   onWritable: (why: string) => void;
 }
@@ -68,7 +58,7 @@ export class CrioPins implements PinBackend {
     this.log = o.logger;
     this.problems = new ProblemLog(o.logger);
     this.writeGate = new RetryGate('writing the pin file', o.logger, { now: o.now, policy: o.retryPolicy });
-    this.reloads = new ReloadSync({ ...o, runtime: o.runtime });
+    this.reloads = new ReloadSync(o);
   }
 
   get readsPins(): boolean {
