@@ -116,8 +116,12 @@ describe('size estimates from a real registry', () => {
   });
 });
 
-/** A loopback "registry" that serves `count` image manifests by digest, each after `delayMs`, counting requests in flight. */
-async function manifestServer(count: number, delayMs: number): Promise<{ refs: string[]; sizes: Map<string, Map<string, number>>; stats: { calls: number; inFlight: number; maxInFlight: number; firstAlone: boolean }; registries: RegistriesConf; close: () => Promise<void> }> {
+/**
+ * A loopback "registry" that serves `count` image manifests by digest, counting requests in flight.
+ * It holds every answer until no new request has come for `quietMs`, then answers all it holds: each
+ * wave of requests the client sends before it waits is counted whole, however slow the machine.
+ */
+async function manifestServer(count: number, quietMs: number): Promise<{ refs: string[]; sizes: Map<string, Map<string, number>>; stats: { calls: number; inFlight: number; maxInFlight: number; firstAlone: boolean }; registries: RegistriesConf; close: () => Promise<void> }> {
   const bodies = new Map<string, Buffer>();
   const sizes = new Map<string, Map<string, number>>();
   const refs: string[] = [];
@@ -131,17 +135,25 @@ async function manifestServer(count: number, delayMs: number): Promise<{ refs: s
     sizes.set(refs.at(-1)!, new Map([[config.digest, config.size], [layer.digest, layer.size]]));
   }
   const stats = { calls: 0, inFlight: 0, maxInFlight: 0, firstAlone: true };
+  let held: (() => void)[] = [];
+  let quiet: NodeJS.Timeout | undefined;
   const srv = http.createServer((req, res) => {
     stats.calls++;
     stats.inFlight++;
     stats.maxInFlight = Math.max(stats.maxInFlight, stats.inFlight);
     if (stats.calls === 2 && stats.inFlight > 1) stats.firstAlone = false;
-    setTimeout(() => {
+    held.push(() => {
       stats.inFlight--;
       const body = bodies.get(req.url!.slice(req.url!.lastIndexOf('/') + 1));
       if (!body) res.writeHead(404).end();
       else res.writeHead(200, { 'content-type': MEDIA_TYPES.manifest, 'content-length': String(body.length) }).end(body);
-    }, delayMs);
+    });
+    clearTimeout(quiet);
+    quiet = setTimeout(() => {
+      const answers = held;
+      held = [];
+      for (const answer of answers) answer();
+    }, quietMs);
   });
   await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
   const host = `127.0.0.1:${(srv.address() as AddressInfo).port}`;
@@ -152,6 +164,7 @@ async function manifestServer(count: number, delayMs: number): Promise<{ refs: s
     stats,
     registries,
     close: async () => {
+      clearTimeout(quiet);
       srv.closeAllConnections();
       await new Promise<void>((r) => srv.close(() => r()));
     },
@@ -160,7 +173,7 @@ async function manifestServer(count: number, delayMs: number): Promise<{ refs: s
 
 describe('size estimates ask for a batch at once', () => {
   test('a registry not heard from yet is asked for one image first, then for the rest of the batch at once; a registry that answered, for all of it at once', async () => {
-    const reg = await manifestServer(30, 30);
+    const reg = await manifestServer(30, 200);
     const client = new RegistryClient({ registries: reg.registries, cacheEntries: 0 });
     const est = new RegistrySizeEstimator(client);
     try {
@@ -180,7 +193,7 @@ describe('size estimates ask for a batch at once', () => {
   });
 
   test('an estimate started earlier is joined, not repeated; one cut short by its caller\'s signal is asked again', async () => {
-    const reg = await manifestServer(12, 30);
+    const reg = await manifestServer(12, 200);
     const client = new RegistryClient({ registries: reg.registries, cacheEntries: 0 });
     const est = new RegistrySizeEstimator(client);
     try {
@@ -206,7 +219,7 @@ describe('size estimates ask for a batch at once', () => {
   });
 
   test('at most MAX_PARALLEL_REQUESTS requests at once', async () => {
-    const reg = await manifestServer(MAX_PARALLEL_REQUESTS + 36, 20);
+    const reg = await manifestServer(MAX_PARALLEL_REQUESTS + 36, 200);
     const client = new RegistryClient({ registries: reg.registries, cacheEntries: 0 });
     const est = new RegistrySizeEstimator(client);
     try {
