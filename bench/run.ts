@@ -48,6 +48,8 @@ const RUNS = Number(process.env.BENCH_RUNS ?? 5);
 const K = Number(process.env.BENCH_K ?? 16);
 const IMAGE_BYTES = Number(process.env.BENCH_IMAGE_BYTES ?? 5 * 1000 * 1000);
 const PARALLELISM = (process.env.BENCH_PARALLELISM ?? '1,2,4,8').split(',').map(Number);
+/** BENCH_BARE_WARM=0: the bare loop into a containerd that has pulled nothing (by default it first pulls the warm-up image, as the running agent does). */
+const BARE_WARM = process.env.BENCH_BARE_WARM !== '0';
 const N = Number(process.env.BENCH_N ?? 1000);
 const RESYNC_MS = 2000;
 const execFileAsync = promisify(execFile);
@@ -174,6 +176,10 @@ interface PullRun {
   agentMs?: number;
   /** A running agent: start of the reconcile to its first PullImage (the agent's own work before pulling). */
   agentFirstPullMs?: number;
+  /** A running agent: the set file written (the change the agent sees) to its first PullImage, the settle time (DEBOUNCE_MS) included. */
+  changeFirstPullMs?: number;
+  /** A running agent: the set file written to the last image present. */
+  changeMs?: number;
   /** A running agent: its own CPU time (user + system) from writing the set to the reconcile's end. */
   agentCpuMs?: number;
   /** containerd's CPU time over the same window. */
@@ -239,6 +245,7 @@ async function agentSteadyRun(mirrors: Record<string, string>, warmRef: string, 
     await sleep(500);
     const from = agent.mark();
     const cpu0 = { agent: cpuMs(agent.child.pid), containerd: cpuMs(c.pid) };
+    const written = Date.now();
     await writeFile(path.join(s.staticDir, 'bench.yaml'), dumpYaml(setDoc('bench', refs)));
     const done = await agent.waitForLog((l) => l.msg === 'reconcile finished' && l.pulls === refs.length, 120_000, 'the reconcile that pulls the set', from);
     const agentCpuMs = cpuMs(agent.child.pid) - cpu0.agent;
@@ -249,7 +256,8 @@ async function agentSteadyRun(mirrors: Record<string, string>, warmRef: string, 
     for (const ref of refs) if (!present.has(ref)) throw new Error(`${ref} not present after the agent`);
     const start = logTime(done) - Number(done.durationMs);
     const firstPull = Math.min(...agent.logs().slice(from).filter((l) => l.msg === 'pulling image').map(logTime));
-    return { agentMs: Math.max(...pulled.map(logTime)) - start, agentFirstPullMs: firstPull - start, agentCpuMs, containerdCpuMs };
+    const last = Math.max(...pulled.map(logTime));
+    return { agentMs: last - start, agentFirstPullMs: firstPull - start, changeFirstPullMs: firstPull - written, changeMs: last - written, agentCpuMs, containerdCpuMs };
   } finally {
     await agent.stop();
     await c.stop();
@@ -266,10 +274,22 @@ async function listRepoDigests(endpoint: string): Promise<string[]> {
   }
 }
 
-async function barePullRun(mirrors: Record<string, string>, refs: string[], parallel: number): Promise<PullRun> {
+/**
+ * The bare loop. With `warmRef` (the default, BENCH_BARE_WARM) it first pulls
+ * the warm-up image and waits as the running agent's runs do, so both
+ * measure a containerd that has pulled one image a moment before (its
+ * pulls are then slower than a containerd's first: BENCHMARKS.md, section 1).
+ */
+async function barePullRun(mirrors: Record<string, string>, refs: string[], parallel: number, warmRef?: string): Promise<PullRun> {
   const c = await Containerd.start({ mirrors });
   await settle();
   try {
+    if (warmRef) {
+      const warm = new CriClient(c.endpoint);
+      await warm.pullImage(warmRef);
+      warm.close();
+      await sleep(500);
+    }
     const t0 = performance.now();
     const cri = new CriClient(c.endpoint);
     let next = 0;
@@ -451,9 +471,9 @@ async function benchPulls(registry: Registry, mirrors: Record<string, string>): 
   const refs = big.map((b) => b.ref);
   const warm = (await pushSingleLayer(registry, 'bench/warm')).ref;
 
-  const byParallel: Record<number, { agent: number[]; agentFirstPull: number[]; agentOnce: number[]; agentReconcile: number[]; agentProcess: number[]; bare: number[] }> = {};
+  const byParallel: Record<number, { agent: number[]; agentFirstPull: number[]; change: number[]; changeFirstPull: number[]; agentOnce: number[]; agentReconcile: number[]; agentProcess: number[]; bare: number[] }> = {};
   for (const p of PARALLELISM) {
-    const b = (byParallel[p] = { agent: [] as number[], agentFirstPull: [] as number[], agentOnce: [] as number[], agentReconcile: [] as number[], agentProcess: [] as number[], bare: [] as number[] });
+    const b = (byParallel[p] = { agent: [] as number[], agentFirstPull: [] as number[], change: [] as number[], changeFirstPull: [] as number[], agentOnce: [] as number[], agentReconcile: [] as number[], agentProcess: [] as number[], bare: [] as number[] });
     for (let i = 0; i < RUNS; i++) {
       const order = i % 2 === 0 ? (['agent', 'bare', 'once'] as const) : (['bare', 'agent', 'once'] as const);
       for (const who of order) {
@@ -461,28 +481,30 @@ async function benchPulls(registry: Registry, mirrors: Record<string, string>): 
           const r = await agentSteadyRun(mirrors, warm, refs, p);
           b.agent.push(r.agentMs!);
           b.agentFirstPull.push(r.agentFirstPullMs!);
+          b.change.push(r.changeMs!);
+          b.changeFirstPull.push(r.changeFirstPullMs!);
         } else if (who === 'once') {
           const r = await agentPullRun(mirrors, refs, p);
           b.agentOnce.push(r.agentOnceMs!);
           b.agentReconcile.push(r.agentReconcileMs!);
           b.agentProcess.push(r.agentProcessMs!);
         } else {
-          b.bare.push((await barePullRun(mirrors, refs, p)).bareMs!);
+          b.bare.push((await barePullRun(mirrors, refs, p, BARE_WARM ? warm : undefined)).bareMs!);
         }
       }
     }
-    say(`  parallel ${p}: agent ${b.agent.map(Math.round).join(', ')} ms (first PullImage at ${b.agentFirstPull.map(Math.round).join(', ')} ms); --once ${b.agentOnce.map(Math.round).join(', ')} ms; bare ${b.bare.map(Math.round).join(', ')} ms; ratio of medians ${(median(b.agent) / median(b.bare)).toFixed(3)}`);
+    say(`  parallel ${p}: agent ${b.agent.map(Math.round).join(', ')} ms (first PullImage at ${b.agentFirstPull.map(Math.round).join(', ')} ms; from the set written ${b.changeFirstPull.map(Math.round).join(', ')} ms); --once ${b.agentOnce.map(Math.round).join(', ')} ms; bare ${b.bare.map(Math.round).join(', ')} ms; ratio of medians ${(median(b.agent) / median(b.bare)).toFixed(3)}`);
   }
 
   say('\n## Pulls: agent vs bare grpc-js loop\n');
-  say(`${K} images x ${(IMAGE_BYTES / 1e6).toFixed(1)} MB into a fresh containerd\n`);
-  say('| parallel pulls | bare loop (ms) | running agent: reconcile start to all present (ms) | ratio | running agent: reconcile start to first PullImage (ms) | running agent: first PullImage to all present (ms) | ratio | `--once` (cold): start to all present (ms) | ratio | `--once`: whole reconcile incl. status (ms) | `--once`: whole process (ms) |');
-  say('|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
+  say(`${K} images x ${(IMAGE_BYTES / 1e6).toFixed(1)} MB into a fresh containerd${BARE_WARM ? ' (the bare loop, as the running agent, after pulling one warm-up image)' : ''}\n`);
+  say('| parallel pulls | bare loop (ms) | running agent: reconcile start to all present (ms) | ratio | running agent: reconcile start to first PullImage (ms) | running agent: first PullImage to all present (ms) | ratio | running agent: set written to first PullImage (ms) | running agent: set written to all present (ms) | `--once` (cold): start to all present (ms) | ratio | `--once`: whole reconcile incl. status (ms) | `--once`: whole process (ms) |');
+  say('|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const [p, b] of Object.entries(byParallel)) {
     // The pulls alone (the agent's per-image cost): each run's span from its first PullImage, then the median.
     const pulling = median(b.agent.map((a, i) => a - b.agentFirstPull[i]!));
     say(
-      `| ${p} | ${median(b.bare).toFixed(0)} | ${median(b.agent).toFixed(0)} | ${(median(b.agent) / median(b.bare)).toFixed(3)} | ${median(b.agentFirstPull).toFixed(0)} | ${pulling.toFixed(0)} | ${(pulling / median(b.bare)).toFixed(3)} | ${median(b.agentOnce).toFixed(0)} | ${(median(b.agentOnce) / median(b.bare)).toFixed(3)} | ${median(b.agentReconcile).toFixed(0)} | ${median(b.agentProcess).toFixed(0)} |`,
+      `| ${p} | ${median(b.bare).toFixed(0)} | ${median(b.agent).toFixed(0)} | ${(median(b.agent) / median(b.bare)).toFixed(3)} | ${median(b.agentFirstPull).toFixed(0)} | ${pulling.toFixed(0)} | ${(pulling / median(b.bare)).toFixed(3)} | ${median(b.changeFirstPull).toFixed(0)} | ${median(b.change).toFixed(0)} | ${median(b.agentOnce).toFixed(0)} | ${(median(b.agentOnce) / median(b.bare)).toFixed(3)} | ${median(b.agentReconcile).toFixed(0)} | ${median(b.agentProcess).toFixed(0)} |`,
     );
   }
   return Object.fromEntries(
@@ -492,6 +514,8 @@ async function benchPulls(registry: Registry, mirrors: Record<string, string>): 
         ...b,
         agentMedianMs: median(b.agent),
         agentFirstPullMedianMs: median(b.agentFirstPull),
+        changeFirstPullMedianMs: median(b.changeFirstPull),
+        changeMedianMs: median(b.change),
         agentPullingMedianMs: median(b.agent.map((a, i) => a - b.agentFirstPull[i]!)),
         agentOnceMedianMs: median(b.agentOnce),
         agentReconcileMedianMs: median(b.agentReconcile),

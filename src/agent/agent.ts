@@ -1,4 +1,6 @@
 // The agent: level-triggered, single-flight reconciles (./reconcile.ts).
+// While a change settles, ./lookahead.ts asks ahead for what the reconcile
+// will wait on before its first pull.
 // Any change (a set, the node's labels, the static folder, what the pin
 // backend watches, a retry coming due, the periodic resync) schedules one
 // reconcile; a reconcile running when the desired state changes is
@@ -30,6 +32,7 @@ import { RetryGate, STEP_RETRY } from '../util/retry.ts';
 import type { DiskCheck } from './disk.ts';
 import type { SizeEstimator } from './estimate.ts';
 import type { KubeObserver } from './kube.ts';
+import { Lookahead } from './lookahead.ts';
 import type { EventRecorder } from './node-sinks.ts';
 import { SetSources } from './observe.ts';
 import { PinChoice, type PinBackendFlag, type PinBackendMakers } from './pin-choice.ts';
@@ -102,6 +105,7 @@ export class Agent {
   private readonly runtime: RuntimeObserver;
   private readonly pins: PinChoice;
   private readonly presence: Presence;
+  private readonly lookahead: Lookahead;
   lastResult: ReconcileResult | undefined;
   /** Time the loop last finished a pass (for /healthz). */
   lastLoopAt = 0;
@@ -158,6 +162,7 @@ export class Agent {
       report: new SetReport({ ...opts, now: this.now }),
       now: this.now,
     };
+    this.lookahead = new Lookahead(this.parts);
   }
 
   /** The runtime's name and versions, once it has answered. */
@@ -180,6 +185,7 @@ export class Agent {
       this.log.info({ reason }, 'desired state changed; cancelling the running reconcile at its next safe point');
       this.current.abort(new Cancelled(reason));
     }
+    if (cancel) this.lookahead.request();
     // Events within debounceMs of the first one are batched into one
     // reconcile; the window does not slide, so a steady stream of events
     // delays a reconcile by at most debounceMs, never starves it.

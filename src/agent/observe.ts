@@ -44,17 +44,31 @@ export class SetSources {
     return this.o.kube ? null : {};
   }
 
+  /** The API's sets, or null while they are not listed. */
+  private apiSets(): ObservedSet[] | null {
+    const kubeSets = this.o.kube ? this.o.kube.currentSets() : [];
+    return kubeSets === null ? null : kubeSets.map((o: PinnedImageSet) => ({ source: 'api', object: o, origin: 'api' }));
+  }
+
   async observe(): Promise<ObservedSets> {
     this.problems.begin();
     const labels = this.labels();
-    const kubeSets = this.o.kube ? this.o.kube.currentSets() : [];
-    const apiSets: ObservedSet[] | null = kubeSets === null ? null : kubeSets.map((o: PinnedImageSet) => ({ source: 'api', object: o, origin: 'api' }));
+    const apiSets = this.apiSets();
     // The static source logs its files' problems itself, once per change.
     const stat = await this.staticSource.read();
     const auth = this.o.authFile;
     await auth?.refresh().catch((e) => this.problems.warn({ err: errMessage(e) }, 'auth file unreadable; pulling anonymously'));
     if (auth?.problem) this.problems.warn({ file: auth.path }, auth.problem);
     return { labels, apiSets, staticSets: stat.sets, staticProblems: stat.unknown };
+  }
+
+  /**
+   * The sets as they are now, for a look ahead (./lookahead.ts): nothing
+   * logged, refreshed or remembered; the static folder's unreadable files
+   * left out.
+   */
+  async peek(): Promise<ObservedSets> {
+    return { labels: this.labels(), apiSets: this.apiSets(), staticSets: await this.staticSource.peek(), staticProblems: [] };
   }
 
   /** What the plan found wrong with the sets, logged once while it lasts. */

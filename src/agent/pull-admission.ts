@@ -48,6 +48,8 @@ export class PullAdmission {
   /** Per set key: the estimated disk of its images still to download, kept until they are all present. */
   readonly estimates = new Map<string, SetEstimate>();
   private early: Promise<string | null> | undefined;
+  /** The digests the runtime held at the last reconcile. */
+  private lastHeld: ReadonlySet<string> = new Set();
   private prefetched: Promise<Map<string, ImageSizes>> | undefined;
 
   constructor(o: PullAdmissionOptions) {
@@ -68,19 +70,29 @@ export class PullAdmission {
     this.early?.catch(() => {});
     const estimator = this.o.sizeEstimator;
     if (!estimator || !this.watermarkApplies()) return;
-    const limited = rolloutLimits(plan.sets);
     this.prefetched = runtime.then((r) => {
       if (r.error) return new Map<string, ImageSizes>();
       const held = r.heldDigests();
-      const refs = new Set<string>();
-      for (const w of plan.wanted) {
-        // Images under a runtime handler are asked for one by one later: the estimate takes them then.
-        if (w.runtimeHandler || r.found(w) || held.has(w.reference.digest) || w.sets.some((k) => limited.has(k))) continue;
-        refs.add(w.reference.reference);
-      }
-      return refs.size > 0 ? estimator.sizes([...refs], signal) : new Map<string, ImageSizes>();
+      const refs = toEstimate(plan, (w) => !!r.found(w) || held.has(w.reference.digest));
+      return refs.length > 0 ? estimator.sizes(refs, signal) : new Map<string, ImageSizes>();
     });
     this.prefetched.catch(() => {});
+  }
+
+  /**
+   * The sets just changed and their reconcile waits out the settle time
+   * (DEBOUNCE_MS): the disk check and the sizes of what they may download
+   * (not known present at the last reconcile) are asked for now, so that
+   * reconcile finds them answered or in flight (the estimator joins a
+   * request already made) instead of waiting for them before its pulls.
+   */
+  lookahead(plan: Plan, knownPresent: ReadonlySet<string>): void {
+    if (!plan.wanted.some((w) => !knownPresent.has(w.key))) return;
+    this.o.diskCheck?.problem().catch(() => {});
+    const estimator = this.o.sizeEstimator;
+    if (!estimator || !this.watermarkApplies()) return;
+    const refs = toEstimate(plan, (w) => knownPresent.has(w.key) || this.lastHeld.has(w.reference.digest));
+    if (refs.length > 0) estimator.sizes(refs).catch(() => {});
   }
 
   private watermarkApplies(): boolean {
@@ -114,6 +126,7 @@ export class PullAdmission {
   /** An estimate is shown while its set still has images to download. */
   forgetDone(plan: Plan, runtime: RuntimeSnapshot): void {
     if (runtime.error) return;
+    this.lastHeld = runtime.heldDigests();
     const pending = new Set(plan.wanted.filter((w) => !runtime.found(w)).flatMap((w) => w.sets));
     for (const k of [...this.estimates.keys()]) if (!pending.has(k)) this.estimates.delete(k);
   }
@@ -137,6 +150,10 @@ export class PullAdmission {
     const download = due.filter((w) => !held.has(w.reference.digest));
     if (download.length === 0) return null;
     const refs = [...new Set(download.map((w) => w.reference.reference))];
+    const check = this.watermarkApplies() ? this.o.diskCheck : null;
+    // The room below the watermark is measured while the sizes are asked for.
+    const measuring = check?.space();
+    measuring?.catch(() => {});
     const sizes = await this.sizes(refs, signal);
     checkpoint(signal);
     const factor = this.o.diskEstimateFactor ?? 2;
@@ -151,10 +168,9 @@ export class PullAdmission {
     if (batch.unknown.length > 0) {
       problems.warn({ unknown: batch.unknown.length, of: refs.length, first: batch.unknown[0]!.why }, 'size of images to pull unknown; pulling with the watermark check alone');
     }
-    const check = this.o.diskCheck;
-    if (!check || !this.watermarkApplies()) return null;
+    if (!check || !measuring) return null;
     const wm = check.highWatermarkPercent;
-    const space = await check.space();
+    const space = await measuring;
     if (!space) return null;
     const room = roomBelowWatermark(space.size, space.used, wm);
     this.log.info({ neededBytes: batch.neededBytes, roomBytes: room, images: download.length, unknown: batch.unknown.length, mountpoint: space.mountpoint }, 'disk estimate for the images to pull');
@@ -162,4 +178,20 @@ export class PullAdmission {
     if (batch.neededBytes <= room) return null;
     return noSpaceMessage(batch.neededBytes, room, wm, space.mountpoint, download.length - batch.unknown.length, batch.unknown.length);
   }
+}
+
+/**
+ * The references whose sizes an estimate needs: images of sets no rollout
+ * slot limits (only a node about to download such a set asks about it),
+ * not under a runtime handler (asked for one by one later, the estimate
+ * takes them then), and not `present`.
+ */
+function toEstimate(plan: Plan, present: (w: WantedImage) => boolean): string[] {
+  const limited = rolloutLimits(plan.sets);
+  const refs = new Set<string>();
+  for (const w of plan.wanted) {
+    if (w.runtimeHandler || w.sets.some((k) => limited.has(k)) || present(w)) continue;
+    refs.add(w.reference.reference);
+  }
+  return [...refs];
 }

@@ -59,9 +59,6 @@ type ParseResult = { sets: ObservedSet[] } | { error: string };
 interface FileState {
   /** Sets from the file's last readable content; undefined when it has not been readable since the agent started. */
   good?: ObservedSet[];
-  /** The text last parsed and what it gave: identical text is not parsed again. */
-  lastText?: string;
-  lastParse?: ParseResult;
   /** The problem reported now ('' when readable): a log line is written when it changes. */
   problem: string;
 }
@@ -155,17 +152,47 @@ export class StaticSource {
   /** The folder has been listed at least once: every file in it then is remembered. */
   private listedOnce = false;
   private folderProblem = '';
+  /** Each file's text last parsed (by read or peek) and what it gave: identical text is not parsed again. */
+  private readonly parsed = new Map<string, { text: string; result: ParseResult }>();
 
   constructor(dir: string, logger?: Logger) {
     this.dir = dir;
     this.log = logger;
   }
 
+  private parse(name: string, text: string): ParseResult {
+    const last = this.parsed.get(name);
+    if (last?.text === text) return last.result;
+    const result = parseSetFile(path.join(this.dir, name), text);
+    this.parsed.set(name, { text, result });
+    return result;
+  }
+
+  private async list(): Promise<string[]> {
+    return (await fsp.readdir(this.dir)).filter((n) => !n.startsWith('.') && SET_FILE.test(n)).sort();
+  }
+
+  /**
+   * The sets the folder's readable files hold now, for a look ahead while a
+   * change settles (./lookahead.ts): read and parsed as read() does (which
+   * then finds the parse made), but nothing remembered, held or logged.
+   */
+  async peek(): Promise<ObservedSet[]> {
+    const sets: ObservedSet[] = [];
+    for (const name of await this.list().catch(() => [])) {
+      const raw = await readSetFile(path.join(this.dir, name));
+      if (raw === 'gone' || 'error' in raw) continue;
+      const result = this.parse(name, raw.text);
+      if ('sets' in result) sets.push(...result.sets);
+    }
+    return sets;
+  }
+
   async read(): Promise<StaticRead> {
     const out: StaticRead = { sets: [], problems: [], unknown: [], files: [] };
     let names: string[];
     try {
-      names = (await fsp.readdir(this.dir)).filter((n) => !n.startsWith('.') && SET_FILE.test(n)).sort();
+      names = await this.list();
     } catch (e) {
       const code = codeOf(e);
       if (code === 'ENOENT') {
@@ -182,6 +209,7 @@ export class StaticSource {
     this.listedOnce = true;
 
     const listed = new Set(names);
+    for (const name of this.parsed.keys()) if (!listed.has(name)) this.parsed.delete(name);
     for (const [name, st] of this.files) {
       if (listed.has(name)) continue;
       this.files.delete(name);
@@ -192,19 +220,13 @@ export class StaticSource {
       const raw = await readSetFile(file);
       if (raw === 'gone') {
         this.files.delete(name);
+        this.parsed.delete(name);
         continue;
       }
       out.files.push(file);
       const st = this.files.get(name) ?? { problem: '' };
       this.files.set(name, st);
-      let result: ParseResult;
-      if ('error' in raw) result = raw;
-      else if (st.lastText === raw.text && st.lastParse) result = st.lastParse;
-      else {
-        result = parseSetFile(file, raw.text);
-        st.lastText = raw.text;
-        st.lastParse = result;
-      }
+      const result: ParseResult = 'error' in raw ? raw : this.parse(name, raw.text);
       if ('sets' in result) {
         if (st.problem) this.log?.info({ file, sets: setNames(result.sets) }, 'static set file readable again');
         st.problem = '';

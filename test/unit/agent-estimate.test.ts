@@ -85,7 +85,7 @@ describe('the agent estimates before pulling', () => {
     await rm(dir, { recursive: true, force: true });
   });
 
-  async function agent(images: string[]): Promise<{ agent: Agent; pinFile: PinFile }> {
+  async function agent(images: string[], debounceMs?: number): Promise<{ agent: Agent; pinFile: PinFile; staticDir: string }> {
     const staticDir = path.join(dir, 'sets');
     await import('node:fs/promises').then((f) => f.mkdir(staticDir, { recursive: true }));
     await writeFile(
@@ -106,8 +106,9 @@ describe('the agent estimates before pulling', () => {
       diskCheck: new DiskCheck(runtime, { highWatermarkPercent: 85, usageOf: async () => usage }),
       sizeEstimator: estimator,
       diskEstimateFactor: 2,
+      ...(debounceMs !== undefined ? { debounceMs } : {}),
     });
-    return { agent: a, pinFile };
+    return { agent: a, pinFile, staticDir };
   }
 
   test('a batch that does not fit below the watermark pulls nothing: NoSpace with the numbers, pins kept, the estimate in the status', async () => {
@@ -160,5 +161,54 @@ describe('the agent estimates before pulling', () => {
     await a.reconcile();
     assert.deepEqual(estimator.asked, [[APP]]);
     assert.deepEqual(runtime.pulls.sort(), [APP, DB].sort());
+  });
+
+  test('a set change is looked ahead while it settles: the sizes of what it may download are asked for before its reconcile, what is present is not', async () => {
+    usage = { size: 100 * GiB, available: (100 - 50) * GiB };
+    // A settle time no test waits out: only the look ahead runs after the change.
+    const { agent: a, staticDir } = await agent([APP], 600_000);
+    try {
+      await a.reconcile();
+      assert.deepEqual(runtime.pulls, [APP]);
+      estimator.asked.length = 0;
+      await writeFile(path.join(staticDir, 'db.yaml'), `apiVersion: pinset.dev/v1alpha1\nkind: PinnedImageSet\nmetadata: {name: db}\nspec:\n  pinnedImages:\n  - name: ${APP}\n  - name: ${DB}\n`);
+      a.trigger('static folder changed', true);
+      for (let i = 0; i < 200 && estimator.asked.length === 0; i++) await new Promise((r) => setTimeout(r, 5));
+      assert.deepEqual(estimator.asked, [[DB]], 'DB asked for ahead; APP is present');
+      assert.deepEqual(runtime.pulls, [APP], 'a look ahead pulls nothing');
+      // The reconcile then decides from its own observation, as without the look ahead.
+      const r = await a.reconcile();
+      assert.deepEqual(runtime.pulls.sort(), [APP, DB].sort());
+      assert.equal(r.sets.find((s) => s.name === 'db')!.phase, 'Ready');
+    } finally {
+      await a.stop();
+    }
+  });
+
+  test('no look ahead for a change to nothing that may download, nor for a trigger that is not a change of the sets', async () => {
+    usage = { size: 100 * GiB, available: (100 - 50) * GiB };
+    const { agent: a, staticDir } = await agent([APP, DB], 600_000);
+    const settle = () => new Promise((r) => setTimeout(r, 100));
+    const set = (name: string, ref: string) => `apiVersion: pinset.dev/v1alpha1\nkind: PinnedImageSet\nmetadata: {name: ${name}}\nspec:\n  pinnedImages:\n  - name: ${ref}\n`;
+    try {
+      await a.reconcile();
+      estimator.asked.length = 0;
+      // The same image under a second set: nothing to download.
+      await writeFile(path.join(staticDir, 'again.yaml'), set('again', DB));
+      a.trigger('static folder changed', true);
+      await settle();
+      assert.deepEqual(estimator.asked, []);
+      // A new image, but the trigger is a retry coming due, not a change of the sets.
+      await writeFile(path.join(staticDir, 'tool.yaml'), set('tool', TOOL));
+      a.trigger('a retry came due');
+      await settle();
+      assert.deepEqual(estimator.asked, []);
+      // The change itself: looked ahead.
+      a.trigger('static folder changed', true);
+      for (let i = 0; i < 200 && estimator.asked.length === 0; i++) await new Promise((r) => setTimeout(r, 5));
+      assert.deepEqual(estimator.asked, [[TOOL]]);
+    } finally {
+      await a.stop();
+    }
   });
 });

@@ -86,6 +86,26 @@ describe('StaticSource: what is read', () => {
   });
 });
 
+describe('StaticSource.peek: a look while a change settles', () => {
+  test('the readable files\' sets, with nothing logged or remembered: a file half written is left out, then read() reports it as before', async () => {
+    const dir = await folder();
+    await fsp.writeFile(path.join(dir, 'good.yaml'), setYaml('good', [ref('a', 'a')]));
+    await fsp.writeFile(path.join(dir, 'half.yaml'), 'apiVersion: pinset.dev/v1alpha1\nkind: PinnedImageSet\nspec: [unclosed\n');
+    const { logger, lines } = captureLogs('debug');
+    const src = new StaticSource(dir, logger);
+    const peeked = await src.peek();
+    assert.deepEqual(peeked.map((s) => (s.object as { metadata: { name: string } }).metadata.name), ['good']);
+    assert.equal(lines.length, 0, `a look logs nothing: ${JSON.stringify(lines)}`);
+    // read() still meets the bad file as new: unknown since the start, logged once.
+    const r = await src.read();
+    assert.deepEqual(names(r), ['good']);
+    assert.deepEqual(r.unknown.map((u) => path.basename(u.origin)), ['half.yaml']);
+    assert.equal(lines.filter((l) => l.msg === 'static set file unreadable since the agent started; its sets are unknown, so the current pins are kept').length, 1, JSON.stringify(lines));
+    // The text read() meets is the one peek() parsed: the same objects, not parsed again.
+    assert.equal(r.sets[0]!.object, peeked[0]!.object);
+  });
+});
+
 describe('StaticSource: a file that stops being readable keeps its sets', () => {
   // Each case: a good file, read once; then broken in one way; the sets stay
   // (marked held, naming the file), the other file is untouched; then the
