@@ -18,7 +18,7 @@ import { RuntimeError } from '../cri/runtime.ts';
 import type { RolloutGate, SlotWait } from '../rollout/gate.ts';
 import { checkpoint } from '../util/cancel.ts';
 import type { ProblemLog } from '../util/problem-log.ts';
-import type { DiskCheck } from './disk.ts';
+import type { DiskCheck, ImageFsSpace } from './disk.ts';
 import { estimateBatch, noSpaceMessage, roomBelowWatermark, type ImageSizes, type SetEstimate, type SizeEstimator } from './estimate.ts';
 import type { Plan, WantedImage } from './plan.ts';
 import type { ImagePuller } from './puller.ts';
@@ -48,6 +48,8 @@ export class PullAdmission {
   /** Per set key: the estimated disk of its images still to download, kept until they are all present. */
   readonly estimates = new Map<string, SetEstimate>();
   private early: Promise<string | null> | undefined;
+  /** The room below the watermark, measured at the start of this reconcile when something may be downloaded. */
+  private measuring: Promise<ImageFsSpace | null> | undefined;
   /** The digests the runtime held at the last reconcile. */
   private lastHeld: ReadonlySet<string> = new Set();
   private prefetched: Promise<Map<string, ImageSizes>> | undefined;
@@ -64,12 +66,14 @@ export class PullAdmission {
    * no rollout slot limits.
    */
   prepare(plan: Plan, knownPresent: ReadonlySet<string>, runtime: Promise<RuntimeSnapshot>, signal: AbortSignal): void {
-    this.early = this.prefetched = undefined;
+    this.early = this.prefetched = this.measuring = undefined;
     if (!plan.wanted.some((w) => !knownPresent.has(w.key))) return;
     this.early = this.o.diskCheck?.problem();
     this.early?.catch(() => {});
     const estimator = this.o.sizeEstimator;
     if (!estimator || !this.watermarkApplies()) return;
+    this.measuring = this.o.diskCheck?.space();
+    this.measuring?.catch(() => {});
     this.prefetched = runtime.then((r) => {
       if (r.error) return new Map<string, ImageSizes>();
       const held = r.heldDigests();
@@ -151,8 +155,8 @@ export class PullAdmission {
     if (download.length === 0) return null;
     const refs = [...new Set(download.map((w) => w.reference.reference))];
     const check = this.watermarkApplies() ? this.o.diskCheck : null;
-    // The room below the watermark is measured while the sizes are asked for.
-    const measuring = check?.space();
+    // The room below the watermark: measured when this reconcile started (while the sizes were asked for), or now.
+    const measuring = check ? (this.measuring ?? check.space()) : undefined;
     measuring?.catch(() => {});
     const sizes = await this.sizes(refs, signal);
     checkpoint(signal);
