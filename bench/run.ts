@@ -191,6 +191,8 @@ interface PullRun {
   /** The whole `pinset agent --once` process, start-up included. */
   agentProcessMs?: number;
   bareMs?: number;
+  /** The bare loop's own CPU time (the benchmark process, user + system) over its loop. */
+  bareCpuMs?: number;
 }
 
 /**
@@ -280,7 +282,7 @@ async function listRepoDigests(endpoint: string): Promise<string[]> {
  * measure a containerd that has pulled one image a moment before (its
  * pulls are then slower than a containerd's first: BENCHMARKS.md, section 1).
  */
-async function barePullRun(mirrors: Record<string, string>, refs: string[], parallel: number, warmRef?: string): Promise<PullRun> {
+async function barePullRun(mirrors: Record<string, string>, refs: string[], parallel: number, warmRef?: string, ownProcess = false): Promise<PullRun> {
   const c = await Containerd.start({ mirrors });
   await settle();
   try {
@@ -290,7 +292,14 @@ async function barePullRun(mirrors: Record<string, string>, refs: string[], para
       warm.close();
       await sleep(500);
     }
+    if (ownProcess) {
+      const ctrd0 = cpuMs(c.pid);
+      const { stdout } = await execFileAsync(process.execPath, [...AGENT_NODE_FLAGS, fileURLToPath(new URL('./bare-client.ts', import.meta.url)), c.endpoint, String(parallel), ...refs], { env: { PATH: process.env.PATH, ...AGENT_ENV } });
+      const r = JSON.parse(stdout.trim().split('\n').at(-1)!) as { ms: number; cpuMs: number };
+      return { bareMs: r.ms, bareCpuMs: r.cpuMs, containerdCpuMs: cpuMs(c.pid) - ctrd0 };
+    }
     const t0 = performance.now();
+    const cpu0 = { self: process.cpuUsage(), containerd: cpuMs(c.pid) };
     const cri = new CriClient(c.endpoint);
     let next = 0;
     await Promise.all(
@@ -299,8 +308,10 @@ async function barePullRun(mirrors: Record<string, string>, refs: string[], para
       }),
     );
     const ms = performance.now() - t0;
+    const self = process.cpuUsage(cpu0.self);
+    const containerdCpuMs = cpuMs(c.pid) - cpu0.containerd;
     cri.close();
-    return { bareMs: ms };
+    return { bareMs: ms, bareCpuMs: (self.user + self.system) / 1000, containerdCpuMs };
   } finally {
     await c.stop();
   }
@@ -471,11 +482,11 @@ async function benchPulls(registry: Registry, mirrors: Record<string, string>): 
   const refs = big.map((b) => b.ref);
   const warm = (await pushSingleLayer(registry, 'bench/warm')).ref;
 
-  const byParallel: Record<number, { agent: number[]; agentFirstPull: number[]; change: number[]; changeFirstPull: number[]; agentOnce: number[]; agentReconcile: number[]; agentProcess: number[]; bare: number[] }> = {};
+  const byParallel: Record<number, { agent: number[]; agentFirstPull: number[]; change: number[]; changeFirstPull: number[]; agentOnce: number[]; agentReconcile: number[]; agentProcess: number[]; bare: number[]; agentCpu: number[]; agentContainerdCpu: number[]; bareCpu: number[]; bareContainerdCpu: number[]; child: number[]; childCpu: number[] }> = {};
   for (const p of PARALLELISM) {
-    const b = (byParallel[p] = { agent: [] as number[], agentFirstPull: [] as number[], change: [] as number[], changeFirstPull: [] as number[], agentOnce: [] as number[], agentReconcile: [] as number[], agentProcess: [] as number[], bare: [] as number[] });
+    const b = (byParallel[p] = { agent: [] as number[], agentFirstPull: [] as number[], change: [] as number[], changeFirstPull: [] as number[], agentOnce: [] as number[], agentReconcile: [] as number[], agentProcess: [] as number[], bare: [] as number[], agentCpu: [] as number[], agentContainerdCpu: [] as number[], bareCpu: [] as number[], bareContainerdCpu: [] as number[], child: [] as number[], childCpu: [] as number[] });
     for (let i = 0; i < RUNS; i++) {
-      const order = i % 2 === 0 ? (['agent', 'bare', 'once'] as const) : (['bare', 'agent', 'once'] as const);
+      const order = i % 2 === 0 ? (['agent', 'bare', 'child', 'once'] as const) : (['child', 'bare', 'agent', 'once'] as const);
       for (const who of order) {
         if (who === 'agent') {
           const r = await agentSteadyRun(mirrors, warm, refs, p);
@@ -483,13 +494,22 @@ async function benchPulls(registry: Registry, mirrors: Record<string, string>): 
           b.agentFirstPull.push(r.agentFirstPullMs!);
           b.change.push(r.changeMs!);
           b.changeFirstPull.push(r.changeFirstPullMs!);
+          b.agentCpu.push(r.agentCpuMs!);
+          b.agentContainerdCpu.push(r.containerdCpuMs!);
+        } else if (who === 'child') {
+          const r = await barePullRun(mirrors, refs, p, BARE_WARM ? warm : undefined, true);
+          b.child.push(r.bareMs!);
+          b.childCpu.push(r.bareCpuMs!);
         } else if (who === 'once') {
           const r = await agentPullRun(mirrors, refs, p);
           b.agentOnce.push(r.agentOnceMs!);
           b.agentReconcile.push(r.agentReconcileMs!);
           b.agentProcess.push(r.agentProcessMs!);
         } else {
-          b.bare.push((await barePullRun(mirrors, refs, p, BARE_WARM ? warm : undefined)).bareMs!);
+          const r = await barePullRun(mirrors, refs, p, BARE_WARM ? warm : undefined);
+          b.bare.push(r.bareMs!);
+          b.bareCpu.push(r.bareCpuMs!);
+          b.bareContainerdCpu.push(r.containerdCpuMs!);
         }
       }
     }
@@ -506,6 +526,19 @@ async function benchPulls(registry: Registry, mirrors: Record<string, string>): 
     say(
       `| ${p} | ${median(b.bare).toFixed(0)} | ${median(b.agent).toFixed(0)} | ${(median(b.agent) / median(b.bare)).toFixed(3)} | ${median(b.agentFirstPull).toFixed(0)} | ${pulling.toFixed(0)} | ${(pulling / median(b.bare)).toFixed(3)} | ${median(b.changeFirstPull).toFixed(0)} | ${median(b.change).toFixed(0)} | ${median(b.agentOnce).toFixed(0)} | ${(median(b.agentOnce) / median(b.bare)).toFixed(3)} | ${median(b.agentReconcile).toFixed(0)} | ${median(b.agentProcess).toFixed(0)} |`,
     );
+  }
+  say('\nThe bare loop as a process of its own with the agent\'s Node.js flags (bench/bare-client.ts): a client that runs as the agent runs, with none of its code (ms, medians)\n');
+  say('| parallel pulls | bare loop (ms) | bare loop, own process, agent\'s flags (ms) | its ratio to the bare loop | its client CPU (ms) | running agent: first PullImage to all present (ms) | ratio of that to the own-process loop |');
+  say('|---:|---:|---:|---:|---:|---:|---:|');
+  for (const [p, b] of Object.entries(byParallel)) {
+    const pulling = median(b.agent.map((a, i) => a - b.agentFirstPull[i]!));
+    say(`| ${p} | ${median(b.bare).toFixed(0)} | ${median(b.child).toFixed(0)} | ${(median(b.child) / median(b.bare)).toFixed(3)} | ${median(b.childCpu).toFixed(0)} | ${pulling.toFixed(0)} | ${(pulling / median(b.child)).toFixed(3)} |`);
+  }
+  say('\nCPU time (ms, medians): the client, and containerd, over each run (the running agent: from the set written to its reconcile\'s end, so its estimate, pin file and verification are in; /proc, 10 ms ticks)\n');
+  say('| parallel pulls | bare loop: client | bare loop: containerd | running agent | running agent: containerd |');
+  say('|---:|---:|---:|---:|---:|');
+  for (const [p, b] of Object.entries(byParallel)) {
+    say(`| ${p} | ${median(b.bareCpu).toFixed(0)} | ${median(b.bareContainerdCpu).toFixed(0)} | ${median(b.agentCpu).toFixed(0)} | ${median(b.agentContainerdCpu).toFixed(0)} |`);
   }
   return Object.fromEntries(
     Object.entries(byParallel).map(([p, b]) => [
