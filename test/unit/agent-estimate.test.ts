@@ -188,7 +188,8 @@ describe('the agent estimates before pulling', () => {
   test('no look ahead for a change to nothing that may download, nor for a trigger that is not a change of the sets', async () => {
     usage = { size: 100 * GiB, available: (100 - 50) * GiB };
     const { agent: a, staticDir } = await agent([APP, DB], 600_000);
-    const settle = () => new Promise((r) => setTimeout(r, 100));
+    // Long enough for a look ahead (a few ms here) on a slow machine.
+    const settle = () => new Promise((r) => setTimeout(r, 300));
     const set = (name: string, ref: string) => `apiVersion: pinset.dev/v1alpha1\nkind: PinnedImageSet\nmetadata: {name: ${name}}\nspec:\n  pinnedImages:\n  - name: ${ref}\n`;
     try {
       await a.reconcile();
