@@ -1,6 +1,7 @@
 // `pinset agent`'s flags: each with its environment-variable twin, a
 // default and one line of help (src/util/flags.ts reads them; the README's
 // table says the same).
+import { minWatchTimeoutFlag } from '../api/list-watch.ts';
 import { DEFAULT_SLOT_NAMESPACE } from '../rollout/slots.ts';
 import type { FlagSpec } from '../util/flags.ts';
 import { DEFAULT_DISK_ESTIMATE_FACTOR } from './estimate.ts';
@@ -49,13 +50,7 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
   { name: 'resync-interval', env: 'PINSET_RESYNC_INTERVAL', type: 'duration', default: '5m', help: 'full reconcile at least this often' },
   { name: 'presence-check-interval', env: 'PINSET_PRESENCE_CHECK_INTERVAL', type: 'duration', default: '30s', help: 'between reconciles, ask the runtime this often (one ListImages) whether pinned images are still there' },
   { name: 'reload-confirm-timeout', env: 'PINSET_RELOAD_CONFIRM_TIMEOUT', type: 'duration', default: '5s', help: 'how long CRI-O may take to apply a reload before it counts as not applied (and is retried)' },
-  {
-    name: 'min-watch-timeout',
-    env: 'PINSET_MIN_WATCH_TIMEOUT',
-    type: 'duration',
-    default: '10m',
-    help: 'each API watch asks the server to end it after a random time between this and twice this, then resumes (2 watches: about 8 requests an hour)',
-  },
+  minWatchTimeoutFlag(' (2 watches: about 8 requests an hour)'),
   { name: 'metrics-addr', env: 'PINSET_METRICS_ADDR', type: 'string', default: '0.0.0.0:9402', allowEmpty: true, help: 'host:port for /healthz, /readyz and /metrics ("" disables)' },
   { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['trace', 'debug', 'info', 'warn', 'error', 'fatal'], help: 'log level' },
   { name: 'once', env: 'PINSET_ONCE', type: 'bool', default: false, help: 'one full reconcile, then exit 0 if every selected set is Ready, 1 if not (or a static file cannot be read); one JSON line per set on stdout' },

@@ -4,6 +4,7 @@ import { existsSync } from 'node:fs';
 import { hostname } from 'node:os';
 import * as path from 'node:path';
 import { parseLabelList } from '../api/selector.ts';
+import { minWatchTimeoutMs } from '../api/list-watch.ts';
 import type { NodeSetStatus } from '../api/types.ts';
 import { helpText, parseFlags, UsageError } from '../util/flags.ts';
 import { AGENT_FLAGS } from './agent-flags.ts';
@@ -93,7 +94,7 @@ export async function run(argv: string[]): Promise<number> {
   }
   const maxParallel = Number(f['max-parallel-pulls']);
   if (maxParallel < 1) throw new UsageError('--max-parallel-pulls must be at least 1');
-  if (Number(f['min-watch-timeout']) < 1000) throw new UsageError('--min-watch-timeout must be at least 1s');
+  const minWatchTimeout = minWatchTimeoutMs(f);
   const slotLeaseMs = Number(f['rollout-lease-duration']);
   // A Lease stores whole seconds, and the slot is renewed every third of it.
   if (slotLeaseMs < 3_000) throw new UsageError('--rollout-lease-duration must be at least 3s');
@@ -153,7 +154,7 @@ export async function run(argv: string[]): Promise<number> {
   let rolloutGate: RolloutGate | null = null;
   if (kc && kubeModules) {
     const { KubeObserver, AGENT_FIELD_MANAGER, NodeAnnotationSink, NodeEventRecorder, clientNodeLeaseApi, LeaseRolloutSlots } = kubeModules;
-    const observer = new KubeObserver(kc, nodeName, logger, (why) => agent?.trigger(why, true), { minWatchTimeoutMs: Number(f['min-watch-timeout']) });
+    const observer = new KubeObserver(kc, nodeName, logger, (why) => agent?.trigger(why, true), { minWatchTimeoutMs: minWatchTimeout });
     kube = observer;
     reporter = new StatusReporter(new NodeAnnotationSink(kc, nodeName), { logger, progressIntervalMs });
     events = new NodeEventRecorder(kc, nodeName, () => observer.currentNode()?.metadata?.uid, logger);

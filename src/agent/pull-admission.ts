@@ -127,7 +127,10 @@ export class PullAdmission {
     return { pulling: diskProblem ? admitted.pulls.filter(isName) : admitted.pulls, waits: admitted.waits, unenforced: admitted.unenforced };
   }
 
-  /** An estimate is shown while its set still has images to download. */
+  /**
+   * At the end of a reconcile: an estimate is shown while its set still has
+   * images to download; what the runtime held is kept for the next look ahead.
+   */
   forgetDone(plan: Plan, runtime: RuntimeSnapshot): void {
     if (runtime.error) return;
     this.lastHeld = runtime.heldDigests();

@@ -3,6 +3,7 @@
 import { hostname } from 'node:os';
 import type { KubeConfig } from '@kubernetes/client-node';
 import { loadClientKubeConfig } from '../api/kubeconfig.ts';
+import { minWatchTimeoutFlag, minWatchTimeoutMs } from '../api/list-watch.ts';
 import { helpText, parseFlags, UsageError, type FlagSpec } from '../util/flags.ts';
 import { createLogger } from '../util/log.ts';
 import { SetStatusController } from './controller.ts';
@@ -27,13 +28,7 @@ export const CONTROLLER_FLAGS: readonly FlagSpec[] = [
     allowEmpty: true,
     help: 'listen address for /healthz, /readyz and /metrics; "" disables',
   },
-  {
-    name: 'min-watch-timeout',
-    env: 'PINSET_MIN_WATCH_TIMEOUT',
-    type: 'duration',
-    default: '10m',
-    help: 'each API watch asks the server to end it after a random time between this and twice this, then resumes',
-  },
+  minWatchTimeoutFlag(),
   { name: 'debounce', env: 'PINSET_CONTROLLER_DEBOUNCE', type: 'duration', default: '500ms', help: 'changes within this window are rolled up together' },
   { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['debug', 'info', 'warn', 'error'], help: 'log level' },
 ];
@@ -63,7 +58,7 @@ export async function run(argv: string[]): Promise<number> {
       throw new UsageError(`--metrics-addr: ${(err as Error).message}`);
     }
   }
-  if ((values['min-watch-timeout'] as number) < 1000) throw new UsageError('--min-watch-timeout must be at least 1s');
+  const minWatchTimeout = minWatchTimeoutMs(values);
   const identity = values.identity as string;
   if (!identity) throw new UsageError('--identity (or POD_NAME) must not be empty');
 
@@ -82,7 +77,7 @@ export async function run(argv: string[]): Promise<number> {
     log,
     metrics,
     debounceMs: values.debounce as number,
-    minWatchTimeoutMs: values['min-watch-timeout'] as number,
+    minWatchTimeoutMs: minWatchTimeout,
   });
   let server: Awaited<ReturnType<typeof startHealthServer>> | undefined;
   if (metricsAddr) {
