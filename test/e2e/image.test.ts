@@ -10,19 +10,23 @@
 // /etc/crio/crio.conf.d. Last, the containerd overlay's DaemonSet
 // (deploy/containerd) on containerd 1.7: pins through image labels.
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import { mkdir, mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
 import { stringify as dumpYaml } from 'yaml';
 import type { NodeSetStatus, PinnedImageSet } from '../../src/api/types.ts';
-import { missingComponents, requireComponents, type ComponentName } from '../support/components.ts';
+import { findBinary, missingComponents, requireComponents, type ComponentName } from '../support/components.ts';
 import { Containerd, containerdComponent, CriClient } from '../support/containerd.ts';
 import { pushMultiLayer, pushSingleLayer, type PushedImage } from '../support/images.ts';
 import { readPinFile } from '../support/agent-process.ts';
-import { requireImage, runImage, type ContainerRun } from '../support/pinset-image.ts';
+import { IMAGE, requireImage, runImage, runtimeArgs, ulimitArgs, type ContainerRun } from '../support/pinset-image.ts';
+import { crunRefuses, describeCgroups, hostCgroups, hostOciRuntime } from '../support/oci-runtime.ts';
 import { Registry } from '../support/registry.ts';
 
+const execFileP = promisify(execFile);
 const NEEDS: ComponentName[] = ['containerd', 'runc', 'docker-registry', 'podman'];
 const NODE = 'image-node';
 
@@ -100,6 +104,27 @@ describe('pinset agent from the image, on containerd', () => {
       readOnly: opts.readOnly,
     });
   }
+
+  test("the image runs with the OCI runtime chosen for this host's cgroup layout, which says which", async (t) => {
+    if (!requireComponents(t, NEEDS) || !(await requireImage(t))) return;
+    const oci = hostOciRuntime();
+    assert.ok(oci.runtime, oci.runtime ? '' : oci.problem);
+    const cgroups = hostCgroups();
+    t.diagnostic(`OCI runtime: ${oci.why}`);
+    if (crunRefuses(cgroups)) assert.notEqual(oci.runtime, 'crun', describeCgroups(cgroups));
+    // A container kept after it ends, so podman can say which runtime ran it.
+    const podman = findBinary('podman')!;
+    const name = `pinset-test-runtime-${process.pid}`;
+    try {
+      await execFileP(podman, [...runtimeArgs(), 'create', '--name', name, ...ulimitArgs(), '--network', 'none', '--read-only', '--cap-drop', 'all', IMAGE, '--help']);
+      const { stdout } = await execFileP(podman, ['start', '--attach', name]);
+      assert.match(stdout, /usage: pinset <command>/, 'pinset --help printed its usage');
+      const { stdout: ran } = await execFileP(podman, ['inspect', '--format', '{{.OCIRuntime}} {{.State.ExitCode}}', name]);
+      assert.equal(ran.trim(), `${oci.path} 0`, 'podman ran it with the chosen runtime, and it exited 0');
+    } finally {
+      await execFileP(podman, ['rm', '--force', '--ignore', name]).catch(() => {});
+    }
+  });
 
   test("the DaemonSet's mounts: the set Ready, the images in containerd, the pin file in the node's drop-in folder", async (t) => {
     if (!requireComponents(t, NEEDS) || !(await requireImage(t))) return;

@@ -4,7 +4,8 @@
 // .cache/image/image.json) for whatever loads it elsewhere (`skopeo copy
 // oci:.cache/image/oci:dev docker://...`). Tests run it with podman, as the
 // DaemonSet runs it: uid 0, no capabilities, a read-only root file system,
-// host paths mounted. Under CI (.ci/setup builds it) a missing or stale
+// host paths mounted, with the OCI runtime chosen for the host's cgroup
+// layout (./oci-runtime.ts: runc, which runs on every layout). Under CI (.ci/setup builds it) a missing or stale
 // image fails the test; elsewhere the test is skipped, saying how to build it.
 import { execFile, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -14,6 +15,7 @@ import type { TestContext } from 'node:test';
 import { promisify } from 'node:util';
 import { sourceHash, ROOT } from '../../scripts/build.ts';
 import { findBinary, isCI, missingMessage, trackChild } from './components.ts';
+import { hostOciRuntime } from './oci-runtime.ts';
 
 const run = promisify(execFile);
 
@@ -35,6 +37,8 @@ async function findImageProblem(): Promise<string | null> {
   const podman = findBinary('podman');
   if (!podman) return missingMessage(['podman']);
   if (process.getuid?.() !== 0) return 'running the image needs root here (its storage is the system one): run the end-to-end tests as root';
+  const oci = hostOciRuntime();
+  if (!oci.runtime) return oci.problem;
   try {
     await run(podman, ['image', 'exists', IMAGE]);
   } catch {
@@ -43,7 +47,7 @@ async function findImageProblem(): Promise<string | null> {
   // What the image's bundle was built from (scripts/build.ts writes it), against the sources here.
   let info: { sourceHash?: string };
   try {
-    const { stdout } = await run(podman, ['run', '--rm', ...ulimitArgs(), '--network', 'none', '--entrypoint', 'cat', IMAGE, '/app/dist/build-info.json']);
+    const { stdout } = await run(podman, [...runtimeArgs(), 'run', '--rm', ...ulimitArgs(), '--network', 'none', '--entrypoint', 'cat', IMAGE, '/app/dist/build-info.json']);
     info = JSON.parse(stdout) as { sourceHash?: string };
   } catch (e) {
     return `cannot read /app/dist/build-info.json from ${IMAGE}: ${(e as Error).message.trim().slice(0, 400)}`;
@@ -66,6 +70,13 @@ export async function requireImage(t: TestContext): Promise<boolean> {
   process.stderr.write(`\n*** SKIPPED image test "${t.name}": ${problem} ***\n\n`);
   t.skip(`SKIPPED: ${problem}`);
   return false;
+}
+
+/** `--runtime <path>` for podman run: the OCI runtime chosen for this host (./oci-runtime.ts). */
+export function runtimeArgs(): string[] {
+  const oci = hostOciRuntime();
+  if (!oci.runtime) throw new Error(oci.problem);
+  return ['--runtime', oci.path];
 }
 
 /**
@@ -113,6 +124,7 @@ export async function runImage(args: string[], opts: RunImageOptions = {}): Prom
   if (!podman) throw new Error(missingMessage(['podman']));
   const name = `pinset-test-${randomBytes(4).toString('hex')}`;
   const argv = [
+    ...runtimeArgs(),
     'run', '--rm', '--name', name,
     '--network', 'host',
     '--user', '0:0',
