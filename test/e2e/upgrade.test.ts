@@ -150,6 +150,7 @@ async function crioNode(): Promise<RollNode> {
       // Every entry of the drop-in folder, each pin file's bytes, and the list CRI-O has loaded.
       const names = (await readdir(node.dropInDir)).sort();
       const files = await Promise.all(names.filter((n) => n.startsWith('99-pinset-')).map(async (n) => [n, await readFile(path.join(node.dropInDir, n), 'utf8')]));
+      if (files.length !== 1) throw new Error(`the drop-in folder holds ${files.length} pin files, not one: ${names.join(', ')}`);
       return { pinned, state: JSON.stringify({ names, files, loaded: node.crio.pinnedPatterns() }) };
     },
     mark: () => void (marked = counts()),
@@ -201,6 +202,8 @@ async function containerdNode(): Promise<RollNode> {
       const recs = list
         .map((r) => ({ name: r.name, pin: r.labels[PIN_LABEL] ?? null, own: r.labels[OWN_LABEL] ?? null, updatedAt: r.updatedAt ? `${r.updatedAt.seconds}.${r.updatedAt.nanos}` : null }))
         .sort((a, b) => a.name.localeCompare(b.name));
+      const labelled = recs.filter((r) => r.pin === 'pinned' && r.own !== null);
+      if (labelled.length !== images.length) throw new Error(`${labelled.length} image records carry pinset's pin labels, not ${images.length}: ${JSON.stringify(recs)}`);
       return { pinned, state: JSON.stringify(recs) };
     },
     mark: () => void (marked = proxy.requests.length),
