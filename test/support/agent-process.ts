@@ -133,6 +133,11 @@ export class AgentProcess {
     );
   }
 
+  /** A process started elsewhere that logs as the agent does (the image's container: `podman run`, attached). */
+  static attach(child: ChildProcess): AgentProcess {
+    return new AgentProcess(child);
+  }
+
   #take(chunk: string): void {
     this.#partial += chunk;
     let nl: number;

@@ -38,6 +38,7 @@ export const COMPONENTS = {
     install: 'bash .ci/containerd-1.7',
   },
   podman: { binary: 'podman', aptPackage: 'podman' },
+  buildah: { binary: 'buildah', aptPackage: 'buildah' },
 } as const satisfies Record<string, Component>;
 
 export type ComponentName = keyof typeof COMPONENTS;

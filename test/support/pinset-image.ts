@@ -14,6 +14,7 @@ import path from 'node:path';
 import type { TestContext } from 'node:test';
 import { promisify } from 'node:util';
 import { sourceHash, ROOT } from '../../scripts/build.ts';
+import { AgentProcess } from './agent-process.ts';
 import { findBinary, isCI, missingMessage, trackChild } from './components.ts';
 import { hostOciRuntime } from './oci-runtime.ts';
 
@@ -111,19 +112,18 @@ export interface RunImageOptions {
   /** The DaemonSet's readOnlyRootFilesystem (default true). */
   readOnly?: boolean;
   timeoutMs?: number;
+  /** The image to run; default IMAGE. */
+  image?: string;
 }
 
 /**
  * `podman run` of the image with `args` after its ENTRYPOINT, as the
  * DaemonSet's container runs: uid 0, every capability dropped, no privilege
  * escalation, a read-only root file system, the host's network (as the
- * agent reaches a loopback registry). Removed afterwards, also on timeout.
+ * agent reaches a loopback registry).
  */
-export async function runImage(args: string[], opts: RunImageOptions = {}): Promise<ContainerRun> {
-  const podman = findBinary('podman');
-  if (!podman) throw new Error(missingMessage(['podman']));
-  const name = `pinset-test-${randomBytes(4).toString('hex')}`;
-  const argv = [
+function runArgv(name: string, args: string[], opts: RunImageOptions): string[] {
+  return [
     ...runtimeArgs(),
     'run', '--rm', '--name', name,
     '--network', 'host',
@@ -134,10 +134,22 @@ export async function runImage(args: string[], opts: RunImageOptions = {}): Prom
     ...ulimitArgs(),
     ...(opts.volumes ?? []).flatMap((v) => ['--volume', v]),
     ...Object.entries(opts.env ?? {}).flatMap(([k, v]) => ['--env', `${k}=${v}`]),
-    IMAGE,
+    opts.image ?? IMAGE,
     ...args,
   ];
-  const child = spawn(podman, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
+}
+
+function podmanBinary(): string {
+  const podman = findBinary('podman');
+  if (!podman) throw new Error(missingMessage(['podman']));
+  return podman;
+}
+
+/** Runs the image to its end (see runArgv); removed afterwards, also on timeout. */
+export async function runImage(args: string[], opts: RunImageOptions = {}): Promise<ContainerRun> {
+  const podman = podmanBinary();
+  const name = `pinset-test-${randomBytes(4).toString('hex')}`;
+  const child = spawn(podman, runArgv(name, args, opts), { stdio: ['ignore', 'pipe', 'pipe'] });
   trackChild(child);
   let stdout = '';
   let stderr = '';
@@ -160,4 +172,91 @@ export async function runImage(args: string[], opts: RunImageOptions = {}): Prom
     // The container, should podman have been killed before it removed it.
     await run(podman, ['rm', '--force', '--ignore', '--time', '0', name]).catch(() => {});
   }
+}
+
+/**
+ * The image run as the kubelet runs the DaemonSet's container, until it is
+ * stopped: `agent` logs (JSON lines on stdout) parsed as they arrive
+ * (AgentProcess), stopped as the kubelet stops a pod (the stop signal,
+ * SIGTERM, then SIGKILL once the grace period has passed: `podman stop
+ * --time`) or killed at once (SIGKILL, no stop hook at all).
+ */
+export class ImageContainer {
+  readonly name: string;
+  readonly image: string;
+  /** The `podman run` process, attached to the container: its log lines, its exit status (the container's). */
+  readonly process: AgentProcess;
+
+  private constructor(name: string, image: string, process: AgentProcess) {
+    this.name = name;
+    this.image = image;
+    this.process = process;
+  }
+
+  static start(args: string[], opts: Omit<RunImageOptions, 'timeoutMs'> = {}): ImageContainer {
+    const name = `pinset-test-${randomBytes(4).toString('hex')}`;
+    const child = spawn(podmanBinary(), runArgv(name, args, opts), { stdio: ['ignore', 'pipe', 'pipe'] });
+    return new ImageContainer(name, opts.image ?? IMAGE, AgentProcess.attach(child));
+  }
+
+  get running(): boolean {
+    return this.process.running;
+  }
+
+  /** The ID of the image the container runs (podman inspect), once it exists. */
+  async imageId(): Promise<string> {
+    const { stdout } = await run(podmanBinary(), ['container', 'inspect', '--format', '{{.Image}}', this.name]);
+    return stdout.trim();
+  }
+
+  /** As the kubelet stops a pod's container: SIGTERM, SIGKILL after `graceSeconds`. Resolves with the exit status. */
+  async stop(graceSeconds: number): Promise<number | null> {
+    await run(podmanBinary(), ['stop', '--time', String(graceSeconds), this.name], { timeout: (graceSeconds + 30) * 1000 }).catch(() => {});
+    return this.process.exited;
+  }
+
+  /** SIGKILL, as a node's OOM killer or a crash would stop it. Resolves with the exit status. */
+  async kill(): Promise<number | null> {
+    await run(podmanBinary(), ['kill', '--signal', 'KILL', this.name]).catch(() => {});
+    return this.process.exited;
+  }
+
+  /** Gone, whatever state it is in. Safe to call twice. */
+  async remove(): Promise<void> {
+    await run(podmanBinary(), ['rm', '--force', '--ignore', '--time', '0', this.name]).catch(() => {});
+    if (this.process.running) this.process.child.kill('SIGKILL');
+    await this.process.exited;
+  }
+}
+
+/**
+ * A build of the image apart from IMAGE: a working container from it, one
+ * label, committed under `tag` (buildah). Its image ID differs from
+ * IMAGE's and from any other such build's; the bundle inside is the same.
+ * Remove it with removeImage().
+ */
+export async function buildVariant(tag: string, label: Record<string, string>): Promise<string> {
+  const buildah = findBinary('buildah');
+  if (!buildah) throw new Error(missingMessage(['buildah']));
+  const { stdout: ctr } = await run(buildah, ['from', '--pull-never', '--quiet', IMAGE]);
+  const container = ctr.trim();
+  try {
+    await run(buildah, ['config', ...Object.entries(label).flatMap(([k, v]) => ['--label', `${k}=${v}`]), container]);
+    const { stdout: id } = await run(buildah, ['commit', '--quiet', container, tag]);
+    return id.trim();
+  } finally {
+    await run(buildah, ['rm', container]).catch(() => {});
+  }
+}
+
+/** Removes a tag this test process made (never IMAGE). */
+export async function removeImage(tag: string): Promise<void> {
+  if (tag === IMAGE) throw new Error(`refusing to remove ${IMAGE}: other tests use it`);
+  await run(podmanBinary(), ['rmi', '--ignore', tag]).catch(() => {});
+}
+
+/** The tags of a repository in the local storage (`localhost/name`), e.g. to find what an earlier run left behind. */
+export async function imageTags(repository: string): Promise<string[]> {
+  const { stdout } = await run(podmanBinary(), ['images', '--format', '{{.Repository}}:{{.Tag}}', '--filter', `reference=${repository}`]);
+  return stdout.split('\n').filter((l) => l.startsWith(`${repository}:`));
 }
