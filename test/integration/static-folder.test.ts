@@ -6,6 +6,7 @@
 // unrewritten throughout, and CRI-O (the stand-in) keeps the images pinned.
 import { afterEach, beforeEach, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { mkdirSync, rmSync, symlinkSync } from 'node:fs';
 import { mkdir, rename, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { readPinFile, runAgentOnce } from '../support/agent-process.ts';
@@ -55,6 +56,20 @@ describe('the static folder', () => {
     const written = await stat(pinFile.file);
 
     const file = join(dir, 'cm.yaml');
+    // The file's name taken over in one rename: a reconcile between a
+    // removal and what replaces it would see the name gone, rightly, and
+    // remove the set.
+    // A folder cannot take a file's place in one rename, nor a file a
+    // folder's: those two changes are made by synchronous calls, one right
+    // after the other.
+    const replaceWithLink = async (target: string) => {
+      await symlink(target, join(dir, '.next-link'));
+      await rename(join(dir, '.next-link'), file);
+    };
+    const replaceWithText = async (text: string) => {
+      await writeFile(join(dir, '.next-text'), text);
+      await rename(join(dir, '.next-text'), file);
+    };
     const breakages: { name: string; breakIt: () => Promise<void>; error: RegExp }[] = [
       {
         name: 'link target gone',
@@ -65,41 +80,39 @@ describe('the static folder', () => {
       {
         name: 'link loop',
         breakIt: async () => {
-          await rm(file);
-          await symlink('loop.yml.d', file);
           await symlink('cm.yaml', join(dir, 'loop.yml.d'));
+          await replaceWithLink('loop.yml.d');
         },
         error: /loop of symbolic links \(ELOOP\)/,
       },
       {
         name: 'replaced by a folder',
         breakIt: async () => {
-          await rm(file);
-          await mkdir(file);
+          rmSync(file);
+          mkdirSync(file);
         },
         error: /it is a folder, not a file/,
       },
       {
         name: 'I/O error',
         breakIt: async () => {
-          await rm(file, { recursive: true });
-          await symlink('/proc/self/mem', file);
+          rmSync(file, { recursive: true });
+          symlinkSync('/proc/self/mem', file);
         },
         error: /an I\/O error \(EIO\)/,
       },
       {
         name: 'alias bomb',
         breakIt: async () => {
-          await rm(file);
           const lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]'];
           for (const [i, c] of [...'bcdefghi'].entries()) lines.push(`${c}: &${c} [${Array(9).fill(`*${'abcdefghi'[i]}`).join(',')}]`);
-          await writeFile(file, lines.join('\n') + '\n');
+          await replaceWithText(lines.join('\n') + '\n');
         },
         error: /Excessive alias count/,
       },
       {
         name: 'unresolved alias',
-        breakIt: () => writeFile(file, 'apiVersion: pinset.dev/v1alpha1\nkind: PinnedImageSet\nmetadata: *nowhere\n'),
+        breakIt: () => replaceWithText('apiVersion: pinset.dev/v1alpha1\nkind: PinnedImageSet\nmetadata: *nowhere\n'),
         error: /Unresolved alias/,
       },
     ];
@@ -123,14 +136,16 @@ describe('the static folder', () => {
     assert.equal(warned.length, breakages.length, JSON.stringify(warned.map((l) => l.err)));
 
     // Readable again, with new content: it applies.
-    await writeFile(file, yamlOf(setObject('cm', [CM2])));
+    await replaceWithText(yamlOf(setObject('cm', [CM2])));
     await bed.waitForSet('cm', (x) => ready(x) && x.images.wanted === 1, 'Ready again');
     await bed.api.waitFor(async () => (await readPinFile(bed.node.dropInDir))?.pins.join() === [CM2, OTHER].sort().join(), 20_000, 'the new content pinned');
     assert.equal(bed.node.crio.image(CM2)?.pinned, true);
 
     // Broken again, then its name removed from the folder: now, and only now, its set goes.
-    await rm(file);
-    await mkdir(file);
+    // In one rename (a link to a folder takes the file's place): a reconcile
+    // between a removal and a mkdir would see the name gone, rightly.
+    await mkdir(join(dir, 'held-target.d'));
+    await replaceWithLink('held-target.d');
     await bed.waitForSet('cm', (x) => x.reason === 'StaticFileUnreadable', 'held again');
     await rm(file, { recursive: true });
     await bed.api.waitFor(() => bed.status() && !bed.setStatus('cm'), 20_000, 'the set leaves the status');
