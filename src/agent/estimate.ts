@@ -11,6 +11,7 @@
 // asks the registries (sizes kept per digest reference, so a resync asks
 // nothing again); MemorySizeEstimator is its in-memory twin for tests.
 import type { Logger } from 'pino';
+import { containerdNeedsHostTable } from '../containerd/versions.ts';
 import type { CredentialSource } from '../registry/credentials.ts';
 import { formatBytes } from '../registry/size.ts';
 import type { ImageSizes, SizeEstimator } from '../registry/size-estimator.ts';
@@ -94,18 +95,22 @@ export function noSpaceMessage(neededBytes: number, roomBytes: number, watermark
   );
 }
 
+export type MirrorConfig = { containerdHosts: string | undefined; hostTableRequired: boolean } | 'registries.conf';
+
 /**
  * Where the agent's size estimate learns the node's mirrors: containerd's
  * registry hosts where the runtime is containerd (its default folder
  * unless --containerd-hosts-dir names one) or wherever that flag is given;
  * registries.conf otherwise (CRI-O reads it). On a containerd node the
  * hosts are what containerd pulls through, so registries.conf (podman's,
- * maybe) is not read there. Before the runtime has answered, --pin-backend
- * containerd counts as containerd.
+ * maybe) is not read there. The hosts are read as the runtime's version
+ * reads them. Before the runtime has answered, --pin-backend containerd
+ * counts as containerd.
  */
-export function mirrorConfigFor(runtimeName: string | undefined, containerdHostsDir: string | undefined): { containerdHosts: string | undefined } | 'registries.conf' {
-  if (containerdHostsDir) return { containerdHosts: containerdHostsDir };
-  return runtimeName?.toLowerCase() === 'containerd' ? { containerdHosts: undefined } : 'registries.conf';
+export function mirrorConfigFor(runtime: { name?: string; version?: string }, containerdHostsDir: string | undefined): MirrorConfig {
+  const containerd = runtime.name?.toLowerCase() === 'containerd';
+  if (!containerdHostsDir && !containerd) return 'registries.conf';
+  return { containerdHosts: containerdHostsDir, hostTableRequired: containerd && containerdNeedsHostTable(runtime.version ?? '') };
 }
 
 export interface LazyEstimatorOptions {
@@ -115,8 +120,8 @@ export interface LazyEstimatorOptions {
   dir: string;
   /** --containerd-hosts-dir. */
   containerdHostsDir?: string;
-  /** The runtime's name from CRI Version; undefined until it answers. */
-  runtimeName: () => string | undefined;
+  /** The runtime's name and version from CRI Version; unset until it answers. */
+  runtime: () => { name?: string; version?: string };
   logger: Logger;
 }
 
@@ -130,7 +135,7 @@ export interface LazyEstimatorOptions {
  */
 export function lazyRegistrySizeEstimator(opts: LazyEstimatorOptions): SizeEstimator {
   const made = new Map<string, Promise<SizeEstimator>>();
-  const make = async (config: ReturnType<typeof mirrorConfigFor>) => {
+  const make = async (config: MirrorConfig) => {
     // Loaded here, not at start: the registry client (undici) costs memory a node without downloads never needs.
     const [{ RegistrySizeEstimator }, { RegistryClient }, { loadRegistriesConf, RegistriesConf }, { ContainerdHosts, DEFAULT_CONTAINERD_HOSTS_DIR }] = await Promise.all([
       import('../registry/size-estimator.ts'),
@@ -149,7 +154,10 @@ export function lazyRegistrySizeEstimator(opts: LazyEstimatorOptions): SizeEstim
       }
     } else {
       const dir = config.containerdHosts ?? DEFAULT_CONTAINERD_HOSTS_DIR;
-      containerdHosts = new ContainerdHosts(dir, { onProblem: (err) => opts.logger.warn({ err }, 'a containerd hosts.toml is unusable; size estimates ask what containerd asks instead') });
+      containerdHosts = new ContainerdHosts(dir, {
+        hostTableRequired: config.hostTableRequired,
+        onProblem: (err) => opts.logger.warn({ err }, 'a containerd hosts.toml is unusable; size estimates ask what containerd asks instead'),
+      });
       opts.logger.info({ containerdHostsDir: dir }, "size estimates ask the registries as containerd does, through its registry hosts");
     }
     // Fewer attempts and a shorter deadline than the commands': a reconcile must not wait long on a registry.
@@ -159,7 +167,7 @@ export function lazyRegistrySizeEstimator(opts: LazyEstimatorOptions): SizeEstim
   };
   return {
     sizes: async (refs, signal) => {
-      const config = mirrorConfigFor(opts.runtimeName(), opts.containerdHostsDir);
+      const config = mirrorConfigFor(opts.runtime(), opts.containerdHostsDir);
       const key = JSON.stringify(config);
       let estimator = made.get(key);
       if (!estimator) made.set(key, (estimator = make(config)));

@@ -173,7 +173,10 @@ export async function run(argv: string[]): Promise<number> {
           file: f['registries-conf'] as string | undefined,
           dir: String(f['registries-conf-dir']),
           containerdHostsDir: f['containerd-hosts-dir'] as string | undefined,
-          runtimeName: () => agent?.runtimeInfo?.runtimeName ?? (f['pin-backend'] === 'containerd' ? 'containerd' : undefined),
+          runtime: () => {
+            const info = agent?.runtimeInfo;
+            return info ? { name: info.runtimeName, version: info.runtimeVersion } : { name: f['pin-backend'] === 'containerd' ? 'containerd' : undefined };
+          },
           logger,
         })
       : null;

@@ -52,6 +52,8 @@ export interface RegistryHosts {
 }
 
 export interface ContainerdHostsOptions {
+  /** Set aside a hosts.toml without [host] tables, as containerd before 1.7.32 does (containerdNeedsHostTable). */
+  hostTableRequired?: boolean;
   /** How long a registry's hosts are used before their files are looked at again. Default 1 s. */
   recheckMs?: number;
   /** Called once per change of a hosts.toml containerd cannot use (it then falls back to the folder's certificate files). */
@@ -101,6 +103,7 @@ async function readTls(e: HostEntry): Promise<HostTls | undefined> {
 export class ContainerdHosts {
   readonly roots: readonly string[];
   private readonly recheckMs: number;
+  private readonly hostTableRequired: boolean;
   private readonly onProblem: (message: string) => void;
   private readonly now: () => number;
   private readonly known = new Map<string, RegistryHosts>();
@@ -110,6 +113,7 @@ export class ContainerdHosts {
   constructor(dirs: string | readonly string[], opts: ContainerdHostsOptions = {}) {
     this.roots = (typeof dirs === 'string' ? dirs.split(':') : dirs).filter((d) => d !== '');
     this.recheckMs = opts.recheckMs ?? 1_000;
+    this.hostTableRequired = opts.hostTableRequired ?? false;
     this.onProblem = opts.onProblem ?? (() => {});
     this.now = opts.now ?? Date.now;
   }
@@ -210,7 +214,7 @@ export class ContainerdHosts {
     let from = file;
     let problem: string | undefined;
     try {
-      entries = text.length > 0 ? parseHostsToml(text, dir) : [await certFileHost(dir)];
+      entries = text.length > 0 ? parseHostsToml(text, dir, { hostTableRequired: this.hostTableRequired }) : [await certFileHost(dir)];
       if (text.length === 0) from = `${dir} (certificate files; no hosts.toml)`;
     } catch (e) {
       if (!(e instanceof HostsTomlError)) throw e;

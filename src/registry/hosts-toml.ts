@@ -18,8 +18,8 @@
 // unknown capability, a value of the wrong type), falls back to Docker's
 // certificate files in it: *.crt are CAs, *.cert with its *.key a client
 // pair. containerd 1.6 and 1.7 before 1.7.32 also refuse a hosts.toml with
-// no [host] table at all; 2.x and 1.7.32 read it (its server alone), and
-// so does pinset.
+// no [host] table at all (its server alone); 2.x and 1.7.32 read it. The
+// caller says which (hostTableRequired), from the runtime's version.
 //
 // Not applied: `dial_timeout` (2.x; pinset's own request deadline applies)
 // and k3s's `rewrite` tables (a k3s addition to its own containerd build).
@@ -139,7 +139,7 @@ function parseHost(server: string, baseDir: string, c: Record<string, unknown>, 
  * [host."<url>"] in file order, then the server (host empty when there is
  * no `server`). `baseDir` is the file's folder (relative paths).
  */
-export function parseHostsToml(text: string, baseDir: string): HostEntry[] {
+export function parseHostsToml(text: string, baseDir: string, opts: { hostTableRequired?: boolean } = {}): HostEntry[] {
   let doc: Record<string, unknown>;
   try {
     doc = parseToml(text) as Record<string, unknown>;
@@ -147,6 +147,9 @@ export function parseHostsToml(text: string, baseDir: string): HostEntry[] {
     throw new HostsTomlError(`not valid TOML: ${(e as Error).message.split('\n')[0]}`);
   }
   if (doc.server !== undefined && typeof doc.server !== 'string') throw new HostsTomlError('server must be a string');
+  if (opts.hostTableRequired && doc.host === undefined) {
+    throw new HostsTomlError('no [host."<url>"] table: containerd before 1.7.32 cannot read a hosts.toml without one (it goes to the registry itself); add the server as a [host] table too, or upgrade containerd');
+  }
   const hosts = doc.host ?? {};
   if (!isTable(hosts)) throw new HostsTomlError('host must be a table of [host."<url>"] tables');
   const out: HostEntry[] = [];

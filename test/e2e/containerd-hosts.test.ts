@@ -20,6 +20,7 @@ import { parse as parseYaml, stringify as dumpYaml } from 'yaml';
 import { run as resolve } from '../../src/cli/resolve.ts';
 import { run as size, type SizeReport } from '../../src/cli/size.ts';
 import { RegistryClient } from '../../src/registry/client.ts';
+import { containerdNeedsHostTable } from '../../src/containerd/versions.ts';
 import { ContainerdHosts } from '../../src/registry/containerd-hosts.ts';
 import { parseImageName, type ImageName } from '../../src/registry/names.ts';
 import { formatBytes } from '../../src/registry/size.ts';
@@ -130,6 +131,23 @@ describe('containerd 1.7 and pinset ask the same hosts', () => {
     assert.deepEqual(byPinset, byContainerd, 'pinset asked each host what containerd asked it');
   });
 
+  test('a hosts.toml with a server and no [host] table: containerd 1.7.24 sets it aside and goes to the registry itself, and so does pinset told that version', async (t) => {
+    if (!requireComponents(t, NEEDS_CONTAINERD) || !ready) return;
+    const mirror = await CountingProxy.start(registry.url);
+    proxies.push(mirror);
+    const img = await pushSingleLayer(registry, 'server-only/app', { host: 'server-only.test' });
+    await hostsToml(containerd.certsDir, 'server-only.test', { server: `http://${mirror.hostPort}` });
+    await assert.rejects(cri.pullImage(img.ref), /failed to resolve reference .*Head "https:\/\/server-only\.test\/v2\/server-only\/app\/manifests\//);
+    assert.deepEqual(mirror.requests, [], 'containerd did not use the server');
+    const problems: string[] = [];
+    const asThisVersion = new ContainerdHosts(containerd.certsDir, { hostTableRequired: containerdNeedsHostTable(await containerd.version()), onProblem: (m) => problems.push(m) });
+    const sources = await asThisVersion.sources(name(img.ref));
+    assert.deepEqual(sources.map((s) => `${s.connection!.schemes[0]}://${s.host}`), ['https://server-only.test']);
+    assert.match(problems.join('\n'), /server-only\.test\/hosts\.toml: no \[host\."<url>"\] table: containerd before 1\.7\.32 cannot read/);
+    // As 2.x and 1.7.32 read it: the server.
+    assert.deepEqual((await new ContainerdHosts(containerd.certsDir).sources(name(img.ref))).map((s) => s.host), [mirror.hostPort]);
+  });
+
   test('where they differ: containerd fetches content by digest from every host in order, even one without "pull" (its fetcher does not filter); pinset asks only hosts that may pull', async (t) => {
     if (!requireComponents(t, NEEDS_CONTAINERD) || !ready) return;
     const noPull = await trap();
@@ -197,7 +215,7 @@ describe('pinset agent --once on containerd: a hosts.toml mirror feeds the disk 
     if (work) await rm(work, { recursive: true, force: true });
   });
 
-  test('the estimate asks the mirror hosts.toml names (air-gapped.test does not exist, its server does not answer): NoSpace with the figure, pins kept; with room, containerd pulls through the same mirror', async (t) => {
+  test('the estimate asks the mirror hosts.toml names (air-gapped.test does not exist, its server does not answer): NoSpace with the figure, nothing pulled; with room, containerd pulls through the same mirror', async (t) => {
     if (!requireComponents(t, NEEDS_CONTAINERD)) return;
     if (typeof imageFs === 'string') return t.skip(imageFs);
     assert.ok(ready);

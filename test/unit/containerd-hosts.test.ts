@@ -9,6 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { mirrorConfigFor } from '../../src/agent/estimate.ts';
+import { containerdNeedsHostTable } from '../../src/containerd/versions.ts';
 import { ContainerdHosts, ContainerdHostsError } from '../../src/registry/containerd-hosts.ts';
 import { hostDirectory, hostPaths, parseHostsToml, withDefaultHost, type HostEntry } from '../../src/registry/hosts-toml.ts';
 import { parseImageName, type ImageName } from '../../src/registry/names.ts';
@@ -314,10 +315,26 @@ describe('fallbacks and changes', () => {
 
 describe("the agent's choice of mirrors", () => {
   test('containerd: its hosts (the default folder unless one is named); CRI-O or not known yet: registries.conf; a named folder always', () => {
-    assert.deepEqual(mirrorConfigFor('containerd', undefined), { containerdHosts: undefined });
-    assert.deepEqual(mirrorConfigFor('containerd', '/var/lib/rancher/k3s/agent/etc/containerd/certs.d'), { containerdHosts: '/var/lib/rancher/k3s/agent/etc/containerd/certs.d' });
-    assert.equal(mirrorConfigFor('cri-o', undefined), 'registries.conf');
-    assert.equal(mirrorConfigFor(undefined, undefined), 'registries.conf');
-    assert.deepEqual(mirrorConfigFor('cri-o', '/etc/containerd/certs.d'), { containerdHosts: '/etc/containerd/certs.d' });
+    assert.deepEqual(mirrorConfigFor({ name: 'containerd', version: '2.1.5' }, undefined), { containerdHosts: undefined, hostTableRequired: false });
+    const k3s = '/var/lib/rancher/k3s/agent/etc/containerd/certs.d';
+    assert.deepEqual(mirrorConfigFor({ name: 'containerd', version: 'v1.7.36-k3s1' }, k3s), { containerdHosts: k3s, hostTableRequired: false });
+    assert.equal(mirrorConfigFor({ name: 'cri-o', version: '1.32.13' }, undefined), 'registries.conf');
+    assert.equal(mirrorConfigFor({}, undefined), 'registries.conf');
+    assert.deepEqual(mirrorConfigFor({ name: 'cri-o' }, '/etc/containerd/certs.d'), { containerdHosts: '/etc/containerd/certs.d', hostTableRequired: false });
+  });
+
+  test("the hosts are read as the runtime's version reads them: before 1.7.32 a hosts.toml without [host] tables is set aside", () => {
+    assert.equal(containerdNeedsHostTable('1.6.20~ds1'), true);
+    assert.equal(containerdNeedsHostTable('1.7.24~ds1'), true);
+    assert.equal(containerdNeedsHostTable('1.7.31'), true);
+    assert.equal(containerdNeedsHostTable('1.7.32'), false);
+    assert.equal(containerdNeedsHostTable('2.0.0'), false);
+    assert.equal(containerdNeedsHostTable('not a version'), false);
+    assert.deepEqual(mirrorConfigFor({ name: 'containerd', version: '1.7.24~ds1' }, undefined), { containerdHosts: undefined, hostTableRequired: true });
+    const serverOnly = 'server = "https://registry.example.com"\n';
+    assert.deepEqual(parseHostsToml(serverOnly, ''), [host('https', 'registry.example.com', '/v2', ALL)]);
+    assert.throws(() => parseHostsToml(serverOnly, '', { hostTableRequired: true }), /no \[host\."<url>"\] table: containerd before 1\.7\.32 cannot read/);
+    // An empty [host] table is enough for them.
+    assert.equal(parseHostsToml(`${serverOnly}[host]\n`, '', { hostTableRequired: true }).length, 1);
   });
 });
