@@ -2,13 +2,16 @@
 // for N image references by tag (default 500) on a loopback registry
 // (distribution 2.8), run as a user runs them: the pinset command in its
 // own process, from start to exit, each run a fresh process (no cache).
+// The registry is reached through registries.conf, and (at the default
+// parallelism) through containerd's registry hosts (--containerd-hosts-dir).
 // Results: printed as Markdown and written to bench/registry-results.json;
 // the figures and the command are in BENCHMARKS.md. Not part of `npm test`.
 import { execFile } from 'node:child_process';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { stringify } from 'smol-toml';
 import { installCommand, missingComponents } from '../test/support/components.ts';
 import { pushSingleLayer } from '../test/support/images.ts';
 import { Registry } from '../test/support/registry.ts';
@@ -53,15 +56,22 @@ async function main(): Promise<void> {
     const conf = path.join(dir, 'registries.conf');
     await writeFile(conf, `[[registry]]\nprefix = "registry.test"\nlocation = "${registry.host}"\ninsecure = true\n`);
     const env = { CONTAINERS_REGISTRIES_CONF: conf, PINSET_REGISTRIES_CONF_DIR: path.join(dir, 'none.d'), REGISTRY_AUTH_FILE: path.join(dir, 'none.json') };
+    const certsD = path.join(dir, 'certs.d');
+    await mkdir(path.join(certsD, 'registry.test'), { recursive: true });
+    await writeFile(path.join(certsD, 'registry.test', 'hosts.toml'), stringify({ server: registry.url, host: { [registry.url]: { capabilities: ['pull', 'resolve'] } } }));
     // Node's own start, for reference: `pinset --help` loads no command.
     const startup: number[] = [];
     for (let r = 0; r < RUNS; r++) startup.push(await timed(['--help'], env));
-    const rows: { command: string; parallel: number; medianMs: number; runsMs: number[] }[] = [];
-    for (const parallel of PARALLEL) {
+    const rows: { command: string; mirrors: string; parallel: number; medianMs: number; runsMs: number[] }[] = [];
+    const modes = [
+      ...PARALLEL.map((parallel) => ({ mirrors: 'registries.conf', parallel, extra: [] as string[] })),
+      { mirrors: 'containerd hosts', parallel: 8, extra: ['--containerd-hosts-dir', certsD] },
+    ];
+    for (const { mirrors, parallel, extra } of modes) {
       for (const command of ['resolve', 'size']) {
         const runs: number[] = [];
-        for (let r = 0; r < RUNS; r++) runs.push(await timed([command, '--parallel', String(parallel), list], env));
-        rows.push({ command, parallel, medianMs: median(runs), runsMs: runs.map((x) => Math.round(x)) });
+        for (let r = 0; r < RUNS; r++) runs.push(await timed([command, '--parallel', String(parallel), ...extra, list], env));
+        rows.push({ command, mirrors, parallel, medianMs: median(runs), runsMs: runs.map((x) => Math.round(x)) });
       }
     }
     const out = {
@@ -75,8 +85,8 @@ async function main(): Promise<void> {
     };
     await writeFile(RESULTS, JSON.stringify(out, null, 2) + '\n');
     process.stdout.write(`\n${N} references by tag, loopback registry, median of ${RUNS} runs (pinset --help alone: ${out.startupMedianMs} ms)\n\n`);
-    process.stdout.write('| command | --parallel | median | runs (ms) |\n|---|---|---|---|\n');
-    for (const r of rows) process.stdout.write(`| pinset ${r.command} | ${r.parallel} | ${(r.medianMs / 1000).toFixed(2)} s | ${r.runsMs.join(', ')} |\n`);
+    process.stdout.write('| command | mirrors from | --parallel | median | runs (ms) |\n|---|---|---|---|---|\n');
+    for (const r of rows) process.stdout.write(`| pinset ${r.command} | ${r.mirrors} | ${r.parallel} | ${(r.medianMs / 1000).toFixed(2)} s | ${r.runsMs.join(', ')} |\n`);
   } finally {
     await registry.stop();
     await rm(dir, { recursive: true, force: true });

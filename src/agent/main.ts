@@ -168,7 +168,17 @@ export async function run(argv: string[]): Promise<number> {
   // The registry client is loaded on the first reconcile that has images to download.
   const sizeEstimator =
     factor > 0 && Number(f['image-fs-high-watermark']) > 0
-      ? lazyRegistrySizeEstimator({ credentials: authFile, file: f['registries-conf'] as string | undefined, dir: String(f['registries-conf-dir']), logger })
+      ? lazyRegistrySizeEstimator({
+          credentials: authFile,
+          file: f['registries-conf'] as string | undefined,
+          dir: String(f['registries-conf-dir']),
+          containerdHostsDir: f['containerd-hosts-dir'] as string | undefined,
+          runtime: () => {
+            const info = agent?.runtimeInfo;
+            return info ? { name: info.runtimeName, version: info.runtimeVersion } : { name: f['pin-backend'] === 'containerd' ? 'containerd' : undefined };
+          },
+          logger,
+        })
       : null;
   const shutdown = async () => {
     await agent?.stop();

@@ -25,6 +25,19 @@ export function parseContainerdVersion(version: string): { major: number; minor:
   return { major: Number(m[1]), minor: Number(m[2]), patch: Number(m[3] ?? 0), prerelease };
 }
 
+/**
+ * Whether a containerd of this version sets aside a hosts.toml without any
+ * [host] table (its `server` alone): 1.6 and 1.7 before 1.7.32 fail to read
+ * one ("invalid `host` tree") and fall back to the folder's certificate
+ * files (containerd/containerd#10004 fixed it for 2.0 and 1.7.32). Unknown
+ * versions are taken to read it.
+ */
+export function containerdNeedsHostTable(version: string): boolean {
+  const v = parseContainerdVersion(version);
+  if (!v || v.major !== 1) return false;
+  return v.minor < 7 || (v.minor === 7 && v.patch < 32);
+}
+
 /** Whether a containerd of this version honours io.cri-containerd.pinned=pinned set after an image is pulled. */
 export function containerdCanPin(version: string): CanPin {
   const v = parseContainerdVersion(version);

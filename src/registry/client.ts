@@ -7,7 +7,9 @@
 //     token used as is), tokens cached per scope until they expire
 //     (https://distribution.github.io/distribution/spec/auth/token/);
 //   - the node's mirrors from registries.conf, tried in order before the
-//     registry itself; a result always names the image by its source name;
+//     registry itself, or containerd's registry hosts with their TLS,
+//     headers and capabilities (./containerd-hosts.ts); a result always
+//     names the image by its source name;
 //   - digest verification of every manifest fetched by digest;
 //   - per-request timeouts, and paced retries (capped exponential backoff
 //     with jitter) of what is transient: connection failures, 429, 5xx;
@@ -37,6 +39,8 @@ import type { PullAuth } from '../cri/runtime.ts';
 import { ANONYMOUS, type CredentialSource } from './credentials.ts';
 import { MANIFEST_ACCEPT, MAX_MANIFEST_BYTES, ManifestError, parseManifest, type Manifest } from './manifest.ts';
 import { formatImageName, manifestReference, type ImageName } from './names.ts';
+import { ContainerdHostsError, type ContainerdHosts } from './containerd-hosts.ts';
+import { connectionOf, sourceUrl, tlsAdvice, withHostHeaders } from './pull-source.ts';
 import { RegistriesConf, RegistriesConfError, type PullSource } from './registries-conf.ts';
 import { Transport } from './transport.ts';
 import { type Answer, AttemptError, type Challenge, describeBody, discard, errorCode, header, isCertificateError, isTlsOrProtocolError, kindOfStatus, MAX_REDIRECTIONS, networkMessage, parseChallenge, readLimited, RegistryError, type RegistryErrorKind, sha256, type SourceFailure, TRANSIENT_STATUS } from './http.ts';
@@ -66,6 +70,8 @@ export interface BlobStream {
 export interface RegistryClientOptions {
   credentials?: CredentialSource;
   registries?: RegistriesConf;
+  /** containerd's registry hosts: used instead of `registries` when given. */
+  containerdHosts?: ContainerdHosts;
   transport?: Transport;
   /** Deadline for one request's answer (headers, and the body of a manifest). Default 30 s. */
   timeoutMs?: number;
@@ -91,6 +97,7 @@ interface CachedToken {
 
 export class RegistryClient {
   readonly registries: RegistriesConf;
+  readonly containerdHosts: ContainerdHosts | undefined;
   private readonly credentials: CredentialSource;
   private readonly transport: Transport;
   private readonly ownsTransport: boolean;
@@ -112,6 +119,7 @@ export class RegistryClient {
 
   constructor(opts: RegistryClientOptions = {}) {
     this.registries = opts.registries ?? RegistriesConf.empty();
+    this.containerdHosts = opts.containerdHosts;
     this.credentials = opts.credentials ?? ANONYMOUS;
     this.ownsTransport = !opts.transport;
     this.transport = opts.transport ?? new Transport();
@@ -204,9 +212,9 @@ export class RegistryClient {
     const image = formatImageName(name);
     let sources: PullSource[];
     try {
-      sources = this.registries.sources(name);
+      sources = this.containerdHosts ? await this.containerdHosts.sources(name) : this.registries.sources(name);
     } catch (e) {
-      if (e instanceof RegistriesConfError) throw new RegistryError('Blocked', image, `${image}: ${e.message}`);
+      if (e instanceof RegistriesConfError || e instanceof ContainerdHostsError) throw new RegistryError('Blocked', image, `${image}: ${e.message}`);
       throw e;
     }
     const failures: SourceFailure[] = [];
@@ -245,7 +253,8 @@ export class RegistryClient {
     opts: { bodyFollows?: boolean } = {},
   ): Promise<Answer> {
     const state = this.state(src.host);
-    const auth = this.credentials.authFor(src.host, src.path);
+    const who = src.credentialsOf ?? src;
+    const auth = this.credentials.authFor(who.host, who.path);
     const scope = `repository:${src.path}:pull`;
     let authorization: string | undefined;
     let triedChallenge = false;
@@ -256,13 +265,13 @@ export class RegistryClient {
       }
       let res: Answer;
       try {
-        res = await this.exchange(src, state, method, `/v2/${src.path}/${suffix}`, { 'user-agent': this.userAgent, ...headers, ...(authorization ? { authorization } : {}) }, signal);
+        res = await this.exchange(src, state, method, suffix, withHostHeaders(src, { 'user-agent': this.userAgent, ...headers, ...(authorization ? { authorization } : {}) }), signal);
       } catch (e) {
         if (signal?.aborted) throw signal.reason ?? e;
         if (e instanceof AttemptError) throw e;
         if (isCertificateError(e) || (isTlsOrProtocolError(e) && !src.endpoint.insecure && errorCode(e) !== 'ECONNRESET')) {
           // Not transient: retrying cannot change a certificate or a protocol.
-          throw new AttemptError('Unavailable', `cannot be reached over TLS: ${networkMessage(e)} (a registry signed by a private CA needs that CA in the system store or NODE_EXTRA_CA_CERTS; one that serves plain HTTP needs insecure = true in registries.conf)`);
+          throw new AttemptError('Unavailable', `cannot be reached over TLS: ${networkMessage(e)} (${tlsAdvice(src)})`);
         }
         if (attempt >= this.attempts) throw new AttemptError('Unavailable', `cannot be reached: ${networkMessage(e)}`);
         await this.pause(attempt, undefined, signal);
@@ -306,14 +315,20 @@ export class RegistryClient {
     await sleep(ms, undefined, { signal });
   }
 
-  /** One HTTP exchange at the source, choosing https or (for an insecure registry) http. */
-  private async exchange(src: PullSource, state: EndpointState, method: 'GET' | 'HEAD', pathname: string, headers: Record<string, string>, signal?: AbortSignal): Promise<Answer> {
-    const insecure = src.endpoint.insecure;
-    const dispatcher = insecure ? this.unverified : this.verified;
-    const schemes: ('https' | 'http')[] = state.scheme ? [state.scheme] : insecure ? ['https', 'http'] : ['https'];
+  /** The dispatcher for a source: its host's own TLS (containerd's hosts), or verifying unless it is insecure. */
+  private dispatcher(src: PullSource): Dispatcher {
+    const tls = src.connection?.tls;
+    return tls ? this.transport.forHost(tls) : !src.connection && src.endpoint.insecure ? this.unverified : this.verified;
+  }
+
+  /** One HTTP exchange at the source, choosing https or (for an insecure registry, or containerd's fallback) http. */
+  private async exchange(src: PullSource, state: EndpointState, method: 'GET' | 'HEAD', suffix: string, headers: Record<string, string | string[]>, signal?: AbortSignal): Promise<Answer> {
+    const dispatcher = this.dispatcher(src);
+    const possible = connectionOf(src).schemes;
+    const schemes = state.scheme && possible.includes(state.scheme) ? [state.scheme] : possible;
     let lastError: unknown;
     for (const scheme of schemes) {
-      const url = `${scheme}://${src.host}${pathname}`;
+      const url = sourceUrl(src, scheme, suffix);
       const timeout = AbortSignal.timeout(this.timeoutMs);
       try {
         const res = await request(url, { method, headers, dispatcher, signal: signal ? AbortSignal.any([signal, timeout]) : timeout });
@@ -356,7 +371,7 @@ export class RegistryClient {
     } catch {
       throw new AttemptError('Unauthorized', `named a token realm that is not an http(s) URL: ${JSON.stringify(challenge.realm).slice(0, 200)}`);
     }
-    const dispatcher = src.endpoint.insecure ? this.unverified : this.verified;
+    const dispatcher = this.dispatcher(src);
     const timeout = AbortSignal.timeout(this.timeoutMs);
     const sig = signal ? AbortSignal.any([signal, timeout]) : timeout;
     let res: Answer;

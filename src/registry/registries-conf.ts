@@ -24,17 +24,14 @@ import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import type { ImageName } from './names.ts';
+import type { Endpoint, PullSource } from './pull-source.ts';
+
+export type { Endpoint, PullSource } from './pull-source.ts';
 
 export const DEFAULT_REGISTRIES_CONF = '/etc/containers/registries.conf';
 export const DEFAULT_REGISTRIES_CONF_DIR = '/etc/containers/registries.conf.d';
 
 export type PullFromMirror = 'all' | 'digest-only' | 'tag-only';
-
-export interface Endpoint {
-  /** host[:port][/namespace], no scheme. Empty only for a "*.example.com" prefix (the image's own host). */
-  location: string;
-  insecure: boolean;
-}
 
 export interface MirrorEndpoint extends Endpoint {
   pullFromMirror: PullFromMirror;
@@ -47,16 +44,6 @@ export interface RegistryEntry extends Endpoint {
   mirrors: MirrorEndpoint[];
   /** The file it came from, for messages. */
   file: string;
-}
-
-/** One place to try for an image: the endpoint, and the name there (rewritten through the prefix). */
-export interface PullSource {
-  endpoint: Endpoint;
-  /** True for a mirror, false for the registry's own location. */
-  mirror: boolean;
-  /** The image's host and path at this endpoint. */
-  host: string;
-  path: string;
 }
 
 export class RegistriesConfError extends Error {

@@ -17,8 +17,11 @@
 // roots were parsed again into a context of each connection's own, and the
 // agent ended an estimate of 300 images from an HTTPS registry 4.6 MB larger
 // (BENCHMARKS.md, footprint).
+import { createHash } from 'node:crypto';
 import tls from 'node:tls';
-import { buildConnector, EnvHttpProxyAgent, type Dispatcher } from 'undici';
+import { buildConnector, EnvHttpProxyAgent, interceptors, type Dispatcher } from 'undici';
+import { MAX_REDIRECTIONS } from './http.ts';
+import type { HostTls } from './pull-source.ts';
 
 export interface TransportOptions {
   /** Proxy settings; default from the environment (HTTPS_PROXY, HTTP_PROXY, NO_PROXY, lowercase too). */
@@ -54,10 +57,17 @@ function proxyEnv(env: Record<string, string | undefined>) {
   };
 }
 
-/** Two dispatchers: one that verifies certificates, one for registries marked insecure. */
+/**
+ * Two dispatchers: one that verifies certificates, one for registries
+ * marked insecure; and one for each distinct TLS setting of containerd's
+ * hosts (a CA of their own, a client certificate, skip_verify), made when
+ * first asked for.
+ */
 export class Transport {
   readonly verified: Dispatcher;
   readonly unverified: Dispatcher;
+  private readonly perHost = new Map<string, { agent: Dispatcher; following: Dispatcher }>();
+  private readonly makeForHost: (t: HostTls) => { agent: Dispatcher; following: Dispatcher };
 
   constructor(opts: TransportOptions = {}) {
     const extraCa = opts.extraCa ?? [];
@@ -87,9 +97,24 @@ export class Transport {
       requestTls: { rejectUnauthorized: false },
       proxyTls: proxied,
     });
+    this.makeForHost = (t) => {
+      // containerd adds a host's CAs to the system's pool; here to the roots every connection trusts.
+      const secureContext = tls.createSecureContext({ ca: [...trustedRoots(), ...extraCa, ...t.ca], ...(t.cert ? { cert: t.cert, key: t.key } : {}) });
+      const own = { secureContext, rejectUnauthorized: t.verify };
+      const agent = new EnvHttpProxyAgent({ ...common, connect: buildConnector(own), requestTls: own, proxyTls: proxied });
+      return { agent, following: agent.compose(interceptors.redirect({ maxRedirections: MAX_REDIRECTIONS })) };
+    };
+  }
+
+  /** The dispatcher for a host with TLS settings of its own, following redirects; one per distinct setting. */
+  forHost(t: HostTls): Dispatcher {
+    const key = createHash('sha256').update(JSON.stringify([t.ca, t.cert ?? '', t.key ?? '', t.verify])).digest('hex');
+    let d = this.perHost.get(key);
+    if (!d) this.perHost.set(key, (d = this.makeForHost(t)));
+    return d.following;
   }
 
   async close(): Promise<void> {
-    await Promise.all([this.verified.close(), this.unverified.close()]);
+    await Promise.all([this.verified.close(), this.unverified.close(), ...[...this.perHost.values()].map((d) => d.agent.close())]);
   }
 }

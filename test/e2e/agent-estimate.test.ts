@@ -2,7 +2,9 @@
 // estimator against a real registry (and its in-memory twin held to the
 // same answers), and `pinset agent --once` on containerd refusing a batch
 // whose estimate does not fit below the watermark, then pulling it when it
-// does.
+// does. There containerd answers through a CRI proxy under another name, so
+// the agent reads registries.conf, as it does on any runtime but containerd
+// (containerd's own registry hosts: test/e2e/containerd-hosts.test.ts).
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, rm, statfs, writeFile } from 'node:fs/promises';
@@ -19,6 +21,7 @@ import { parseRegistriesConf, RegistriesConf } from '../../src/registry/registri
 import { bundledCli, readPinFile, runAgentOnce } from '../support/agent-process.ts';
 import { missingComponents, requireComponents, type ComponentName } from '../support/components.ts';
 import { Containerd, CriClient } from '../support/containerd.ts';
+import { CriProxy } from '../support/cri-proxy.ts';
 import { MEDIA_TYPES, nodePlatform, pushMultiArch, pushRandom, unknownRef, type PushedImage } from '../support/images.ts';
 import { Registry } from '../support/registry.ts';
 
@@ -252,6 +255,7 @@ describe('size estimates ask for a batch at once', () => {
 describe('pinset agent --once: the disk estimate before pulling, on containerd', () => {
   let registry: Registry;
   let containerd: Containerd;
+  let proxy: CriProxy;
   let cri: CriClient;
   let work: string;
   let ready = false;
@@ -260,6 +264,9 @@ describe('pinset agent --once: the disk estimate before pulling, on containerd',
     if (missingComponents(NEEDS).length > 0 || process.getuid?.() !== 0) return;
     registry = await Registry.start();
     containerd = await Containerd.start({ mirrors: { 'registry.test': registry.url } });
+    proxy = await CriProxy.start(containerd.endpoint);
+    // Not containerd (and not CRI-O either, which would be expected to report the pins it holds).
+    proxy.runtimeName = 'pinset-test-runtime';
     cri = new CriClient(containerd.endpoint);
     work = await mkdtemp(path.join(os.tmpdir(), 'pinset-e2e-estimate-'));
     ready = true;
@@ -267,6 +274,7 @@ describe('pinset agent --once: the disk estimate before pulling, on containerd',
 
   after(async () => {
     cri?.close();
+    await proxy?.stop();
     await containerd?.stop();
     await registry?.stop();
     if (work) await rm(work, { recursive: true, force: true });
@@ -289,7 +297,7 @@ describe('pinset agent --once: the disk estimate before pulling, on containerd',
     const room = Math.floor((fs.blocks * fs.bsize * 99) / 100) - (fs.blocks - fs.bfree) * fs.bsize;
     const factor = Math.ceil((2 * room) / download);
     const flags = (f: number) => [
-      '--node-name', 'estimate-node', '--static-dir', staticDir, '--cri-endpoint', containerd.endpoint, '--crio-dropin-dir', dropinDir,
+      '--node-name', 'estimate-node', '--static-dir', staticDir, '--cri-endpoint', proxy.endpoint, '--crio-dropin-dir', dropinDir,
       '--reload', 'none', '--pin-backend', 'crio', '--auth-file', path.join(work, 'none.json'), '--metrics-addr', '', '--image-fs-high-watermark', '99',
       '--registries-conf', conf, '--registries-conf-dir', path.join(work, 'none.d'), '--disk-estimate-factor', String(f),
     ];

@@ -188,9 +188,10 @@ describe('pinset agent from the image, on containerd', () => {
       await writeFile(path.join(sets, 'sets.yaml'), dumpYaml(set('on-containerd', [img])));
       const state = path.join(work, 'var-lib-pinset');
       await mkdir(state);
-      // The overlay's flags and mounts: containerd's folder read-only (socket and image filesystem), /var/lib/pinset for the lock.
+      // The overlay's flags and mounts: containerd's folder read-only (socket and image filesystem), /var/lib/pinset for the lock,
+      // containerd's registry hosts read-only at /etc/containerd/certs.d (they map registry.test to the loopback registry).
       const r = await runImage(['agent', '--once', '--cri-endpoint', c17.endpoint, '--pin-backend', 'containerd'], {
-        volumes: [`${c17.dir}:${c17.dir}:ro`, `${state}:/var/lib/pinset`, `${sets}:/etc/pinset/sets.d:ro`, `${authFile}:/var/lib/kubelet/config.json:ro`],
+        volumes: [`${c17.dir}:${c17.dir}:ro`, `${state}:/var/lib/pinset`, `${sets}:/etc/pinset/sets.d:ro`, `${authFile}:/var/lib/kubelet/config.json:ro`, `${c17.certsDir}:/etc/containerd/certs.d:ro`],
         env: { NODE_NAME: NODE },
       });
       assert.equal(r.code, 0, r.stderr);
@@ -199,6 +200,8 @@ describe('pinset agent from the image, on containerd', () => {
       assert.deepEqual([s?.phase, s?.reason, s?.images.pinned], ['Ready', 'AllImagesPinned', 1]);
       assert.equal((await cri17.imageStatus(img.ref))?.pinned, true, 'containerd reports the image pinned');
       assert.ok((await stat(path.join(state, 'agent.lock'))).isFile(), 'the node lock in /var/lib/pinset');
+      const estimate = logLines(r).find((l) => l.msg === 'disk estimate for the images to pull');
+      assert.equal(estimate?.unknown, 0, `the size estimate reached registry.test through the mounted hosts: ${r.stderr}`);
     } finally {
       cri17.close();
       await c17.stop();

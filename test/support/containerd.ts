@@ -42,6 +42,8 @@ export interface ContainerdOptions {
   mirrors?: Record<string, string>;
   /** The CRI sandbox image; only used for pods, never pulled by these tests. */
   sandboxImage?: string;
+  /** containerd's root (content and snapshots: the image filesystem CRI ImageFsInfo names), e.g. on a small tmpfs. Default: <dir>/root. */
+  root?: string;
 }
 
 export class Containerd {
@@ -107,7 +109,7 @@ export class Containerd {
     for (const [host, url] of Object.entries(opts.mirrors ?? {})) await this.mapHost(host, url);
     const config = {
       version: 2,
-      root: path.join(this.dir, 'root'),
+      root: opts.root ?? path.join(this.dir, 'root'),
       state: path.join(this.dir, 'state'),
       grpc: { address: this.socket },
       ttrpc: { address: `${this.socket}.ttrpc` },

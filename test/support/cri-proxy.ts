@@ -5,6 +5,8 @@
 // runtime that does not support a handler by rejecting calls naming it.
 // containerd 1.6 ignores runtime_handler, so this is how the e2e tests see
 // that the handler reaches the runtime, and how a runtime's refusal looks.
+// It can also name the runtime otherwise in Version, for what the agent
+// chooses by the runtime's name.
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -43,6 +45,8 @@ export class CriProxy {
   readonly #server: grpc.Server;
   readonly #client: grpc.Client;
   readonly #rejections = new Map<string, HandlerRejection>();
+  /** Version answers with this runtime name instead of the runtime's own. */
+  runtimeName: string | undefined;
 
   private constructor(dir: string, upstream: string) {
     this.dir = dir;
@@ -139,6 +143,9 @@ export class CriProxy {
           if (err) {
             record.code = err.code;
             callback({ code: err.code, details: err.details, metadata: err.metadata });
+          } else if (methodName === 'Version' && this.runtimeName !== undefined && res) {
+            const version = method.responseDeserialize(res) as { runtimeName?: string };
+            callback(null, method.responseSerialize({ ...version, runtimeName: this.runtimeName }));
           } else {
             callback(null, res);
           }

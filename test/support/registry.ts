@@ -3,7 +3,7 @@
 // auth. Always stopped by PID; can be paused and resumed on the same port and
 // storage to play "registry down, then up again".
 import { execFile } from 'node:child_process';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -32,8 +32,8 @@ export interface RegistryOptions {
   auth?: RegistryCredentials;
   /** Require bearer tokens from a token service (distribution's `auth: token`). */
   tokenAuth?: TokenAuthConfig;
-  /** Serve HTTPS with this certificate and key (PEM files). */
-  tls?: { certificate: string; key: string };
+  /** Serve HTTPS with this certificate and key (PEM files); with clientCas, only to clients with a certificate they signed. */
+  tls?: { certificate: string; key: string; clientCas?: string[]; probeClient?: { cert: string; key: string } };
 }
 
 /** A free loopback TCP port (the kernel picks it; the listener is closed before use). */
@@ -56,6 +56,8 @@ export class Registry {
   readonly tokenAuth: boolean;
   readonly #configFile: string;
   #process: ServerProcess | undefined;
+  /** The client certificate the readiness probe shows a registry that asks for one (files). */
+  #probeClient: { cert: string; key: string } | undefined;
 
   private constructor(dir: string, port: number, configFile: string, auth: RegistryCredentials | undefined, tls = false, tokenAuth = false) {
     this.dir = dir;
@@ -89,7 +91,11 @@ export class Registry {
           version: 0.1,
           log: { level: 'warn', accesslog: { disabled: true } },
           storage: { filesystem: { rootdirectory: path.join(dir, 'storage') }, delete: { enabled: true } },
-          http: { addr: `127.0.0.1:${port}`, secret: 'pinset-test-registry', ...(opts.tls ? { tls: opts.tls } : {}) },
+          http: {
+            addr: `127.0.0.1:${port}`,
+            secret: 'pinset-test-registry',
+            ...(opts.tls ? { tls: { certificate: opts.tls.certificate, key: opts.tls.key, ...(opts.tls.clientCas ? { clientcas: opts.tls.clientCas } : {}) } } : {}),
+          },
           ...(htpasswdFile ? { auth: { htpasswd: { realm: 'pinset-test', path: htpasswdFile } } } : {}),
           ...(opts.tokenAuth
             ? {
@@ -101,6 +107,7 @@ export class Registry {
         };
         await writeFile(configFile, JSON.stringify(config, null, 2));
         const registry = new Registry(dir, port, configFile, auth, Boolean(opts.tls), Boolean(opts.tokenAuth));
+        registry.#probeClient = opts.tls?.probeClient;
         try {
           await registry.resume();
           return registry;
@@ -159,7 +166,8 @@ export class Registry {
     this.#process = proc;
     const expected = this.auth || this.tokenAuth ? 401 : 200;
     // A TLS registry's certificate is the test's own: the probe does not check it.
-    const dispatcher = this.tls ? new Agent({ connect: { rejectUnauthorized: false } }) : undefined;
+    const client = this.#probeClient ? { cert: await readFile(this.#probeClient.cert), key: await readFile(this.#probeClient.key) } : {};
+    const dispatcher = this.tls ? new Agent({ connect: { rejectUnauthorized: false, ...client } }) : undefined;
     try {
       await waitUntilServing(proc, async () => {
         const res = await undiciFetch(`${this.url}/v2/`, { signal: AbortSignal.timeout(1000), ...(dispatcher ? { dispatcher } : {}) });

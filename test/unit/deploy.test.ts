@@ -401,13 +401,14 @@ describe('kubectl kustomize deploy/containerd', { skip }, async () => {
     assert.deepEqual(container().args, ['agent', '--cri-endpoint=unix:///run/containerd/containerd.sock', '--pin-backend=containerd']);
   });
 
-  test('host paths: containerd\'s socket folder and root (read-only), the agent\'s state folder, kubelet auth and static sets; none of CRI-O\'s', () => {
+  test('host paths: containerd\'s socket folder, root and registry hosts (read-only), the agent\'s state folder, kubelet auth and static sets; none of CRI-O\'s', () => {
     const volumes: Record<string, Obj> = Object.fromEntries((ds().spec.template.spec.volumes as Obj[]).map((v) => [v.name, v.hostPath]));
     const mounts: Record<string, Obj> = Object.fromEntries((container().volumeMounts as Obj[]).map((m) => [m.mountPath, m]));
     const expect: [string, string, boolean][] = [
       ['/run/containerd', 'Directory', true],
       ['/var/lib/containerd', 'DirectoryOrCreate', true],
       ['/var/lib/pinset', 'DirectoryOrCreate', false],
+      ['/etc/containerd/certs.d', 'DirectoryOrCreate', true],
       ['/var/lib/kubelet/config.json', 'File', true],
       ['/etc/pinset/sets.d', 'DirectoryOrCreate', true],
     ];
