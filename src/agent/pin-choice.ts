@@ -3,7 +3,7 @@
 // choice is logged once, and again only if the runtime changes.
 // - auto: CRI-O -> its drop-in; containerd from 1.6.25, 1.7.10 and 2.x ->
 //   its image labels; an older containerd or another runtime -> pre-load
-//   only, every set Degraded (RuntimeCannotPin) with what would pin. Until
+//   only, the node status naming what would pin (RuntimeCannotPin). Until
 //   the runtime first answers, CRI-O's drop-in is kept when its folder is
 //   there (pins written while CRI-O is down apply at its start).
 // - crio, containerd: that backend whatever the runtime says (containerd's
@@ -52,7 +52,7 @@ export function decidePinBackend(flag: PinBackendFlag, info: RuntimeInfo | undef
       if (!info) return makers.crio ? { backend: 'crio' } : { backend: 'none', quiet: true };
       if (name === 'cri-o') return makers.crio ? { backend: 'crio' } : { backend: 'none', why: `the runtime is ${runtimeLabel(info)}, but its drop-in folder cannot be used on this node` };
       if (name === 'containerd') return containerd();
-      return { backend: 'none', why: `the runtime ${runtimeLabel(info)} has no pin backend in pinset (CRI-O and containerd have); images are pre-loaded but not pinned` };
+      return { backend: 'none', why: `the runtime ${runtimeLabel(info)} has no pin backend in pinset (CRI-O and containerd have)` };
   }
 }
 

@@ -78,7 +78,9 @@ export class SetReport {
       rolloutUnenforced: f.admitted?.unenforced,
     });
     this.history = history;
-    this.o.reporter.report(makeNodeStatus(this.o.nodeName, pins.where, sets, new Date(this.o.now()).toISOString(), { imageFilesystemError: this.o.diskCheck?.unmeasured }));
+    this.o.reporter.report(
+      makeNodeStatus(this.o.nodeName, pins.where, sets, new Date(this.o.now()).toISOString(), { imageFilesystemError: this.o.diskCheck?.unmeasured, cannotPin: pins.cannotPin }),
+    );
     this.recordEvents(sets, plan);
     this.updateMetrics(plan, sets, present, runtime.error === undefined);
     return sets;
@@ -91,7 +93,10 @@ export class SetReport {
       const before = this.lastPhase.get(key);
       this.lastPhase.set(key, s.phase);
       if (!ev) continue;
-      if (s.phase === 'Ready' && before !== 'Ready') ev.record('Normal', 'SetReady', `set ${s.name} (generation ${s.desiredGeneration}): all ${s.images.wanted} images present and pinned`, key);
+      if (s.phase === 'Ready' && before !== 'Ready') {
+        const held = s.reason === 'PreloadedNotPinned' ? 'present, pre-loaded only (not pinned)' : 'present and pinned';
+        ev.record('Normal', 'SetReady', `set ${s.name} (generation ${s.desiredGeneration}): all ${s.images.wanted} images ${held}`, key);
+      }
       if (s.phase === 'Degraded' && s.reason === 'PinsOverridden') ev.record('Warning', 'PinsOverridden', s.message ?? s.reason, key);
       else if (s.phase === 'Degraded' && s.images.failed > 0) ev.record('Warning', 'PullFailed', `set ${s.name}: ${s.message ?? s.reason}`, key);
     }

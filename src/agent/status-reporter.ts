@@ -42,7 +42,7 @@ function comparable(s: NodeStatus): unknown {
  * error while its counts stand still (the cause changed, not the progress).
  */
 export function progressOnly(prev: NodeStatus | undefined, next: NodeStatus): boolean {
-  if (!prev || prev.pinFile !== next.pinFile || prev.imageFilesystemError !== next.imageFilesystemError) return false;
+  if (!prev || prev.pinFile !== next.pinFile || prev.imageFilesystemError !== next.imageFilesystemError || prev.cannotPin !== next.cannotPin) return false;
   if (Boolean(prev.truncated) !== Boolean(next.truncated) || prev.sets.length !== next.sets.length) return false;
   const key = (s: NodeSetStatus) => `${s.source}/${s.name}`;
   const before = new Map(prev.sets.map((s) => [key(s), s]));

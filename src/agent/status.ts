@@ -11,6 +11,7 @@ import {
   type NodeStatus,
   type SetPhase,
 } from '../api/types.ts';
+import { mostSevere, severity, type SetProblem, type SetReason } from '../api/reasons.ts';
 import type { FailureKind } from '../cri/runtime.ts';
 import type { PinStatus } from '../pins/backend.ts';
 import type { SlotWait } from '../rollout/gate.ts';
@@ -18,6 +19,9 @@ import type { Plan, PlannedSet, WantedImage } from './plan.ts';
 import { wantedKey } from './plan.ts';
 import type { SetEstimate } from './estimate.ts';
 import type { PullFailure } from './puller.ts';
+import { cutBytes } from '../util/text.ts';
+
+export { cutBytes };
 
 /** What this node remembers per set across reconciles (and restarts, via the annotation). */
 export interface SetHistory {
@@ -46,7 +50,7 @@ export interface StatusFacts {
   rolloutUnenforced?: ReadonlyMap<string, string>;
 }
 
-const PULL_REASON: Record<FailureKind, string> = {
+const PULL_REASON: Record<FailureKind, SetReason> = {
   NotFound: 'ImageNotFound',
   Unauthorized: 'Unauthorized',
   Unavailable: 'RegistryUnavailable',
@@ -54,24 +58,13 @@ const PULL_REASON: Record<FailureKind, string> = {
   Canceled: 'Pulling',
   Other: 'PullFailed',
 };
-/** Which failure names the set's reason when several images fail differently. */
-const PULL_SEVERITY: FailureKind[] = ['NoSpace', 'Unauthorized', 'NotFound', 'Other', 'Unavailable', 'Canceled'];
 
 /** " (and 2 more problems)": a count, not a list, keeps messages short. */
 function more(n: number, one: string, many: string): string {
   return n > 1 ? ` (and ${n - 1} more ${n - 1 === 1 ? one : many})` : '';
 }
 
-/** Cut to at most `max` bytes of UTF-8 without splitting a character. */
-export function cutBytes(s: string, max: number): string {
-  const b = Buffer.from(s, 'utf8');
-  if (b.length <= max) return s;
-  let end = max - 3;
-  while (end > 0 && (b[end]! & 0xc0) === 0x80) end--;
-  return b.subarray(0, end).toString('utf8') + '...';
-}
-
-function pullMessage(w: WantedImage, f: PullFailure, handler: string): { reason: string; message: string } {
+function pullMessage(w: WantedImage, f: PullFailure, handler: string): SetProblem {
   const ref = w.reference.reference;
   const host = w.reference.host;
   if (f.runtimeDown) return { reason: 'RuntimeUnavailable', message: `the container runtime could not be reached while pulling ${ref}: ${f.message}` };
@@ -92,15 +85,23 @@ function pullMessage(w: WantedImage, f: PullFailure, handler: string): { reason:
   }
 }
 
-function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedImage>): { phase: SetPhase; reason: string; message?: string; counts: NodeSetStatus['images'] } {
+type SetOutcome = { phase: SetPhase; reason: string; message?: string; counts: NodeSetStatus['images'] };
+
+/**
+ * A set's phase, reason and message: everything that holds for it this
+ * reconcile, ranked by src/api/reasons.ts (the most severe names the
+ * reason; the message names the worst of each other kind too).
+ */
+function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedImage>): SetOutcome {
   const counts = { wanted: s.references.length, present: 0, pinned: 0, failed: 0, invalid: s.invalidImages.length };
+  // Nothing else is evaluated for these two: the set is not applied, or not known to select the node.
   if (s.specErrors.length > 0) {
     return { phase: 'Degraded', reason: 'InvalidSpec', message: `set ${s.name} (${s.origin}) is not applied: ${s.specErrors[0]}${more(s.specErrors.length, 'problem', 'problems')}`, counts };
   }
   if (s.selection === 'unknown') {
     return { phase: 'Progressing', reason: 'WaitingForNodeLabels', message: 'the node labels are not known yet, so the node selector cannot be evaluated', counts };
   }
-  const failures: { w: WantedImage; f: PullFailure }[] = [];
+  const failures: SetProblem[] = [];
   let notPinned = 0;
   // Ready means present and in the pin file: an image outside the file is not pinned.
   let notInFile = 0;
@@ -117,58 +118,65 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
     const f = present ? undefined : facts.failure(w.key);
     if (f && f.kind !== 'Canceled') {
       counts.failed++;
-      failures.push({ w, f });
+      failures.push(pullMessage(w, f, s.runtimeHandler));
     }
   }
-  const overridden = facts.pins.overridden;
-  if (overridden) return { phase: 'Degraded', ...overridden, counts };
+
+  const holds: SetProblem[] = [];
+  const pins = facts.pins;
+  if (pins.overridden) holds.push(pins.overridden);
   if (s.held) {
-    return {
-      phase: 'Degraded',
+    holds.push({
       reason: 'StaticFileUnreadable',
       message: `static file ${s.held.file} cannot be read (${s.held.error}); set ${s.name} keeps the pins of the file's last readable content until the file is readable again or removed from the folder`,
-      counts,
-    };
+    });
   }
-  const pinProblem = facts.pins.problemFor(s.references.map((r) => r.reference));
-  if (pinProblem) return { phase: 'Degraded', ...pinProblem, counts };
-  if (facts.runtimeError) return { phase: 'Degraded', reason: 'RuntimeUnavailable', message: `the container runtime could not be reached: ${facts.runtimeError}`, counts };
+  const pinProblem = pins.problemFor(s.references.map((r) => r.reference));
+  if (pinProblem) holds.push(pinProblem);
+  if (facts.runtimeError) holds.push({ reason: 'RuntimeUnavailable', message: `the container runtime could not be reached: ${facts.runtimeError}` });
   if (counts.invalid > 0) {
     const p = s.invalidImages[0]!;
-    return { phase: 'Degraded', reason: 'InvalidReference', message: `${counts.invalid} reference(s) rejected and not pinned, first ${p.field}: ${p.error}`, counts };
+    holds.push({ reason: 'InvalidReference', message: `${counts.invalid} reference(s) rejected and not pinned, first ${p.field}: ${p.error}` });
   }
   if (failures.length > 0) {
-    failures.sort((a, b) => PULL_SEVERITY.indexOf(a.f.kind) - PULL_SEVERITY.indexOf(b.f.kind));
-    const { w, f } = failures[0]!;
-    const m = pullMessage(w, f, s.runtimeHandler);
+    const worst = failures.reduce((a, b) => (severity(b.reason) < severity(a.reason) ? b : a));
     const tail = failures.length > 1 ? ` (${failures.length} of ${counts.wanted} images failing; retrying)` : ' (retrying)';
-    return { phase: 'Degraded', reason: m.reason, message: m.message + tail, counts };
+    holds.push({ reason: worst.reason, message: worst.message + tail });
   }
-  if (counts.present < counts.wanted) {
+  const allPresent = counts.present === counts.wanted;
+  if (!allPresent) {
     const wait = facts.rolloutWaits?.get(s.key);
     if (wait) {
       const why = wait.error
         ? `the rollout slots cannot be taken (retrying): ${wait.error}`
         : `waiting for a rollout slot: at most ${wait.maxConcurrentNodes} node(s) download this set at a time`;
-      return { phase: 'Progressing', reason: 'WaitingForRolloutSlot', message: `${why}; ${counts.present} of ${counts.wanted} images present`, counts };
+      holds.push({ reason: 'WaitingForRolloutSlot', message: `${why}; ${counts.present} of ${counts.wanted} images present` });
+    } else {
+      const unknown = facts.estimates?.get(s.key)?.unknown;
+      const unenforced = facts.rolloutUnenforced?.get(s.key);
+      const note =
+        (unenforced ? `; downloading without a rollout slot, this node may not hold one: ${unenforced}` : '') +
+        (unknown ? `; size estimate unknown, so only the watermark was checked: ${unknown}` : '');
+      holds.push({ reason: 'Pulling', message: `${counts.present} of ${counts.wanted} images present${note}` });
     }
-    const unknown = facts.estimates?.get(s.key)?.unknown;
-    const unenforced = facts.rolloutUnenforced?.get(s.key);
-    const note =
-      (unenforced ? `; downloading without a rollout slot, this node may not hold one: ${unenforced}` : '') +
-      (unknown ? `; size estimate unknown, so only the watermark was checked: ${unknown}` : '');
-    return { phase: 'Progressing', reason: 'Pulling', message: `${counts.present} of ${counts.wanted} images present${note}`, counts };
   }
-  if (facts.pins.preloadOnly) {
-    return { phase: 'Ready', reason: 'PreloadedNotPinned', message: `all ${counts.wanted} images present; pre-load only, so nothing keeps the kubelet's image garbage collection from removing them`, counts };
+  if (pins.cannotPin) {
+    // "Pre-loaded" only when it is so; beside another problem, only why this node cannot pin.
+    holds.push({
+      reason: 'RuntimeCannotPin',
+      message: allPresent
+        ? `${counts.present} of ${counts.wanted} images present (pre-loaded) but not pinned: ${pins.cannotPin}; nothing keeps the kubelet's image garbage collection from removing them`
+        : pins.cannotPin,
+    });
+  } else if (pins.preloadOnly && allPresent) {
+    holds.push({ reason: 'PreloadedNotPinned', message: `all ${counts.wanted} images present; pre-load only, so nothing keeps the kubelet's image garbage collection from removing them` });
   }
-  if (notInFile > 0) {
-    return { phase: 'Progressing', reason: 'WaitingForPin', message: facts.pins.notHeld(notInFile), counts };
+  if (!pins.preloadOnly) {
+    if (notInFile > 0) holds.push({ reason: 'WaitingForPin', message: pins.notHeld(notInFile) });
+    else if (notPinned > 0) holds.push({ reason: 'WaitingForPin', message: pins.notPinned(notPinned) });
   }
-  if (notPinned > 0) {
-    return { phase: 'Progressing', reason: 'WaitingForPin', message: facts.pins.notPinned(notPinned), counts };
-  }
-  return { phase: 'Ready', reason: 'AllImagesPinned', counts };
+  const { phase, reason, message } = mostSevere(holds, STATUS_MAX_MESSAGE_BYTES);
+  return { phase, reason, ...(message !== undefined ? { message } : {}), counts };
 }
 
 /**
@@ -234,6 +242,7 @@ export function boundedNodeStatus(status: NodeStatus, maxBytes = STATUS_MAX_BYTE
     ...status,
     sets: status.sets.map(shortened),
     ...(status.imageFilesystemError ? { imageFilesystemError: cutBytes(status.imageFilesystemError, SHORT_MESSAGE_BYTES) } : {}),
+    ...(status.cannotPin ? { cannotPin: cutBytes(status.cannotPin, SHORT_MESSAGE_BYTES) } : {}),
   };
   if (size(short) <= maxBytes) return short;
   // Keep the sets an operator must look at: Degraded, then Progressing, then Ready.
@@ -263,8 +272,16 @@ export function historyFromStatus(status: NodeStatus | null): Map<string, SetHis
   return h;
 }
 
-export function makeNodeStatus(node: string, pinFile: string, sets: NodeSetStatus[], updatedAt: string, extra: { imageFilesystemError?: string | null } = {}): NodeStatus {
+export function makeNodeStatus(
+  node: string,
+  pinFile: string,
+  sets: NodeSetStatus[],
+  updatedAt: string,
+  extra: { imageFilesystemError?: string | null; cannotPin?: string } = {},
+): NodeStatus {
   const status: NodeStatus = { version: STATUS_FORMAT_VERSION, node, pinFile, updatedAt, sets };
   if (extra.imageFilesystemError) status.imageFilesystemError = cutBytes(extra.imageFilesystemError, STATUS_MAX_ERROR_BYTES);
+  // Said once for the node, bounded like the other node-wide text.
+  if (extra.cannotPin) status.cannotPin = cutBytes(extra.cannotPin, STATUS_MAX_ERROR_BYTES);
   return boundedNodeStatus(status);
 }

@@ -22,8 +22,10 @@
 //   a Degraded set they default to gen and "<reason>: <message>" (what a set
 //   failing now has), so a failing set does not carry its message twice.
 // The document: {"version": 2, "pinFile": …, "updatedAt": …, "sets": […],
-// "imageFilesystemError": …, "truncated": true}; updatedAt in whole
-// seconds; no node name (the annotation is on that Node).
+// "imageFilesystemError": …, "cannotPin": …, "truncated": true}; updatedAt
+// in whole seconds; no node name (the annotation is on that Node).
+// cannotPin came after the first version-2 agents: readers that predate it
+// ignore it (unknown keys), and its absence means the node can pin.
 import {
   STATUS_ANNOTATION,
   STATUS_FORMAT_VERSION,
@@ -102,6 +104,7 @@ export function encodeNodeStatus(status: NodeStatus): string {
     sets: status.sets.map(encodeSet),
   };
   if (status.imageFilesystemError) doc.imageFilesystemError = status.imageFilesystemError;
+  if (status.cannotPin) doc.cannotPin = status.cannotPin;
   if (status.truncated) doc.truncated = true;
   return JSON.stringify(doc);
 }
@@ -244,6 +247,7 @@ export function parseNodeStatus(raw: string | undefined): NodeStatusReading {
     sets,
   };
   if (typeof doc.imageFilesystemError === 'string') status.imageFilesystemError = doc.imageFilesystemError;
+  if (typeof doc.cannotPin === 'string' && doc.cannotPin !== '') status.cannotPin = doc.cannotPin;
   if (doc.truncated === true) status.truncated = true;
   return dropped.length > 0 ? { status, droppedEntries: dropped } : { status };
 }

@@ -168,6 +168,12 @@ export interface NodeStatus {
    * not held back by the high watermark; absent when it was measured.
    */
   imageFilesystemError?: string;
+  /**
+   * Why this node's runtime cannot pin (naming the versions that can): its
+   * images are pre-loaded only, whatever its sets say. Absent where pins
+   * work, and where pre-loading alone was chosen (--pin-backend none).
+   */
+  cannotPin?: string;
   /** True when sets were left out to keep the annotation under STATUS_MAX_BYTES. */
   truncated?: boolean;
 }

@@ -4,6 +4,8 @@
 // spec), in pages of --chunk-size, and of each only its rows of the table
 // (or its JSON item) are kept: over 5000 Nodes it peaks at 131 MB, where
 // whole Nodes in one answer took 506 MB (BENCHMARKS.md, "Scale: 5000 Nodes").
+// A node whose runtime cannot pin is marked "(pre-load only)", and said once
+// after the table with why and the versions that pin.
 import type { KubeConfig } from '@kubernetes/client-node';
 import { KubeApiError, KubeHttp } from '../api/kube-http.ts';
 import { DEFAULT_PAGE_SIZE, listAll, METADATA_LIST_ACCEPT } from '../api/list-pages.ts';
@@ -87,7 +89,9 @@ function errorOf(e: NodeSetStatus): string {
   const failedNow = e.lastFailedGenerationError && e.lastFailedGeneration !== undefined && e.lastFailedGeneration >= e.desiredGeneration;
   if (e.phase !== 'Degraded' && !failedNow) return '';
   const text = e.lastFailedGenerationError || e.message || '';
-  return oneLine(text ? `${e.reason || e.phase}: ${text}` : e.reason || e.phase);
+  const reason = e.reason || e.phase;
+  // An agent's error reads "<reason>: <message>" already (src/api/node-status.ts failureText).
+  return oneLine(!text ? reason : text.startsWith(`${reason}: `) ? text : `${reason}: ${text}`);
 }
 
 /**
@@ -117,13 +121,13 @@ export function statusRows(
       else if (!status) rows.push({ node: node.name, set: only?.name ?? '<none>', phase: 'NotReported', ...empty, error: '' });
       else {
         const why = mismatch.length > 0 ? 'the report is about an earlier set of the same name' : '';
-        rows.push({ node: node.name, set: only?.name ?? '<none>', phase: only ? 'NotReported' : '-', images: '-', generation: '-', age, estimate: '-', error: why });
+        rows.push({ node: nodeLabel(node.name, status.cannotPin), set: only?.name ?? '<none>', phase: only ? 'NotReported' : '-', images: '-', generation: '-', age, estimate: '-', error: why });
       }
       continue;
     }
     for (const e of [...entries].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))) {
       rows.push({
-        node: node.name,
+        node: nodeLabel(node.name, status?.cannotPin),
         set: e.source === 'static' ? `${e.name} (static)` : e.name,
         phase: e.phase,
         images: `${e.images.present}/${e.images.wanted}`,
@@ -135,6 +139,37 @@ export function statusRows(
     }
   }
   return rows;
+}
+
+/** The NODE column: a node whose runtime cannot pin is marked. */
+function nodeLabel(name: string, cannotPin: string | undefined): string {
+  return cannotPin ? `${name} (pre-load only)` : name;
+}
+
+/** Nodes named per reason after the table; the rest are counted. */
+const NAMES_PER_REASON = 5;
+
+/**
+ * What follows the table when some nodes only pre-load: once per distinct
+ * reason (nodes of one runtime version share one), the first nodes by name
+ * and why their runtime cannot pin, with the versions that pin.
+ */
+export function preloadOnlyLines(nodes: readonly { name: string; cannotPin?: string }[]): string[] {
+  const byWhy = new Map<string, string[]>();
+  for (const n of nodes) {
+    if (!n.cannotPin) continue;
+    const names = byWhy.get(n.cannotPin);
+    if (names) names.push(n.name);
+    else byWhy.set(n.cannotPin, [n.name]);
+  }
+  if (byWhy.size === 0) return [];
+  const lines = ['', "Pre-load only: these nodes' runtimes cannot pin, so nothing keeps the kubelet's image garbage collection from removing their images."];
+  for (const [why, names] of byWhy) {
+    names.sort();
+    const more = names.length > NAMES_PER_REASON ? ` and ${names.length - NAMES_PER_REASON} more` : '';
+    lines.push(`  ${names.slice(0, NAMES_PER_REASON).join(', ')}${more}: ${oneLine(why)}`);
+  }
+  return lines;
 }
 
 const HEADERS: Record<keyof StatusRow, string> = {
@@ -307,8 +342,12 @@ export async function run(argv: string[]): Promise<number> {
   const http = new KubeHttp(kc, { userAgent: 'pinset-status', connectTimeoutMs: timeoutMs });
 
   // What is kept of each node while the list is read: its rows of the
-  // table, or its item of the JSON; the Node itself goes with its page.
-  let kept: { name: string; rows?: StatusRow[]; item?: JsonItem }[];
+  // table (and why it cannot pin, one copy per distinct text), or its item
+  // of the JSON; the Node itself goes with its page.
+  type Kept = { name: string; rows?: StatusRow[]; cannotPin?: string; item?: JsonItem };
+  let kept: Kept[];
+  const reasons = new Map<string, string>();
+  const shared = (s: string) => reasons.get(s) ?? (reasons.set(s, s), s);
   try {
     // With --set, the object (when readable) says which nodes should have
     // reported on it; without it only the reports themselves are shown.
@@ -326,11 +365,14 @@ export async function run(argv: string[]): Promise<number> {
     }
     try {
       // --timeout bounds each request (a page), not the whole list, which grows with the cluster.
-      const list = await listAll<NodeMetadata, { name: string; rows?: StatusRow[]; item?: JsonItem }>(
+      const list = await listAll<NodeMetadata, Kept>(
         { http, path: '/api/v1/nodes', pageSize: values['chunk-size'] as number, accept: METADATA_LIST_ACCEPT, timeoutMs },
         (n) => {
           const report: NodeReport = { name: n.metadata?.name ?? '', labels: n.metadata?.labels ?? {}, reading: readNodeStatus(n.metadata?.annotations) };
-          return json ? { name: report.name, item: jsonItem(report, setName) } : { name: report.name, rows: statusRows([report], now, only) };
+          if (json) return { name: report.name, item: jsonItem(report, setName) };
+          const rows = statusRows([report], now, only);
+          const cannotPin = rows.length > 0 ? report.reading.status?.cannotPin : undefined;
+          return { name: report.name, rows, ...(cannotPin ? { cannotPin: shared(cannotPin) } : {}) };
         },
       );
       kept = list.items;
@@ -345,7 +387,11 @@ export async function run(argv: string[]): Promise<number> {
 
   const rows = json ? [] : kept.flatMap((k) => k.rows ?? []);
   const empty = setName ? `No node reports on set ${setName}.\n` : 'No nodes found.\n';
-  const pieces = json ? jsonPieces(kept.map((k) => k.item!)) : rows.length === 0 ? [empty] : terminated(tableLines(rows, terminalWidth(), values.output === 'wide'));
+  const table = function* () {
+    yield* terminated(tableLines(rows, terminalWidth(), values.output === 'wide'));
+    yield* terminated(preloadOnlyLines(kept));
+  };
+  const pieces = json ? jsonPieces(kept.map((k) => k.item!)) : rows.length === 0 ? [empty] : table();
   const err = await writePieces(pieces, process.stdout);
   if (err && (err as NodeJS.ErrnoException).code !== 'EPIPE') {
     process.stderr.write(`pinset status: cannot write the output: ${err.message}\n`);

@@ -23,9 +23,10 @@
 //   until CRI reports it pinned (containerd follows a label in a few ms,
 //   event-driven), then one ListImages checks them all. An image labelled
 //   but reported unpinned is a PinProblem (PinNotReported); a containerd
-//   whose version cannot pin (containerdCanPin) overrides every pin
-//   (RuntimeCannotPin), with the versions that can, labels still set so an
-//   upgrade pins at its start.
+//   whose version cannot pin (containerdCanPin) is said as `cannotPin`,
+//   with the versions that can (the status makes it RuntimeCannotPin once
+//   a set's images are present), labels still set so an upgrade pins at its
+//   start.
 //
 // There is nothing to stage (labels need image IDs, known only from the
 // runtime's list) and no reload: sync() labels what is present, afterPulls()
@@ -82,8 +83,6 @@ const isDigestRef = (name: string) => /@sha256:[0-9a-f]{64}$/.test(name);
 /** `sha256:<hex>` of a digest reference; '' for anything else. */
 const digestOf = (ref: string) => (isDigestRef(ref) ? ref.slice(ref.lastIndexOf('@') + 1) : '');
 
-type Named = { reason: string; message: string };
-
 export class ContainerdLabelPins implements PinBackend {
   readonly name = 'containerd' as const;
   /** containerd's CRI reports `pinned` from the label (the versions that honour it are chosen by src/agent/pin-choice.ts). */
@@ -108,7 +107,8 @@ export class ContainerdLabelPins implements PinBackend {
   private current: string[] = [];
   private labelProblem: (PinProblem & { records: Set<string> }) | undefined;
   private notReported: (PinProblem & { records: Set<string> }) | undefined;
-  private cannotPin: Named | undefined;
+  /** Why this containerd cannot pin (its version), once it answered. */
+  private cannotPin: string | undefined;
   private lastState: string | undefined;
   private loggedHandPins = '';
 
@@ -185,7 +185,7 @@ export class ContainerdLabelPins implements PinBackend {
         return rec !== undefined && pinned.has(rec);
       },
       reportsPinned: (img) => img.pinned,
-      overridden: this.cannotPin,
+      cannotPin: this.cannotPin,
       problemFor: (refs) => {
         for (const p of problems) if (p.affectsAll || refs.some((r) => p.affected(r))) return { reason: p.reason, message: p.message };
         return undefined;
@@ -369,11 +369,11 @@ export class ContainerdLabelPins implements PinBackend {
     this.lastState = 'label updates failing';
   }
 
-  private versionProblem(runtime: RuntimeState): Named | undefined {
+  private versionProblem(runtime: RuntimeState): string | undefined {
     const version = runtime.info?.runtimeVersion;
     if (!version) return undefined;
     const can = containerdCanPin(version);
-    return can.ok ? undefined : { reason: 'RuntimeCannotPin', message: `${can.why}: images are pre-loaded but not protected from the kubelet's image garbage collection` };
+    return can.ok ? undefined : can.why;
   }
 
   private noteHandPins(handPins: string[], byRecord: Map<string, { img: RuntimeImage; refs: string[] }>): void {

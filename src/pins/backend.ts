@@ -9,11 +9,12 @@
 //   label `io.cri-containerd.pinned=pinned` on each wanted image's image-ID
 //   record, through containerd's Images API, confirmed the same way;
 // - a runtime that cannot pin (./preload-only.ts): images pre-loaded, the
-//   status saying plainly that nothing protects them.
+//   status saying plainly that nothing protects them (`cannotPin`).
 //
 // Every backend keeps its own retry pace and its own confirmation: a
 // failing step is retried at a capped exponential backoff and never
 // removes a pin.
+import type { SetReason } from '../api/reasons.ts';
 import type { RuntimeImage, RuntimeInfo } from '../cri/runtime.ts';
 import type { RuntimeView } from '../cri/view.ts';
 
@@ -22,11 +23,12 @@ export type PinBackendName = 'crio' | 'containerd' | 'none';
 
 /**
  * Why pins the agent asked for are not in effect. A set holding one of the
- * `affected` references (or every set, with `affectsAll`) is Degraded with
- * this reason and message.
+ * `affected` references (or every set, with `affectsAll`) has this problem;
+ * its severity beside the set's other problems is its reason's
+ * (src/api/reasons.ts).
  */
 export interface PinProblem {
-  reason: string;
+  reason: SetReason;
   message: string;
   /** References whose pin is not in effect because of it. */
   affected: (ref: string) => boolean;
@@ -72,16 +74,24 @@ export interface PinStatus {
   holds(ref: string): boolean;
   /** The runtime's own `pinned` for an image it holds; undefined when this backend cannot read pins back. */
   reportsPinned(img: RuntimeImage): boolean | undefined;
-  /** Pre-loading only: images count as in place when present, and a set is Ready with reason PreloadedNotPinned, 0 pinned. */
+  /** Pre-loading only: images count as in place when present, 0 pinned; a set is then Ready, PreloadedNotPinned (or RuntimeCannotPin with `cannotPin`). */
   readonly preloadOnly?: boolean;
   /** WaitingForPin's message: `n` images present whose reference the configuration does not hold yet. */
   notHeld(n: number): string;
   /** WaitingForPin's message: `n` images held and present that the runtime does not report pinned yet. */
   notPinned(n: number): string;
-  /** A problem that overrides every pin of every set (CRI-O: a later drop-in replacing pinned_images). Checked before all but spec errors. */
-  overridden?: { reason: string; message: string };
+  /** A problem that overrides every pin of every set (CRI-O: a later drop-in replacing pinned_images). */
+  overridden?: { reason: SetReason; message: string };
+  /**
+   * Why this node's runtime cannot pin at all, naming the versions that
+   * can; undefined where pins work or pre-loading was chosen. Not a
+   * PinProblem: the status says it once for the node, and for a set only
+   * once nothing keeps its images from being present (RuntimeCannotPin),
+   * since only then are they pre-loaded.
+   */
+  readonly cannotPin?: string;
   /** The first problem keeping these references' pins from effect, in the order they are reported. */
-  problemFor(refs: readonly string[]): { reason: string; message: string } | undefined;
+  problemFor(refs: readonly string[]): { reason: SetReason; message: string } | undefined;
 }
 
 export interface PinBackend {

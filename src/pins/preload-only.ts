@@ -4,8 +4,9 @@
 // - chosen by the operator (`--pin-backend none`): a set is Ready with
 //   reason PreloadedNotPinned once its images are present, 0 pinned;
 // - found (a containerd that does not report pins, a runtime pinset has no
-//   backend for): every set is Degraded with reason RuntimeCannotPin and a
-//   message naming what would pin.
+//   backend for): `cannotPin` names what would pin; the node status says so
+//   once, and a set whose images are all present is Degraded with reason
+//   RuntimeCannotPin (before that, what keeps them from being present).
 import type { Logger } from 'pino';
 import type { RuntimeImage } from '../cri/runtime.ts';
 import type { PinBackend, PinsObserved, PinStatus } from './backend.ts';
@@ -23,7 +24,7 @@ export class PreloadOnly implements PinBackend {
     this.why = o.why;
     this.where = o.runtime ? `none (${o.runtime}: pre-load only)` : 'none (pre-load only)';
     if (o.quiet) return;
-    if (o.why) o.logger.warn({ runtime: o.runtime }, `images are pre-loaded but not pinned: ${o.why}`);
+    if (o.why) o.logger.warn({ runtime: o.runtime }, `pre-load only, nothing will pin images: ${o.why}`);
     else o.logger.info('--pin-backend none: images are pre-loaded, not pinned; the kubelet may remove them');
   }
 
@@ -51,7 +52,8 @@ export class PreloadOnly implements PinBackend {
       reportsPinned: () => undefined,
       notHeld: (n) => `${n} image(s) present, not pinned`,
       notPinned: (n) => `${n} image(s) present, not pinned`,
-      problemFor: () => (why ? { reason: 'RuntimeCannotPin', message: why } : undefined),
+      ...(why ? { cannotPin: why } : {}),
+      problemFor: () => undefined,
     };
   }
   nextAttemptAt(): number | undefined {

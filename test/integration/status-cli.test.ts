@@ -296,6 +296,45 @@ describe('pinset status', () => {
   });
 });
 
+describe('pinset status: nodes that only pre-load', () => {
+  const WHY_16 = 'containerd 1.6.20~ds1 does not honour io.cri-containerd.pinned set after the pull; pins need 1.6.25 or later 1.6, 1.7.10 or later 1.7, or any 2.x';
+  const WHY_17 = 'containerd 1.7.2 does not honour io.cri-containerd.pinned set after the pull; pins need 1.6.25 or later 1.6, 1.7.10 or later 1.7, or any 2.x';
+
+  test('each such node is marked in the table, and said once after it with why and the versions that pin; -o json carries cannotPin', async () => {
+    const own = await ApiServer.start();
+    const ownDir = await mkdtemp(path.join(tmpdir(), 'pinset-status-preload-'));
+    try {
+      const file = await own.writeKubeconfig(ownDir);
+      const at = (name: string, sets: NodeSetStatus[], cannotPin?: string) =>
+        own.create({ apiVersion: 'v1', kind: 'Node', metadata: { name, annotations: { [STATUS_ANNOTATION]: encodeNodeStatus({ version: 2, pinFile: 'none (pre-load only)', updatedAt: new Date().toISOString(), sets, ...(cannotPin ? { cannotPin } : {}) }) } } });
+      const cannot = (present: number) => ({ name: 'apps', source: 'api' as const, desiredGeneration: 1, currentGeneration: 0, images: { wanted: 2, present, pinned: 0, failed: 0, invalid: 0 }, phase: 'Degraded' as const, reason: 'RuntimeCannotPin', message: `2 of 2 images present (pre-loaded) but not pinned: ${WHY_16}` });
+      for (let i = 0; i < 7; i++) at(`edge-${i}`, [cannot(2)], WHY_16);
+      at('edge-old', [cannot(2)], WHY_17);
+      at('worker', [{ ...cannot(2), phase: 'Ready', reason: 'AllImagesPinned', message: undefined, images: { wanted: 2, present: 2, pinned: 2, failed: 0, invalid: 0 } }]);
+      const { code, stdout, stderr } = await pinset(['--kubeconfig', file], { COLUMNS: '400' });
+      assert.equal(code, 0, stderr);
+      const lines = stdout.trimEnd().split('\n');
+      assert.match(lines.find((l) => l.startsWith('edge-0'))!, /^edge-0 \(pre-load only\)\s+apps\s+Degraded\s+2\/2/);
+      assert.match(lines.find((l) => l.startsWith('worker'))!, /^worker\s+apps\s+Ready/, 'a node that pins is not marked');
+      const after = lines.slice(lines.indexOf('') + 1);
+      assert.deepEqual(after, [
+        "Pre-load only: these nodes' runtimes cannot pin, so nothing keeps the kubelet's image garbage collection from removing their images.",
+        `  edge-0, edge-1, edge-2, edge-3, edge-4 and 2 more: ${WHY_16}`,
+        `  edge-old: ${WHY_17}`,
+      ]);
+      const json = JSON.parse((await pinset(['--kubeconfig', file, '-o', 'json'])).stdout) as { nodes: { node: string; status: { cannotPin?: string } }[] };
+      assert.equal(json.nodes.find((n) => n.node === 'edge-old')?.status.cannotPin, WHY_17);
+      assert.equal(json.nodes.find((n) => n.node === 'worker')?.status.cannotPin, undefined);
+      // --set: only the nodes in its rows are said.
+      const one = await pinset(['--kubeconfig', file, '--set', 'other']);
+      assert.equal(one.stdout, 'No node reports on set other.\n');
+    } finally {
+      await own.stop();
+      await rm(ownDir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe('status table pieces', () => {
   test('ages read like kubectl\'s', () => {
     const s = 1000;

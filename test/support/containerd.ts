@@ -3,6 +3,8 @@
 // in a temporary folder, the native snapshotter, and a certs.d that maps
 // made-up registry names to loopback registries. Stopped by PID; restart()
 // keeps its root, so images and their labels survive.
+// `rootBytes` puts its root (content, snapshots: the image filesystem CRI
+// ImageFsInfo names) on a tmpfs of that size, for tests of a full disk.
 // Two versions: Debian 12's package (1.6.20, on PATH) and Debian trixie's
 // 1.7.24 unpacked into .cache/containerd-1.7 by .ci/containerd-1.7; both
 // read the same `version = 2` configuration.
@@ -16,6 +18,7 @@ import * as grpc from '@grpc/grpc-js';
 import { loadCriPackage } from './cri-proto.ts';
 import { promisify } from 'node:util';
 import { componentPath, installCommand, ServerProcess, waitUntilServing, type ComponentName } from './components.ts';
+import { mountTmpfs, type ScratchFs } from './scratch-fs.ts';
 
 const run = promisify(execFile);
 
@@ -44,6 +47,8 @@ export interface ContainerdOptions {
   sandboxImage?: string;
   /** containerd's root (content and snapshots: the image filesystem CRI ImageFsInfo names), e.g. on a small tmpfs. Default: <dir>/root. */
   root?: string;
+  /** Its root on a tmpfs of this many bytes, made in the temporary folder (a small image filesystem); not with `root`. */
+  rootBytes?: number;
 }
 
 export class Containerd {
@@ -53,6 +58,7 @@ export class Containerd {
   readonly binary: string;
   readonly #configFile: string;
   #process: ServerProcess | undefined;
+  #rootFs: ScratchFs | undefined;
 
   private constructor(dir: string, binary: string) {
     this.dir = dir;
@@ -68,6 +74,12 @@ export class Containerd {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-ctrd-'));
     const c = new Containerd(dir, binary);
     try {
+      if (opts.rootBytes !== undefined && opts.root !== undefined) throw new Error('Containerd.start: give root or rootBytes, not both');
+      if (opts.rootBytes !== undefined) {
+        const fs = await mountTmpfs(path.join(dir, 'root'), opts.rootBytes);
+        if (typeof fs === 'string') throw new Error(fs);
+        c.#rootFs = fs;
+      }
       await c.writeConfig(opts);
       await c.start();
       return c;
@@ -191,6 +203,8 @@ export class Containerd {
   async stop(): Promise<void> {
     await this.shutdown();
     this.#process = undefined;
+    await this.#rootFs?.unmount();
+    this.#rootFs = undefined;
     await rm(this.dir, { recursive: true, force: true, maxRetries: 3 });
   }
 

@@ -19,6 +19,10 @@ import type { PinProblem } from '../../src/pins/backend.ts';
 import { STATUS_MAX_BYTES, STATUS_MAX_MESSAGE_BYTES, type LabelSelector, type NodeSetStatus, type NodeStatus } from '../../src/api/types.ts';
 import type { FailureKind } from '../../src/cri/runtime.ts';
 import { silentLogger } from '../../src/util/log.ts';
+import { readFile } from 'node:fs/promises';
+import { SET_REASONS } from '../../src/api/reasons.ts';
+import { noSpaceMessage } from '../../src/agent/estimate.ts';
+import { PreloadOnly } from '../../src/pins/preload-only.ts';
 
 const ref = (host: string, name: string, c: string) => `${host}/org/${name}@sha256:${c.repeat(64)}`;
 const A = ref('quay.io', 'a', 'a');
@@ -297,6 +301,169 @@ describe('computeSetStatuses: phases and reasons', () => {
   });
 });
 
+// ---------------------------------------------------------------------------
+// A pin problem and a pre-load problem at once: the more severe names the
+// reason, the message names the other too, and "pre-loaded" is said only
+// when every image is present.
+
+const CANNOT_PIN = 'containerd 1.6.20~ds1 does not honour io.cri-containerd.pinned set after the pull; pins need 1.6.25 or later 1.6, 1.7.10 or later 1.7, or any 2.x';
+const NO_SPACE = noSpaceMessage(60 * 1024 ** 2, 33 * 1024 ** 2, 85, '/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs', 1, 0);
+
+interface Case {
+  reason: string;
+  /** The set's images and runtime handler (default [A, B], none). */
+  images?: string[];
+  runtimeHandler?: string;
+  facts: Partial<StatusFacts> & CrioFacts;
+}
+
+const problem = (reason: PinProblem['reason'], message: string): CrioFacts => ({ pinProblem: { reason, message, affected: () => true } });
+
+/** What keeps present images from being protected, as each backend reports it. */
+const PIN_CASES: Case[] = [
+  { reason: 'CrioConfigRejected', facts: { pinProblem: { reason: 'CrioConfigRejected', message: 'CRI-O would refuse /etc/crio/crio.conf.d/50-x.conf: toml: expected newline', affected: () => true, affectsAll: true } } },
+  { reason: 'PinsOverridden', facts: { overriding: [{ file: 'zz-local.conf', pins: [] }] } },
+  { reason: 'PinFileWriteFailed', facts: { writeError: 'EROFS: read-only file system', pinsInFile: new Set() } },
+  { reason: 'ReloadFailed', facts: problem('ReloadFailed', 'CRI-O was not reloaded after its pin list changed (retrying): ReloadUnit: unit crio.service not loaded') },
+  { reason: 'ReloadNotApplied', facts: problem('ReloadNotApplied', 'CRI-O did not apply the reload within 5s (retrying)') },
+  { reason: 'PinLabelFailed', facts: problem('PinLabelFailed', 'pinning image quay.io/org/a (sha256:aaa): permission denied; no pin is removed, retrying') },
+  { reason: 'PinNotReported', facts: problem('PinNotReported', 'containerd 1.7.2 does not report image quay.io/org/a pinned although its record carries io.cri-containerd.pinned=pinned') },
+  // containerd's label backend on a version that ignores the label: labels set, CRI reports unpinned.
+  { reason: 'RuntimeCannotPin', facts: { pinnedByRuntime: () => false } },
+  // The pre-load only backend chosen for such a runtime.
+  { reason: 'RuntimeCannotPin', facts: { pinnedByRuntime: () => undefined } },
+];
+/**
+ * The two RuntimeCannotPin cases get their PinStatus here: the pre-load only
+ * backend's, or a label backend's (it labels the images present, which CRI
+ * then reports unpinned).
+ */
+function pinsOf(c: Case, i: number, p: Plan, f: Partial<StatusFacts>): Partial<StatusFacts> {
+  if (c.reason !== 'RuntimeCannotPin') return {};
+  if (i === PIN_CASES.length - 1) return { pins: new PreloadOnly({ logger: silentLogger(), why: CANNOT_PIN }).status() };
+  const present = f.runtimeError ? [] : p.wanted.filter((w) => (f.present ?? (() => true))(w)).map((w) => w.reference.reference);
+  return { pins: { ...crioPinStatus({ pinFile: PIN_FILE, pinsInFile: new Set(present), reportsPins: true, overriding: [] }), cannotPin: CANNOT_PIN } };
+}
+
+const missingA = (w: WantedImage) => !isA(w);
+/** What keeps images from being present: image A missing (B present) for each. */
+const IMAGE_CASES: Case[] = [
+  { reason: 'RuntimeUnavailable', facts: { runtimeError: 'connect ENOENT /run/containerd/containerd.sock' } },
+  { reason: 'InvalidReference', images: [A, B, 'quay.io/org/app:1.2'], facts: {} },
+  { reason: 'NoSpace', facts: { present: missingA, failure: () => failure('NoSpace', NO_SPACE) } },
+  { reason: 'Unauthorized', facts: { present: missingA, failure: () => failure('Unauthorized', 'pull access denied: 401 Unauthorized') } },
+  { reason: 'ImageNotFound', facts: { present: missingA, failure: () => failure('NotFound', 'manifest unknown') } },
+  { reason: 'RuntimeHandlerRejected', runtimeHandler: 'kata', facts: { present: missingA, failure: () => failure('Other', 'runtime handler "kata" is not supported') } },
+  { reason: 'PullFailed', facts: { present: missingA, failure: () => failure('Other', 'unexpected EOF') } },
+  { reason: 'RegistryUnavailable', facts: { present: missingA, failure: () => failure('Unavailable', 'dial tcp: connection refused') } },
+  { reason: 'WaitingForRolloutSlot', facts: { present: missingA, rolloutWaits: new Map([['api/web', { maxConcurrentNodes: 5 }]]) } },
+  { reason: 'Pulling', facts: { present: missingA } },
+];
+
+/**
+ * Which wins, said as the README says it (and independently of the table in
+ * src/api/reasons.ts): the node's configuration voiding pins wins over
+ * everything; otherwise what keeps images from being present wins over a
+ * pin that failed to apply, unless it is only progress; RuntimeCannotPin
+ * loses to all of them.
+ */
+function expectedWinner(pin: string, image: string): string {
+  if (pin === 'CrioConfigRejected' || pin === 'PinsOverridden') return pin;
+  if (pin === 'RuntimeCannotPin') return image;
+  return image === 'WaitingForRolloutSlot' || image === 'Pulling' ? pin : image;
+}
+
+describe('computeSetStatuses: a pin problem and a pre-load problem at once', () => {
+  PIN_CASES.forEach((pin, i) => {
+    for (const image of IMAGE_CASES) {
+      const label = `${pin.reason}${pin.reason === 'RuntimeCannotPin' ? (i === PIN_CASES.length - 1 ? ' (pre-load only)' : ' (labels ignored)') : ''} with ${image.reason}`;
+      test(label, () => {
+        const p = plan([observed('web', image.images ?? [A, B], { runtimeHandler: image.runtimeHandler })]);
+        const s = only(facts(p, { ...pin.facts, ...image.facts, ...pinsOf(pin, i, p, image.facts) }));
+        const winner = expectedWinner(pin.reason, image.reason);
+        const loser = winner === pin.reason ? image.reason : pin.reason;
+        assert.equal(s.reason, winner, s.message);
+        assert.equal(s.phase, winner === 'WaitingForRolloutSlot' || winner === 'Pulling' ? 'Progressing' : 'Degraded');
+        // Progress beside a fault is in the counts; a fault beside anything is named.
+        if (loser === 'WaitingForRolloutSlot' || loser === 'Pulling') assert.doesNotMatch(s.message!, /; also /);
+        else assert.ok(s.message!.includes(`; also ${loser}: `), `the message names ${loser} too: ${s.message}`);
+        assert.ok(Buffer.byteLength(s.message!) <= STATUS_MAX_MESSAGE_BYTES);
+        const allPresent = s.images.present === s.images.wanted;
+        if (!allPresent) assert.doesNotMatch(s.message!, /pre-?load/i, 'nothing claims the images are pre-loaded while one is missing');
+        if (image.reason === 'NoSpace') assert.match(s.message!, /needs 60\.0 MiB, 33\.0 MiB free below the 85% watermark/, 'the estimate\'s figures');
+        if (pin.reason === 'RuntimeCannotPin') {
+          assert.ok(s.message!.includes('pins need 1.6.25 or later 1.6, 1.7.10 or later 1.7, or any 2.x'), 'the versions that pin');
+          assert.equal(s.images.pinned, 0);
+        }
+      });
+    }
+  });
+
+  test('RuntimeCannotPin alone, every image present: Degraded, pre-loaded and not protected, 0 pinned, with the versions that pin', () => {
+    const p = plan([observed('web', [A, B])]);
+    for (const pins of [new PreloadOnly({ logger: silentLogger(), why: CANNOT_PIN }).status(), { ...crioPinStatus({ pinFile: PIN_FILE, pinsInFile: new Set(p.pins), reportsPins: true, overriding: [] }), cannotPin: CANNOT_PIN }]) {
+      const s = only(facts(p, { pins, pinnedByRuntime: () => (pins.preloadOnly ? undefined : false) }));
+      assert.equal(s.phase, 'Degraded');
+      assert.equal(s.reason, 'RuntimeCannotPin');
+      assert.equal(s.message, `2 of 2 images present (pre-loaded) but not pinned: ${CANNOT_PIN}; nothing keeps the kubelet's image garbage collection from removing them`);
+      assert.deepEqual(s.images, { wanted: 2, present: 2, pinned: 0, failed: 0, invalid: 0 });
+    }
+  });
+
+  test('pre-loading chosen (--pin-backend none): Ready PreloadedNotPinned once present; a failing pull is said as on any node', () => {
+    const p = plan([observed('web', [A, B])]);
+    const pins = new PreloadOnly({ logger: silentLogger() }).status();
+    const s = only(facts(p, { pins, pinnedByRuntime: () => undefined }));
+    assert.equal(s.phase, 'Ready');
+    assert.equal(s.reason, 'PreloadedNotPinned');
+    const failing = only(facts(p, { pins, pinnedByRuntime: () => undefined, present: missingA, failure: () => failure('NotFound', 'manifest unknown') }));
+    assert.equal(failing.reason, 'ImageNotFound');
+    assert.doesNotMatch(failing.message!, /also|pre-?load/);
+    assert.equal(only(facts(p, { pins, pinnedByRuntime: () => undefined, present: missingA })).reason, 'Pulling');
+  });
+
+  test('a long message keeps the other problem: the own part is cut, not the "also"', () => {
+    const p = plan([observed('web', [A, B])]);
+    const pins = new PreloadOnly({ logger: silentLogger(), why: CANNOT_PIN }).status();
+    const s = only(facts(p, { pins, pinnedByRuntime: () => undefined, present: missingA, failure: () => failure('Other', 'x'.repeat(2000)) }));
+    assert.equal(s.reason, 'PullFailed');
+    assert.ok(Buffer.byteLength(s.message!) <= STATUS_MAX_MESSAGE_BYTES);
+    assert.ok(s.message!.endsWith(`; also RuntimeCannotPin: ${CANNOT_PIN}`), s.message);
+    assert.match(s.message!, /^pulling quay\.io\/org\/a@sha256:a{64} failed: x+\.\.\.; also /);
+  });
+
+  test('three kinds at once: a static file that cannot be read names the worst pin and image problems too', () => {
+    const held: ObservedSet = { ...observed('boot', [A, B]), source: 'static', origin: '/etc/pinset/sets.d/boot.yaml (document 1, line 1)', held: { file: '/etc/pinset/sets.d/boot.yaml', error: 'EIO' } };
+    const p = plan([], { staticSets: [held] });
+    const s = only(facts(p, { ...problem('ReloadFailed', 'CRI-O was not reloaded'), present: missingA, failure: () => failure('NotFound', 'manifest unknown') }));
+    assert.equal(s.reason, 'StaticFileUnreadable');
+    assert.match(s.message!, /; also ImageNotFound: registry quay\.io has no image .*; also ReloadFailed: CRI-O was not reloaded$/);
+  });
+});
+
+describe('the order of reasons', () => {
+  test('the README\'s table of reasons lists every reason in the order in which they win, with its phase', async () => {
+    const readme = await readFile(new URL('../../README.md', import.meta.url), 'utf8');
+    const rows = [...readme.matchAll(/^\| (\d+) \| `(\w+)` \| (\w+) \|/gm)].map((m) => ({ n: Number(m[1]), reason: m[2], phase: m[3] }));
+    assert.deepEqual(
+      rows.map((r) => [r.reason, r.phase]),
+      SET_REASONS.map((r) => [r.reason, r.phase]),
+    );
+    assert.deepEqual(
+      rows.map((r) => r.n),
+      SET_REASONS.map((_, i) => i + 1),
+    );
+  });
+
+  test('each reason once; what keeps images away, and progress, outrank RuntimeCannotPin; a drop-in voiding every pin outranks them all', () => {
+    const reasons = SET_REASONS.map((r) => r.reason);
+    assert.equal(new Set(reasons).size, reasons.length, 'no reason twice');
+    assert.ok(reasons.indexOf('NoSpace') < reasons.indexOf('RuntimeCannotPin'));
+    assert.ok(reasons.indexOf('Pulling') < reasons.indexOf('RuntimeCannotPin'));
+    assert.ok(reasons.indexOf('PinsOverridden') < reasons.indexOf('RuntimeUnavailable'));
+  });
+});
+
 describe('computeSetStatuses: generation history', () => {
   test('currentGeneration follows Ready; a failure records lastFailedGeneration and its error', () => {
     let history: Map<string, SetHistory> = new Map();
@@ -344,6 +511,28 @@ describe('computeSetStatuses: generation history', () => {
     assert.equal(readAnnotation(JSON.stringify({ ...st, version: 1 })).status?.imageFilesystemError, st.imageFilesystemError, 'and read in version 1');
     assert.equal(progressOnly(makeNodeStatus('node-1', PIN_FILE, [], 'x'), st), false, 'news: written at once');
     assert.equal(makeNodeStatus('node-1', PIN_FILE, [], '2025-01-01T00:00:00Z', { imageFilesystemError: null }).imageFilesystemError, undefined);
+  });
+
+  test('a node that cannot pin is said once in the node status (cannotPin), bounded, read back in both versions, and shortened with the messages', () => {
+    const p = plan([observed('web', [A]), observed('db', [B])]);
+    const pins = new PreloadOnly({ logger: silentLogger(), why: CANNOT_PIN }).status();
+    const { sets } = computeSetStatuses(facts(p, { pins, pinnedByRuntime: () => undefined }));
+    const st = makeNodeStatus('node-1', pins.where, sets, '2025-01-01T00:00:00Z', { cannotPin: pins.cannotPin });
+    assert.equal(st.cannotPin, CANNOT_PIN);
+    const written = JSON.parse(encodeNodeStatus(st)) as Record<string, unknown>;
+    assert.equal(written.cannotPin, CANNOT_PIN, 'one key on the document, whatever the number of sets');
+    assert.equal(readAnnotation(encodeNodeStatus(st)).status?.cannotPin, CANNOT_PIN);
+    assert.equal(readAnnotation(JSON.stringify({ ...st, version: 1 })).status?.cannotPin, CANNOT_PIN, 'and read in version 1');
+    assert.equal(readAnnotation(JSON.stringify({ ...st, cannotPin: 42 })).status?.cannotPin, undefined, 'a malformed one is left out');
+    assert.equal(makeNodeStatus('node-1', PIN_FILE, [], 'x').cannotPin, undefined, 'absent where pins work');
+    assert.ok(Buffer.byteLength(makeNodeStatus('n', PIN_FILE, [], 'x', { cannotPin: 'é'.repeat(3000) }).cannotPin!) <= 1024);
+    const many = Array.from({ length: 60 }, (_, i) => ({ ...sets[0]!, name: `set-${i}-${'x'.repeat(30)}` }));
+    const bounded = makeNodeStatus('node-1', pins.where, many, 'x', { cannotPin: CANNOT_PIN + ' ' + 'y'.repeat(900) });
+    assert.ok(encodedSize(bounded) <= STATUS_MAX_BYTES);
+    assert.ok(bounded.cannotPin!.startsWith(CANNOT_PIN.slice(0, 100)) && Buffer.byteLength(bounded.cannotPin!) <= 160, 'kept, cut like the messages');
+    // Becoming able to pin (an upgraded runtime), or unable, is news: written at once.
+    assert.equal(progressOnly(st, { ...st, cannotPin: undefined }), false);
+    assert.equal(progressOnly({ ...st, cannotPin: undefined }, st), false);
   });
 
   test('history survives a restart through the annotation', () => {
