@@ -36,7 +36,7 @@ function runtimeLabel(info: RuntimeInfo): string {
 export function decidePinBackend(flag: PinBackendFlag, info: RuntimeInfo | undefined, makers: Pick<PinBackendMakers, 'crio'> & { containerd?: Pick<NonNullable<PinBackendMakers['containerd']>, 'canPin'> }): Decision {
   const name = (info?.runtimeName ?? '').toLowerCase();
   const containerd = (): Decision => {
-    if (!makers.containerd) return { backend: 'none', why: 'containerd pins need its socket, which this agent was not given (--containerd-endpoint)' };
+    if (!makers.containerd) return { backend: 'none', why: 'containerd pins need its Images service on the CRI socket, which this agent was not set up to use' };
     if (!info) return { backend: 'containerd' };
     const can = makers.containerd.canPin(info.runtimeVersion);
     return can.ok ? { backend: 'containerd' } : { backend: 'none', why: can.why };
