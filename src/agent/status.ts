@@ -44,6 +44,8 @@ export interface StatusFacts {
   rolloutWaits?: ReadonlyMap<string, SlotWait>;
   /** Per set key: the set downloads without a rollout slot because this node may not hold one, and why. */
   rolloutUnenforced?: ReadonlyMap<string, string>;
+  /** Per set key: a pull secret of the set that cannot be used (missing, of another type, malformed), named with why. */
+  pullSecretProblems?: ReadonlyMap<string, string>;
 }
 
 const PULL_REASON: Record<FailureKind, string> = {
@@ -75,6 +77,10 @@ function pullMessage(w: WantedImage, f: PullFailure, handler: string): { reason:
   const ref = w.reference.reference;
   const host = w.reference.host;
   if (f.runtimeDown) return { reason: 'RuntimeUnavailable', message: `the container runtime could not be reached while pulling ${ref}: ${f.message}` };
+  // A refusal after a credential provider failed: the provider is the likelier cause than the registry.
+  if (f.credentialFailure && (f.kind === 'Unauthorized' || f.kind === 'NotFound')) {
+    return { reason: 'CredentialProviderFailed', message: `${f.credentialFailure}; pulling ${ref} without its credentials failed: ${f.message}` };
+  }
   if (handler && /runtime.?handler|runtime.?class|handler/i.test(f.message)) {
     return { reason: 'RuntimeHandlerRejected', message: `the runtime rejected runtimeHandler ${JSON.stringify(handler)} for ${ref}: ${f.message}` };
   }
@@ -137,6 +143,8 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
     const p = s.invalidImages[0]!;
     return { phase: 'Degraded', reason: 'InvalidReference', message: `${counts.invalid} reference(s) rejected and not pinned, first ${p.field}: ${p.error}`, counts };
   }
+  const secretProblem = facts.pullSecretProblems?.get(s.key);
+  if (secretProblem) return { phase: 'Degraded', reason: 'PullSecretInvalid', message: `${secretProblem}; ${counts.present} of ${counts.wanted} images present, pins kept`, counts };
   if (failures.length > 0) {
     failures.sort((a, b) => PULL_SEVERITY.indexOf(a.f.kind) - PULL_SEVERITY.indexOf(b.f.kind));
     const { w, f } = failures[0]!;
