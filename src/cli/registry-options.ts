@@ -1,5 +1,5 @@
 // Flags shared by the commands that ask registries (resolve, size): where
-// credentials and mirrors come from, deadlines, parallelism, and the client
+// credentials (files, and the docker credential helpers they name) and mirrors come from, deadlines, parallelism, and the client
 // built from them.
 import { RegistryClient } from '../registry/client.ts';
 import { authFilePaths, loadAuthFiles } from '../registry/credentials.ts';
@@ -11,7 +11,7 @@ export const REGISTRY_FLAGS: readonly FlagSpec[] = [
     name: 'auth-file',
     env: 'REGISTRY_AUTH_FILE',
     type: 'string',
-    help: 'registry credentials (containers auth.json or docker config.json); default: $XDG_RUNTIME_DIR/containers/auth.json, ~/.config/containers/auth.json, then $DOCKER_CONFIG/config.json or ~/.docker/config.json',
+    help: 'registry credentials (containers auth.json or docker config.json; its credHelpers and credsStore run docker-credential-<name> get); default: $XDG_RUNTIME_DIR/containers/auth.json, ~/.config/containers/auth.json, then $DOCKER_CONFIG/config.json or ~/.docker/config.json',
   },
   { name: 'registries-conf', env: 'CONTAINERS_REGISTRIES_CONF', type: 'string', help: 'registries.conf with mirrors and insecure registries (default /etc/containers/registries.conf)' },
   { name: 'registries-conf-dir', env: 'PINSET_REGISTRIES_CONF_DIR', type: 'string', default: DEFAULT_REGISTRIES_CONF_DIR, help: 'drop-in folder of registries.conf' },

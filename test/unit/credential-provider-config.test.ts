@@ -111,7 +111,7 @@ describe('validating the config: config_test.go Test_validateCredentialProviderC
 test("durations as Go's time.ParseDuration reads them", () => {
   const ok: [string, number][] = [['10m', 600_000], ['1h30m', 5_400_000], ['0', 0], ['0s', 0], ['500ms', 500], ['1.5h', 5_400_000], ['.5s', 500], ['-1m', -60_000], ['12h', 43_200_000], ['100us', 0.1]];
   for (const [s, ms] of ok) assert.equal(parseGoDuration(s), ms, s);
-  for (const s of ['', '10', 'm', '1d', '1 m', '.s', '+']) assert.throws(() => parseGoDuration(s), undefined, s);
+  for (const s of ['', '10', 'm', '1d', '1 m', '.s', '+']) assert.throws(() => parseGoDuration(s), Error, s);
 });
 
 describe('at start, the bin folder and each plugin (RegisterCredentialProviderPlugins)', () => {
