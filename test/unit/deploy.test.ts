@@ -88,9 +88,11 @@ describe('kubectl kustomize deploy', { skip }, () => {
       'Deployment pinset-system/pinset-controller',
       'Namespace -/pinset-system',
       'Role default/pinset-agent-events',
+      'Role pinset-system/pinset-agent-pull-secrets',
       'Role pinset-system/pinset-agent-rollout-slots',
       'Role pinset-system/pinset-controller',
       'RoleBinding default/pinset-agent-events',
+      'RoleBinding pinset-system/pinset-agent-pull-secrets',
       'RoleBinding pinset-system/pinset-agent-rollout-slots',
       'RoleBinding pinset-system/pinset-controller',
       'ServiceAccount pinset-system/pinset-agent',
@@ -247,7 +249,7 @@ describe('kubectl kustomize deploy', { skip }, () => {
       return [...out].sort();
     }
 
-    test('the agent: read sets; read and patch Nodes; core Events in "default" only; rollout slot Leases in its namespace only', () => {
+    test('the agent: read sets; read and patch Nodes; core Events in "default" only; rollout slot Leases and pull secrets in its namespace only', () => {
       assert.deepEqual(grants(AGENT_SA), [
         'cluster core/nodes get',
         'cluster core/nodes list',
@@ -263,7 +265,19 @@ describe('kubectl kustomize deploy', { skip }, () => {
         'pinset-system coordination.k8s.io/leases get',
         'pinset-system coordination.k8s.io/leases list',
         'pinset-system coordination.k8s.io/leases update',
+        'pinset-system core/secrets get',
+        'pinset-system core/secrets list',
+        'pinset-system core/secrets watch',
       ]);
+    });
+
+    test('Secrets: the agent may read them in its own namespace, where its pods run, and nowhere else; nothing else may', () => {
+      const secretGrants = (sa: string, kind?: string) => grants(sa, kind).filter((g) => g.includes('core/secrets'));
+      assert.ok(secretGrants(AGENT_SA).every((g) => g.startsWith(`${NS} `)), 'never cluster-wide, never another namespace');
+      assert.ok(!secretGrants(AGENT_SA).some((g) => /secrets (create|update|patch|delete)/.test(g)), 'read only');
+      assert.deepEqual(secretGrants(CONTROLLER_SA), []);
+      assert.deepEqual(secretGrants('system:nodes', 'Group'), []);
+      assert.equal(one('Role', 'pinset-agent-pull-secrets', NS).metadata.namespace, one('DaemonSet', 'pinset-agent', NS).metadata.namespace, 'the namespace the agent reads them from (POD_NAMESPACE) is its pods\'');
     });
 
     test('the controller: read sets, write their status, list/watch Nodes; its Lease and Events in its namespace only', () => {
