@@ -291,7 +291,10 @@ export class ImagePuller {
         if (refused.length < candidates.length) log.info({ with: c.from, err: this.scrub(err.message) }, 'pull with this credential failed; trying the next one');
       }
     }
-    if (refused.length === 1) throw refused[0]!.err;
+    if (refused.length === 1) {
+      const { from, err } = refused[0]!;
+      throw new RuntimeError(err.kind, `with ${from}: ${err.message}`, err.code);
+    }
     // Any other kind says more than a refusal: with the right credential the registry said what it has.
     const telling = refused.filter((r) => r.err.kind !== 'Unauthorized').at(-1) ?? refused.at(-1)!;
     throw new RuntimeError(telling.err.kind, refused.map((r) => `with ${r.from}: ${r.err.message}`).join('; '), telling.err.code);

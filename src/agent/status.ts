@@ -86,7 +86,7 @@ function pullMessage(w: WantedImage, f: PullFailure, handler: string): { reason:
   }
   switch (f.kind) {
     case 'Unauthorized':
-      return { reason: 'Unauthorized', message: `registry ${host} refused the credentials for ${ref} (check the entry for ${host} in the auth file): ${f.message}` };
+      return { reason: 'Unauthorized', message: `registry ${host} refused the credentials for ${ref} (check the credentials for ${host}: the set's pull secrets, the auth file, the credential providers): ${f.message}` };
     case 'NotFound':
       return { reason: 'ImageNotFound', message: `registry ${host} has no image ${ref}: ${f.message}` };
     case 'Unavailable':
