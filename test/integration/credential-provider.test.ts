@@ -217,6 +217,22 @@ describe("the node's keyring: the auth file and the plugins, in the kubelet's or
     assert.deepEqual(same.candidates.map((c) => c.auth.username), ['file-user', 'robot']);
   });
 
+  test('several matching plugins are all asked, and combined by name, as the kubelet 1.32 registers them', async () => {
+    await installTestPlugin(binDir, 'a-provider');
+    await installTestPlugin(binDir, 'z-provider');
+    const z = provider({ name: 'z-provider' }, { env: { TEST_PLUGIN_USERNAME: 'zed' } });
+    const a = provider({ name: 'a-provider' }, { env: { TEST_PLUGIN_USERNAME: 'ay' } });
+    const other = provider({ name: 'z-provider', matchImages: ['quay.io'] });
+    const found = await new NodeCredentials(null, [z.p, other.p, a.p]).credentialsFor({ host: 'registry.test', path: 'app' });
+    assert.deepEqual(found.candidates.map((c) => [c.auth.username, c.from]), [
+      ['ay', 'credential provider a-provider'],
+      ['zed', 'credential provider z-provider'],
+    ]);
+    assert.equal((await a.log()).length, 1);
+    assert.equal((await z.log()).length, 1);
+    assert.equal((await other.log()).length, 0);
+  });
+
   test('a plugin whose matchImages do not match is not asked', async () => {
     const a = provider({ matchImages: ['quay.io'] });
     const node = new NodeCredentials(await authFile({}), [a.p]);
