@@ -33,6 +33,7 @@ import type { DiskCheck } from './disk.ts';
 import type { SizeEstimator } from './estimate.ts';
 import type { KubeObserver } from './kube.ts';
 import { Lookahead } from './lookahead.ts';
+import type { AgentCredentials } from './image-credentials.ts';
 import type { EventRecorder } from './node-sinks.ts';
 import { SetSources } from './observe.ts';
 import { PinChoice, type PinBackendFlag, type PinBackendMakers } from './pin-choice.ts';
@@ -75,6 +76,8 @@ export interface AgentOptions {
   /** --node-labels: used when the Node cannot be read. */
   flagLabels?: Labels | null;
   authFile?: AuthFile | null;
+  /** Every pull's and estimate's credentials: the sets' pull secrets, then the node's (./image-credentials.ts). */
+  credentials?: AgentCredentials | null;
   events?: EventRecorder | null;
   metrics?: AgentMetrics | null;
   /** Pulls wait while the image filesystem is above its high watermark. */
@@ -158,6 +161,7 @@ export class Agent {
       admission: new PullAdmission(opts),
       puller: opts.puller,
       rolloutGate: opts.rolloutGate,
+      credentials: opts.credentials,
       presence: this.presence,
       report: new SetReport({ ...opts, now: this.now }),
       now: this.now,

@@ -1,6 +1,9 @@
 // The API side of the agent's observation: one list+watch on
 // PinnedImageSets and one on this node's Node object (field selector on its
-// name), through ListWatchCache (src/api/list-watch.ts): long watches with
+// name), and, once a set names a pull secret, one on the Secrets of the
+// agents' own namespace (./pull-secrets.ts; of each Secret only its type
+// and its pull-secret key are kept), through ListWatchCache
+// (src/api/list-watch.ts): long watches with
 // bookmarks, resourceVersions kept across reconnects, a relist on 410 Gone,
 // capped and jittered backoff on failures. The caches keep the last
 // successful observation while the API is away: a fault never looks like a
@@ -12,11 +15,16 @@ import { KubeHttp } from '../api/kube-http.ts';
 import { ListWatchCache, type ListWatchOptions } from '../api/list-watch.ts';
 import { GROUP, PLURAL, VERSION, type PinnedImageSet } from '../api/types.ts';
 import { AGENT_FIELD_MANAGER } from './node-sinks.ts';
+import { pullSecretView, type SecretLike, type SecretStore } from './pull-secrets.ts';
 
 export interface KubeObserverOptions {
   /** Watch tuning; see ListWatchOptions. */
   minWatchTimeoutMs?: number;
   watch?: Partial<Pick<ListWatchOptions, 'idleGraceMs' | 'healthyAfterMs' | 'backoff'>>;
+  /** The agents' namespace, whose Secrets sets may name as pull secrets (default pinset-system). */
+  secretNamespace?: string;
+  /** A Secret there was added, changed or deleted (by name): no desired state changed, only what a pull may use. */
+  onSecretChange?: (name: string) => void;
 }
 
 /**
@@ -54,11 +62,16 @@ export class KubeObserver {
   readonly http: KubeHttp;
   private readonly sets: ListWatchCache<PinnedImageSet>;
   private readonly node: ListWatchCache<V1Node>;
+  private secretCache: ListWatchCache<SecretLike> | undefined;
+  private stopped = false;
+  /** The agents' namespace's Secrets, watched from the first watch() on. */
+  readonly secrets: SecretStore;
 
   constructor(kc: KubeConfig, nodeName: string, log: Logger, onChange: (why: string) => void, opts: KubeObserverOptions = {}) {
     this.nodeName = nodeName;
     this.http = new KubeHttp(kc, { userAgent: AGENT_FIELD_MANAGER });
     const common = { http: this.http, log, minWatchTimeoutMs: opts.minWatchTimeoutMs, ...opts.watch };
+    this.secrets = this.secretStore(opts.secretNamespace ?? 'pinset-system', common, (name) => opts.onSecretChange?.(name));
     this.sets = new ListWatchCache<PinnedImageSet>({ ...common, what: 'pinnedimagesets', path: `/apis/${GROUP}/${VERSION}/${PLURAL}` });
     // The controller's status writes change nothing for the agent.
     watchRelevant(this.sets, 'pinnedimagesets', onChange, (s) => [s.metadata?.uid, s.metadata?.generation, s.spec]);
@@ -72,8 +85,57 @@ export class KubeObserver {
   }
 
   async stop(): Promise<void> {
-    await Promise.all([this.sets.stop(), this.node.stop()]);
+    this.stopped = true;
+    await Promise.all([this.sets.stop(), this.node.stop(), this.secretCache?.stop()]);
     this.http.close();
+  }
+
+  /**
+   * A list+watch of the namespace's Secrets, made and started on the first
+   * watch(): a cluster whose sets name no pull secret costs no watch. Of
+   * each Secret only its name, type and pull-secret key are kept.
+   */
+  private secretStore(namespace: string, common: Omit<ListWatchOptions, 'path' | 'what'>, changed: (name: string) => void): SecretStore {
+    const self = this;
+    return {
+      namespace,
+      watch() {
+        if (self.secretCache || self.stopped) return;
+        const cache = new ListWatchCache<SecretLike>({ ...common, what: 'secrets', path: `/api/v1/namespaces/${encodeURIComponent(namespace)}/secrets` }, (o) => pullSecretView(o as SecretLike));
+        const seen = new Map<string, string | undefined>();
+        const note = (o: SecretLike) => {
+          const name = o.metadata?.name ?? '';
+          const rv = JSON.stringify([o.type, o.data]);
+          if (seen.get(name) === rv) return;
+          seen.set(name, rv);
+          changed(name);
+        };
+        cache.on('add', note).on('update', note).on('delete', (o) => {
+          seen.delete(o.metadata?.name ?? '');
+          changed(o.metadata?.name ?? '');
+        });
+        self.secretCache = cache;
+        cache.start();
+      },
+      get synced() {
+        return self.secretCache?.synced ?? false;
+      },
+      get(name: string) {
+        return self.secretCache?.get(name, namespace);
+      },
+      whenSynced(ms: number) {
+        const cache = self.secretCache;
+        if (!cache) return Promise.resolve(false);
+        if (cache.synced) return Promise.resolve(true);
+        return new Promise<boolean>((resolve) => {
+          const timer = setTimeout(() => resolve(false), ms);
+          cache.on('synced', () => {
+            clearTimeout(timer);
+            resolve(true);
+          });
+        });
+      },
+    };
   }
 
   /** The sets from the last successful observation, or null if none has succeeded yet. */

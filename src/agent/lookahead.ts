@@ -9,6 +9,7 @@
 // reference by digest holds).
 import type { Logger } from 'pino';
 import { errMessage } from '../util/problem-log.ts';
+import type { AgentCredentials } from './image-credentials.ts';
 import type { SetSources } from './observe.ts';
 import { planReconcile } from './plan.ts';
 import type { Presence } from './presence.ts';
@@ -19,10 +20,12 @@ export class Lookahead {
   private readonly admission: PullAdmission;
   private readonly presence: Presence;
   private readonly log: Logger;
+  private readonly credentials: AgentCredentials | null | undefined;
   private running = false;
   private again = false;
 
-  constructor(p: { sets: SetSources; admission: PullAdmission; presence: Presence; log: Logger }) {
+  constructor(p: { sets: SetSources; admission: PullAdmission; presence: Presence; log: Logger; credentials?: AgentCredentials | null }) {
+    this.credentials = p.credentials;
     this.sets = p.sets;
     this.admission = p.admission;
     this.presence = p.presence;
@@ -45,6 +48,8 @@ export class Lookahead {
         this.again = false;
         const observed = await this.sets.peek();
         const plan = planReconcile({ ...observed, currentPins: [], carriedPins: [] });
+        // The sizes are asked for with the credentials of the sets as they are now (their pull secrets).
+        this.credentials?.notePlan(plan);
         this.admission.lookahead(plan, this.presence.knownPresent);
       } while (this.again);
     } catch (e) {

@@ -14,9 +14,10 @@ import { createReloader } from '../crio/reload.ts';
 import type { ReloadMode } from '../crio/reloader.ts';
 import type { AgentMetrics } from '../metrics/agent-metrics.ts';
 import { parseListenAddress } from '../metrics/server.ts';
-import { AuthFile } from '../registry/auth.ts';
 import { createLogger } from '../util/log.ts';
 import { Agent } from './agent.ts';
+import { credentialWiring } from './credential-wiring.ts';
+import type { AgentCredentials } from './image-credentials.ts';
 import type { PinBackendFlag } from './pin-choice.ts';
 import type { KubeObserver } from './kube.ts';
 import type { EventRecorder } from './node-sinks.ts';
@@ -134,13 +135,24 @@ export async function run(argv: string[]): Promise<number> {
   } catch (e) {
     throw new UsageError(`--crio-unit: ${(e as Error).message}`);
   }
-  const authFile = new AuthFile(String(f['auth-file']));
+  const creds = await credentialWiring(
+    {
+      authFile: String(f['auth-file']),
+      providerConfig: (f['image-credential-provider-config'] as string | undefined) || undefined,
+      providerBinDir: (f['image-credential-provider-bin-dir'] as string | undefined) || undefined,
+      providerTimeoutMs: Number(f['image-credential-provider-timeout']),
+    },
+    logger,
+    metrics,
+  );
+  const authFile = creds.authFile;
+  // Set once the API is known (pull secrets are read from it); the puller asks it on every pull.
+  let credentials: AgentCredentials | undefined;
   const puller = new ImagePuller({
     runtime,
     maxParallel,
     logger,
-    authFor: (host, path) => authFile.authFor(host, path),
-    scrub: (t) => authFile.scrub(t),
+    credentials: { credentialsFor: (image, signal) => credentials!.credentialsFor(image, signal), scrub: (t) => credentials!.scrub(t) },
     onResult: (r) => {
       metrics?.pulls.inc({ result: r.ok ? 'success' : (r.failure?.kind ?? 'Other'), kind: r.kind });
       if (r.ok) metrics?.pullDuration.observe(r.durationMs / 1000);
@@ -154,7 +166,16 @@ export async function run(argv: string[]): Promise<number> {
   let rolloutGate: RolloutGate | null = null;
   if (kc && kubeModules) {
     const { KubeObserver, AGENT_FIELD_MANAGER, NodeAnnotationSink, NodeEventRecorder, clientNodeLeaseApi, LeaseRolloutSlots } = kubeModules;
-    const observer = new KubeObserver(kc, nodeName, logger, (why) => agent?.trigger(why, true), { minWatchTimeoutMs: minWatchTimeout });
+    const observer = new KubeObserver(kc, nodeName, logger, (why) => agent?.trigger(why, true), {
+      minWatchTimeoutMs: minWatchTimeout,
+      secretNamespace: leaseNamespace,
+      // A changed pull secret: the images of the sets naming it are tried again now, not at their backoff.
+      onSecretChange: (name) => {
+        if (!credentials) return;
+        puller.retryNow(credentials.imagesUsingSecret(name));
+        agent?.trigger('pull secret changed');
+      },
+    });
     kube = observer;
     reporter = new StatusReporter(new NodeAnnotationSink(kc, nodeName), { logger, progressIntervalMs });
     events = new NodeEventRecorder(kc, nodeName, () => observer.currentNode()?.metadata?.uid, logger);
@@ -163,13 +184,14 @@ export async function run(argv: string[]): Promise<number> {
   } else {
     reporter = new StatusReporter(new LogStatusSink(logger), { logger, progressIntervalMs });
   }
+  credentials = creds.withSecrets(kube?.secrets ?? null);
   const factor = Number(f['disk-estimate-factor']);
   if (factor !== 0 && factor < 1) throw new UsageError('--disk-estimate-factor must be 0 (no estimate) or at least 1');
   // The registry client is loaded on the first reconcile that has images to download.
   const sizeEstimator =
     factor > 0 && Number(f['image-fs-high-watermark']) > 0
       ? lazyRegistrySizeEstimator({
-          credentials: authFile,
+          credentials,
           file: f['registries-conf'] as string | undefined,
           dir: String(f['registries-conf-dir']),
           containerdHostsDir: f['containerd-hosts-dir'] as string | undefined,
@@ -300,6 +322,7 @@ export async function run(argv: string[]): Promise<number> {
     staticDir: String(f['static-dir']),
     flagLabels,
     authFile,
+    credentials,
     events,
     metrics,
     diskCheck: new DiskCheck(runtime, { highWatermarkPercent: Number(f['image-fs-high-watermark']), logger }),

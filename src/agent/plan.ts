@@ -64,6 +64,8 @@ export interface PlannedSet {
   held?: { file: string; error: string };
   /** spec.rollout.maxConcurrentNodes: at most this many nodes download the set at a time (absent: no limit). */
   maxConcurrentNodes?: number;
+  /** spec.pullSecrets: Secrets in the agents' namespace whose credentials are tried first for its images. */
+  pullSecrets: string[];
 }
 
 export interface WantedImage {
@@ -118,6 +120,7 @@ function planSet(o: ObservedSet, labels: Labels | null): PlannedSet {
     specErrors: v.errors,
     invalidImages: v.imageProblems,
     references: v.images,
+    pullSecrets: v.pullSecrets,
     ...(o.held ? { held: o.held } : {}),
     ...(v.errors.length === 0 && typeof set.spec.rollout?.maxConcurrentNodes === 'number' ? { maxConcurrentNodes: set.spec.rollout.maxConcurrentNodes } : {}),
   };

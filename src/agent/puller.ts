@@ -1,11 +1,15 @@
 // ImagePuller: pulls through the ImageRuntime with bounded parallelism,
 // one attempt per image per reconcile, and per-image retry state (capped
 // exponential backoff with jitter, at the pace of the failure's kind).
+// An attempt tries each credential the credential source gives for the
+// image, in its order, until a pull succeeds, as the kubelet's PullImage
+// does (any error moves to the next); with none it pulls anonymously.
 // Pulls outlive a cancelled reconcile: the next reconcile joins a pull that
 // is still wanted and cancels one that is not.
 import type { Logger } from 'pino';
 import { isRuntimeDown } from '../cri/classify.ts';
-import { RuntimeError, type FailureKind, type ImageRuntime, type PullAuth } from '../cri/runtime.ts';
+import { RuntimeError, type FailureKind, type ImageRuntime } from '../cri/runtime.ts';
+import type { Credential, CredentialSource } from '../registry/credentials.ts';
 import { backoffDelay, type BackoffPolicy } from '../util/backoff.ts';
 
 /**
@@ -33,6 +37,8 @@ export interface PullFailure {
   failures: number;
   /** When the next attempt is due (ms since epoch). */
   nextAttemptAt: number;
+  /** A credential source that failed for this image (a credential provider plugin), when the pull then failed. */
+  credentialFailure?: string;
 }
 
 /**
@@ -57,10 +63,8 @@ export interface ImagePullerOptions {
   runtime: ImageRuntime;
   maxParallel: number;
   logger: Logger;
-  /** Credentials for a reference (the registry's only); undefined for anonymous. */
-  authFor?: (host: string, path: string) => PullAuth | undefined;
-  /** Removes known secrets from text that will be logged or reported. */
-  scrub?: (text: string) => string;
+  /** The credentials to try for each image (none: anonymous); their scrub() cleans every message. */
+  credentials?: CredentialSource;
   onResult?: (r: PullResult) => void;
   now?: () => number;
   random?: () => number;
@@ -139,6 +143,15 @@ export class ImagePuller {
     return min;
   }
 
+  /** Make the failed images among `keys` due now (their credentials changed). */
+  retryNow(keys: Iterable<string>): void {
+    const now = this.now();
+    for (const k of keys) {
+      const f = this.failures.get(k);
+      if (f) f.nextAttemptAt = Math.min(f.nextAttemptAt, now);
+    }
+  }
+
   /** The image is present: forget its failures. */
   markPresent(key: string): void {
     this.failures.delete(key);
@@ -209,7 +222,7 @@ export class ImagePuller {
   }
 
   private async attempt(w: WantedImage, kind: PullKind, signal: AbortSignal): Promise<PullResult> {
-    const { runtime, logger } = this.opts;
+    const { logger } = this.opts;
     const ref = w.reference.reference;
     // A free slot is taken in the same turn: the first pulls of a batch reach
     // the runtime before pull() returns, not after whatever its caller does next.
@@ -223,11 +236,14 @@ export class ImagePuller {
     // Made once the pull has its slot: the pulls of a large set all wait for one at once.
     const log = logger.child({ image: ref, kind, ...(w.runtimeHandler ? { runtimeHandler: w.runtimeHandler } : {}) });
     const started = this.now();
+    let credentialFailure: string | undefined;
     try {
-      const auth = this.opts.authFor?.(w.reference.host, w.reference.path);
+      const { host, path, digest } = w.reference;
+      const found = (await this.opts.credentials?.credentialsFor({ host, path, origin: { repository: `${host}/${path}`, digest } }, signal)) ?? { candidates: [], failures: [] };
+      credentialFailure = found.failures[0] && `${found.failures[0].message}${found.failures.length > 1 ? ` (and ${found.failures.length - 1} more)` : ''}`;
       // Every line carries `kind`: a name-only pull fetches a manifest, not layers.
-      log.info({ authenticated: auth !== undefined }, 'pulling image');
-      const imageRef = await runtime.pullImage(ref, { runtimeHandler: w.runtimeHandler || undefined, auth, signal });
+      log.info({ credentials: found.candidates.length, ...(found.failures.length ? { credentialFailures: found.failures.map((f) => f.source) } : {}) }, 'pulling image');
+      const imageRef = await this.pullWith(w, found.candidates, signal, log);
       const r: PullResult = { key: w.key, kind, ok: true, imageRef, durationMs: this.now() - started };
       this.failures.delete(w.key);
       log.info({ imageRef, durationMs: r.durationMs }, 'pulled image');
@@ -241,10 +257,13 @@ export class ImagePuller {
         : e instanceof RuntimeError
           ? e
           : new RuntimeError('Other', (e as Error).message);
-      const failure = this.recordFailure(w.key, err);
+      const failure = this.recordFailure(w.key, err, credentialFailure);
       const r: PullResult = { key: w.key, kind, ok: false, failure, durationMs: this.now() - started };
       if (err.kind === 'Canceled') log.info('pull cancelled: the image is no longer wanted');
-      else log.warn({ kind: failure.kind, failures: failure.failures, retryInMs: failure.nextAttemptAt - this.now(), err: failure.message }, 'pull failed');
+      else {
+        const why = failure.credentialFailure ? { credentialFailure: failure.credentialFailure } : {};
+        log.warn({ kind: failure.kind, failures: failure.failures, retryInMs: failure.nextAttemptAt - this.now(), err: failure.message, ...why }, 'pull failed');
+      }
       this.opts.onResult?.(r);
       return r;
     } finally {
@@ -252,12 +271,52 @@ export class ImagePuller {
     }
   }
 
-  private recordFailure(key: string, err: RuntimeError): PullFailure {
+  /**
+   * One pull per credential, in order, until one succeeds (none: one
+   * anonymous pull). A cancelled pull or a runtime that cannot be reached
+   * ends the attempt: no other credential can help.
+   */
+  private async pullWith(w: WantedImage, candidates: readonly Credential[], signal: AbortSignal, log: Logger): Promise<string> {
+    const ref = w.reference.reference;
+    const runtimeHandler = w.runtimeHandler || undefined;
+    if (candidates.length === 0) return await this.opts.runtime.pullImage(ref, { runtimeHandler, signal });
+    const refused: { from: string; err: RuntimeError }[] = [];
+    for (const c of candidates) {
+      try {
+        return await this.opts.runtime.pullImage(ref, { runtimeHandler, auth: c.auth, signal });
+      } catch (e) {
+        const err = e instanceof RuntimeError ? e : new RuntimeError('Other', (e as Error).message);
+        if (signal.aborted || isRuntimeDown(err) || err.kind === 'Canceled') throw err;
+        refused.push({ from: c.from, err });
+        if (refused.length < candidates.length) log.info({ with: c.from, err: this.scrub(err.message) }, 'pull with this credential failed; trying the next one');
+      }
+    }
+    if (refused.length === 1) {
+      const { from, err } = refused[0]!;
+      throw new RuntimeError(err.kind, `with ${from}: ${err.message}`, err.code);
+    }
+    // Any other kind says more than a refusal: with the right credential the registry said what it has.
+    const telling = refused.filter((r) => r.err.kind !== 'Unauthorized').at(-1) ?? refused.at(-1)!;
+    throw new RuntimeError(telling.err.kind, refused.map((r) => `with ${r.from}: ${r.err.message}`).join('; '), telling.err.code);
+  }
+
+  private scrub(text: string): string {
+    return this.opts.credentials ? this.opts.credentials.scrub(text) : text;
+  }
+
+  private recordFailure(key: string, err: RuntimeError, credentialFailure?: string): PullFailure {
     const prev = this.failures.get(key);
     const failures = (prev?.failures ?? 0) + 1;
     const delay = backoffDelay(RETRY_POLICY[err.kind], failures, this.opts.random);
-    const message = (this.opts.scrub ?? ((s: string) => s))(err.message);
-    const f: PullFailure = { kind: err.kind, runtimeDown: isRuntimeDown(err), message, failures, nextAttemptAt: this.now() + delay };
+    const message = this.scrub(err.message);
+    const f: PullFailure = {
+      kind: err.kind,
+      runtimeDown: isRuntimeDown(err),
+      message,
+      failures,
+      nextAttemptAt: this.now() + delay,
+      ...(credentialFailure ? { credentialFailure: this.scrub(credentialFailure) } : {}),
+    };
     if (err.kind === 'Canceled') this.failures.delete(key);
     else this.failures.set(key, f);
     return f;

@@ -9,6 +9,7 @@ import type { PinBackend, PinTarget } from '../pins/backend.ts';
 import type { RolloutGate } from '../rollout/gate.ts';
 import { checkpoint } from '../util/cancel.ts';
 import type { SetSources } from './observe.ts';
+import type { AgentCredentials } from './image-credentials.ts';
 import type { PinChoice } from './pin-choice.ts';
 import { planReconcile, type Plan, type WantedImage } from './plan.ts';
 import type { Presence } from './presence.ts';
@@ -36,6 +37,7 @@ export interface ReconcileParts {
   admission: PullAdmission;
   puller: ImagePuller;
   rolloutGate?: RolloutGate | null;
+  credentials?: AgentCredentials | null;
   presence: Presence;
   report: SetReport;
   now: () => number;
@@ -57,6 +59,7 @@ export async function reconcile(p: ReconcileParts, signal: AbortSignal): Promise
   // 2. Plan (pure): the sets that select this node, the wanted images, the pin list.
   const plan = planReconcile({ ...observed, currentPins: held.current, carriedPins: held.carried });
   p.sets.notePlan(plan);
+  p.credentials?.notePlan(plan);
   p.admission.prepare(plan, p.presence.knownPresent, observing, signal);
 
   // 3. Pins: the list staged while the runtime answers, then applied and confirmed.
@@ -69,13 +72,15 @@ export async function reconcile(p: ReconcileParts, signal: AbortSignal): Promise
   checkpoint(signal);
 
   // 4. Pull admission: what is missing, and what of it may start now (disk, rollout slots, size estimate).
+  await p.credentials?.secretsReady();
   const need = pullsNeeded(plan, runtime, pins, p.puller, p.log);
   const admitted = await p.admission.admit(plan, need.toPull, need.isName, runtime, p.sets.problems, signal);
-  const report = () => p.report.report({ plan, runtime, pins: pins.status(), puller: p.puller, estimates: p.admission.estimates, admitted });
+  const report = (final = false) =>
+    p.report.report({ plan, runtime, pins: pins.status(), puller: p.puller, estimates: p.admission.estimates, admitted, pullSecretProblems: p.credentials?.setProblems(plan, final) });
 
   // 5. Pulls, reporting progress while they run.
   const waitingForSlot = need.toPull.length - admitted.pulling.length;
-  const { pulled, attempted } = await runPulls({ puller: p.puller, log: p.log, runtime, pins, report, waitingForSlot }, need, admitted.pulling, signal);
+  const { pulled, attempted } = await runPulls({ puller: p.puller, log: p.log, runtime, pins, report: () => void report(), waitingForSlot }, need, admitted.pulling, signal);
   if (admitted.pulling.length > 0) await p.rolloutGate?.releaseAll();
 
   // 6. Verify: what landed is pinned and confirmed, then read back; last, the runtime checked against its pins.
@@ -87,7 +92,7 @@ export async function reconcile(p: ReconcileParts, signal: AbortSignal): Promise
 
   // 7. Report.
   p.admission.forgetDone(plan, runtime);
-  const sets = report();
+  const sets = report(true);
   p.presence.record(plan, runtime, pins, p.now());
   const status = pins.status();
   return { plan, sets, wrote: status.wrote, reloaded: status.reloaded, pullsAttempted: attempted, runtimeReachable: runtime.error === undefined };

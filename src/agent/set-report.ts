@@ -36,6 +36,8 @@ export interface ReportFacts {
   puller: ImagePuller;
   estimates: ReadonlyMap<string, SetEstimate>;
   admitted?: Admitted;
+  /** Per set key: why one of its pull secrets cannot be used. */
+  pullSecretProblems?: ReadonlyMap<string, string>;
 }
 
 export class SetReport {
@@ -76,6 +78,7 @@ export class SetReport {
       estimates: f.estimates,
       rolloutWaits: f.admitted?.waits,
       rolloutUnenforced: f.admitted?.unenforced,
+      pullSecretProblems: f.pullSecretProblems,
     });
     this.history = history;
     this.o.reporter.report(

@@ -48,6 +48,8 @@ export interface StatusFacts {
   rolloutWaits?: ReadonlyMap<string, SlotWait>;
   /** Per set key: the set downloads without a rollout slot because this node may not hold one, and why. */
   rolloutUnenforced?: ReadonlyMap<string, string>;
+  /** Per set key: a pull secret of the set that cannot be used (missing, of another type, malformed), named with why. */
+  pullSecretProblems?: ReadonlyMap<string, string>;
 }
 
 const PULL_REASON: Record<FailureKind, SetReason> = {
@@ -68,12 +70,16 @@ function pullMessage(w: WantedImage, f: PullFailure, handler: string): SetProble
   const ref = w.reference.reference;
   const host = w.reference.host;
   if (f.runtimeDown) return { reason: 'RuntimeUnavailable', message: `the container runtime could not be reached while pulling ${ref}: ${f.message}` };
+  // A refusal after a credential provider failed: the provider is the likelier cause than the registry.
+  if (f.credentialFailure && (f.kind === 'Unauthorized' || f.kind === 'NotFound')) {
+    return { reason: 'CredentialProviderFailed', message: `${f.credentialFailure}; pulling ${ref} without its credentials failed: ${f.message}` };
+  }
   if (handler && /runtime.?handler|runtime.?class|handler/i.test(f.message)) {
     return { reason: 'RuntimeHandlerRejected', message: `the runtime rejected runtimeHandler ${JSON.stringify(handler)} for ${ref}: ${f.message}` };
   }
   switch (f.kind) {
     case 'Unauthorized':
-      return { reason: 'Unauthorized', message: `registry ${host} refused the credentials for ${ref} (check the entry for ${host} in the auth file): ${f.message}` };
+      return { reason: 'Unauthorized', message: `registry ${host} refused the credentials for ${ref} (check the credentials for ${host}: the set's pull secrets, the auth file, the credential providers): ${f.message}` };
     case 'NotFound':
       return { reason: 'ImageNotFound', message: `registry ${host} has no image ${ref}: ${f.message}` };
     case 'Unavailable':
@@ -138,6 +144,8 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
     const p = s.invalidImages[0]!;
     holds.push({ reason: 'InvalidReference', message: `${counts.invalid} reference(s) rejected and not pinned, first ${p.field}: ${p.error}` });
   }
+  const secretProblem = facts.pullSecretProblems?.get(s.key);
+  if (secretProblem) holds.push({ reason: 'PullSecretInvalid', message: `${secretProblem}; ${counts.present} of ${counts.wanted} images present, pins kept` });
   if (failures.length > 0) {
     const worst = failures.reduce((a, b) => (severity(b.reason) < severity(a.reason) ? b : a));
     const tail = failures.length > 1 ? ` (${failures.length} of ${counts.wanted} images failing; retrying)` : ' (retrying)';

@@ -23,6 +23,10 @@
 //   may only go later. Among failed pulls, what a person must fix (the
 //   disk, credentials, a wrong digest) before what retries cure (a registry
 //   out of reach).
+// - a pull secret a set names that cannot be used is the set's own
+//   configuration (kind `set`), so a refused pull is named beside it; a
+//   credential provider that failed comes before the refusal it likely
+//   caused.
 // - a pin that failed to apply (file, reload, label) outranks progress: a
 //   fault needs a look, progress does not.
 // - RuntimeCannotPin is a standing fact of the node (only an upgrade of the
@@ -44,7 +48,9 @@ export const SET_REASONS = [
   { reason: 'StaticFileUnreadable', phase: 'Degraded', kind: 'set' },
   { reason: 'RuntimeUnavailable', phase: 'Degraded', kind: 'images' },
   { reason: 'InvalidReference', phase: 'Degraded', kind: 'images' },
+  { reason: 'PullSecretInvalid', phase: 'Degraded', kind: 'set' },
   { reason: 'NoSpace', phase: 'Degraded', kind: 'images' },
+  { reason: 'CredentialProviderFailed', phase: 'Degraded', kind: 'images' },
   { reason: 'Unauthorized', phase: 'Degraded', kind: 'images' },
   { reason: 'ImageNotFound', phase: 'Degraded', kind: 'images' },
   { reason: 'RuntimeHandlerRejected', phase: 'Degraded', kind: 'images' },

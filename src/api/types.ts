@@ -39,12 +39,26 @@ export interface RolloutSpec {
   maxConcurrentNodes?: number;
 }
 
+/** A Secret in the agents' namespace (a core/v1 LocalObjectReference). */
+export interface PullSecretReference {
+  name: string;
+}
+
+/** Upper bound on spec.pullSecrets, the same in the CRD and the validator. */
+export const MAX_PULL_SECRETS = 64;
+
 export interface PinnedImageSetSpec {
   nodeSelector?: LabelSelector;
   /** Passed as CRI ImageSpec.runtime_handler (KEP-4216). */
   runtimeHandler?: string;
   pinnedImages: PinnedImage[];
   rollout?: RolloutSpec;
+  /**
+   * Secrets of type kubernetes.io/dockerconfigjson (or kubernetes.io/dockercfg)
+   * in the agents' namespace, tried for this set's images before the node's
+   * own credentials, as a pod's imagePullSecrets are.
+   */
+  pullSecrets?: PullSecretReference[];
 }
 
 export interface ObjectMeta {

@@ -3,7 +3,7 @@
 // it reads (API or static folder) and by `pinset validate`.
 import { parseReference, quote, type ParsedReference } from './reference.ts';
 import { selectorErrors } from './selector.ts';
-import { API_VERSION, KIND, MAX_PINNED_IMAGES, type PinnedImageSet } from './types.ts';
+import { API_VERSION, KIND, MAX_PINNED_IMAGES, MAX_PULL_SECRETS, type PinnedImageSet } from './types.ts';
 
 /** metadata.name of a cluster-scoped object: a DNS-1123 subdomain. */
 export const NAME_PATTERN = '^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$';
@@ -29,6 +29,8 @@ export interface SetValidation {
   imageProblems: ImageProblem[];
   /** The valid references, in order, de-duplicated. */
   images: ParsedReference[];
+  /** spec.pullSecrets' names, in order (empty when the field has errors). */
+  pullSecrets: string[];
 }
 
 function isObject(v: unknown): v is Record<string, unknown> {
@@ -54,11 +56,37 @@ function rolloutErrors(rollout: unknown): string[] {
   return errors;
 }
 
+/**
+ * spec.pullSecrets: absent, or a list of {name} naming Secrets (DNS
+ * subdomains), each once, at most MAX_PULL_SECRETS. A null is absent, as
+ * the API server prunes it.
+ */
+function pullSecretErrors(list: unknown): { errors: string[]; names: string[] } {
+  if (list === undefined || list === null) return { errors: [], names: [] };
+  if (!Array.isArray(list)) return { errors: ['spec.pullSecrets: must be a list of {name: <Secret in the agents\' namespace>}'], names: [] };
+  const errors: string[] = [];
+  const names: string[] = [];
+  if (list.length > MAX_PULL_SECRETS) errors.push(`spec.pullSecrets: has ${list.length} items; at most ${MAX_PULL_SECRETS} are allowed`);
+  list.forEach((item: unknown, i: number) => {
+    const field = `spec.pullSecrets[${i}]`;
+    if (!isObject(item)) return void errors.push(`${field}: must be an object {name: <Secret name>}`);
+    for (const k of Object.keys(item)) if (k !== 'name') errors.push(`${field}.${k}: unknown field (known: name)`);
+    const name = item.name;
+    if (typeof name !== 'string' || name.length === 0) return void errors.push(`${field}.name: required, the name of a Secret in the agents' namespace`);
+    if (name.length > MAX_OBJECT_NAME_LENGTH || !nameRe.test(name)) return void errors.push(`${field}.name: ${quote(name)} must be a lowercase DNS subdomain (a Secret's name)`);
+    const first = names.indexOf(name);
+    if (first >= 0) return void errors.push(`${field}.name: duplicate of spec.pullSecrets[${first}].name ${quote(name)}`);
+    names.push(name);
+  });
+  return { errors, names: errors.length === 0 ? names : [] };
+}
+
 export function validateSet(obj: unknown): SetValidation {
   const errors: string[] = [];
   const imageProblems: ImageProblem[] = [];
   const images: ParsedReference[] = [];
-  if (!isObject(obj)) return { errors: ['must be an object'], imageProblems, images };
+  let pullSecrets: string[] = [];
+  if (!isObject(obj)) return { errors: ['must be an object'], imageProblems, images, pullSecrets };
 
   if (obj.apiVersion !== API_VERSION) errors.push(`apiVersion: must be ${API_VERSION}, not ${quote(String(obj.apiVersion))}`);
   if (obj.kind !== KIND) errors.push(`kind: must be ${KIND}, not ${quote(String(obj.kind))}`);
@@ -75,7 +103,7 @@ export function validateSet(obj: unknown): SetValidation {
   const spec = obj.spec;
   if (!isObject(spec)) {
     errors.push('spec: required');
-    return { errors, imageProblems, images };
+    return { errors, imageProblems, images, pullSecrets };
   }
   errors.push(...selectorErrors(spec.nodeSelector));
   if (spec.runtimeHandler !== undefined && spec.runtimeHandler !== '') {
@@ -84,10 +112,13 @@ export function validateSet(obj: unknown): SetValidation {
     }
   }
   errors.push(...rolloutErrors(spec.rollout));
+  const secrets = pullSecretErrors(spec.pullSecrets);
+  errors.push(...secrets.errors);
+  pullSecrets = secrets.names;
   const list = spec.pinnedImages;
   if (!Array.isArray(list)) {
     errors.push('spec.pinnedImages: required, a list of {name: <digest reference>}');
-    return { errors, imageProblems, images };
+    return { errors, imageProblems, images, pullSecrets };
   }
   if (list.length < 1) errors.push('spec.pinnedImages: must have at least 1 item');
   if (list.length > MAX_PINNED_IMAGES) errors.push(`spec.pinnedImages: has ${list.length} items; at most ${MAX_PINNED_IMAGES} are allowed`);
@@ -111,7 +142,7 @@ export function validateSet(obj: unknown): SetValidation {
     if (r.ok) images.push(r.value);
     else imageProblems.push({ index, field, name, error: r.error });
   });
-  return { errors, imageProblems, images };
+  return { errors, imageProblems, images, pullSecrets };
 }
 
 /** Human summary of every problem, one per line, each prefixed with the field. */

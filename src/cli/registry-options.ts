@@ -1,8 +1,9 @@
 // Flags shared by the commands that ask registries (resolve, size): where
-// credentials and mirrors come from, deadlines, parallelism, and the client
-// built from them. Mirrors come from registries.conf, as CRI-O and podman
-// read it, or, given --containerd-hosts-dir, from containerd's registry
-// hosts alone, as a containerd node pulls.
+// credentials (files, and the docker credential helpers they name) and
+// mirrors come from, deadlines, parallelism, and the client built from
+// them. Mirrors come from registries.conf, as CRI-O and podman read it, or,
+// given --containerd-hosts-dir, from containerd's registry hosts alone, as a
+// containerd node pulls.
 import { stat } from 'node:fs/promises';
 import { RegistryClient } from '../registry/client.ts';
 import { ContainerdHosts } from '../registry/containerd-hosts.ts';
@@ -15,7 +16,7 @@ export const REGISTRY_FLAGS: readonly FlagSpec[] = [
     name: 'auth-file',
     env: 'REGISTRY_AUTH_FILE',
     type: 'string',
-    help: 'registry credentials (containers auth.json or docker config.json); default: $XDG_RUNTIME_DIR/containers/auth.json, ~/.config/containers/auth.json, then $DOCKER_CONFIG/config.json or ~/.docker/config.json',
+    help: 'registry credentials (containers auth.json or docker config.json; its credHelpers and credsStore run docker-credential-<name> get); default: $XDG_RUNTIME_DIR/containers/auth.json, ~/.config/containers/auth.json, then $DOCKER_CONFIG/config.json or ~/.docker/config.json',
   },
   { name: 'registries-conf', env: 'CONTAINERS_REGISTRIES_CONF', type: 'string', help: 'registries.conf with mirrors and insecure registries (default /etc/containers/registries.conf)' },
   { name: 'registries-conf-dir', env: 'PINSET_REGISTRIES_CONF_DIR', type: 'string', default: DEFAULT_REGISTRIES_CONF_DIR, help: 'drop-in folder of registries.conf' },

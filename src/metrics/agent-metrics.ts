@@ -43,6 +43,21 @@ export class AgentMetrics {
   });
   readonly lastSuccess = new Gauge({ name: 'pinset_last_successful_reconcile_timestamp_seconds', help: 'Unix time of the end of the last reconcile that reached the runtime.', registers: [this.registry] });
 
+  // The kubelet's kubelet_credential_provider_plugin_duration and _errors, by plugin name.
+  readonly credentialPluginDuration = new Histogram({
+    name: 'pinset_credential_provider_plugin_duration_seconds',
+    help: 'Duration of execs of kubelet credential provider plugins, by plugin name.',
+    labelNames: ['plugin'],
+    buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+    registers: [this.registry],
+  });
+  readonly credentialPluginErrors = new Counter({
+    name: 'pinset_credential_provider_plugin_errors_total',
+    help: 'Execs of kubelet credential provider plugins that failed (exit status, timeout, an answer that cannot be used), by plugin name.',
+    labelNames: ['plugin'],
+    registers: [this.registry],
+  });
+
   readonly resyncInterval = new Gauge({
     name: 'pinset_resync_interval_seconds',
     help: 'The agent\'s --resync-interval: it reconciles at least this often (alerts compare the last successful reconcile with it).',

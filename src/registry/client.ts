@@ -6,6 +6,8 @@
 //     registry's credentials (or an OAuth2 refresh token, or a registry
 //     token used as is), tokens cached per scope until they expire
 //     (https://distribution.github.io/distribution/spec/auth/token/);
+//     every credential the source gives for the image is tried in turn
+//     until one is let in (./credentials.ts), as the kubelet tries them;
 //   - the node's mirrors from registries.conf, tried in order before the
 //     registry itself, or containerd's registry hosts with their TLS,
 //     headers and capabilities (./containerd-hosts.ts); a result always
@@ -36,12 +38,13 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { interceptors, request, type Dispatcher } from 'undici';
 import { backoffDelay, type BackoffPolicy } from '../util/backoff.ts';
 import type { PullAuth } from '../cri/runtime.ts';
-import { ANONYMOUS, type CredentialSource } from './credentials.ts';
+import { ANONYMOUS, failuresNote, type Credential, type CredentialSource, type ImageRef } from './credentials.ts';
 import { MANIFEST_ACCEPT, MAX_MANIFEST_BYTES, ManifestError, parseManifest, type Manifest } from './manifest.ts';
-import { formatImageName, manifestReference, type ImageName } from './names.ts';
+import { formatImageName, manifestReference, repositoryOf, type ImageName } from './names.ts';
 import { ContainerdHostsError, type ContainerdHosts } from './containerd-hosts.ts';
 import { connectionOf, sourceUrl, tlsAdvice, withHostHeaders } from './pull-source.ts';
 import { RegistriesConf, RegistriesConfError, type PullSource } from './registries-conf.ts';
+import { requestToken } from './token.ts';
 import { Transport } from './transport.ts';
 import { type Answer, AttemptError, type Challenge, describeBody, discard, errorCode, header, isCertificateError, isTlsOrProtocolError, kindOfStatus, MAX_REDIRECTIONS, networkMessage, parseChallenge, readLimited, RegistryError, type RegistryErrorKind, sha256, type SourceFailure, TRANSIENT_STATUS } from './http.ts';
 
@@ -89,6 +92,9 @@ interface EndpointState {
   scheme?: 'https' | 'http';
   challenge?: Challenge;
 }
+
+/** A source, and the image as its set names it (for credentials chosen by set). */
+type Source = PullSource & { origin: NonNullable<ImageRef['origin']> };
 
 interface CachedToken {
   value: string;
@@ -182,7 +188,7 @@ export class RegistryClient {
     });
   }
 
-  private async getFrom(src: PullSource, name: ImageName, signal?: AbortSignal): Promise<FetchedManifest> {
+  private async getFrom(src: Source, name: ImageName, signal?: AbortSignal): Promise<FetchedManifest> {
     const res = await this.send(src, 'GET', `manifests/${manifestReference(name)}`, { accept: MANIFEST_ACCEPT }, signal, { bodyFollows: true });
     this.requests.manifest++;
     const bytes = await readLimited(res, MAX_MANIFEST_BYTES);
@@ -208,11 +214,13 @@ export class RegistryClient {
   }
 
   /** Try each source in order; the first answer wins; otherwise one error naming what each said. */
-  private async fromSources<T>(name: ImageName, op: (src: PullSource) => Promise<T>): Promise<T> {
+  private async fromSources<T>(name: ImageName, op: (src: Source) => Promise<T>): Promise<T> {
     const image = formatImageName(name);
-    let sources: PullSource[];
+    const origin = { repository: repositoryOf(name), ...(name.digest ? { digest: name.digest } : {}) };
+    let sources: Source[];
     try {
-      sources = this.containerdHosts ? await this.containerdHosts.sources(name) : this.registries.sources(name);
+      const found = this.containerdHosts ? await this.containerdHosts.sources(name) : this.registries.sources(name);
+      sources = found.map((s) => ({ ...s, origin }));
     } catch (e) {
       if (e instanceof RegistriesConfError || e instanceof ContainerdHostsError) throw new RegistryError('Blocked', image, `${image}: ${e.message}`);
       throw e;
@@ -245,16 +253,43 @@ export class RegistryClient {
    * is false, in which case it is discarded); throws AttemptError otherwise.
    */
   private async send(
-    src: PullSource,
+    src: Source,
     method: 'GET' | 'HEAD',
     suffix: string,
     headers: Record<string, string>,
     signal: AbortSignal | undefined,
     opts: { bodyFollows?: boolean } = {},
   ): Promise<Answer> {
-    const state = this.state(src.host);
+    // A containerd mirror is offered the credentials of the image's own registry.
     const who = src.credentialsOf ?? src;
-    const auth = this.credentials.authFor(who.host, who.path);
+    const { candidates, failures } = await this.credentials.credentialsFor({ host: who.host, path: who.path, origin: src.origin }, signal);
+    const tries: (Credential | undefined)[] = candidates.length > 0 ? candidates : [undefined];
+    const refused: string[] = [];
+    for (let i = 0; ; i++) {
+      try {
+        return await this.sendAs(src, tries[i], method, suffix, headers, signal, opts);
+      } catch (e) {
+        if (!(e instanceof AttemptError) || e.kind !== 'Unauthorized') throw e;
+        refused.push(e.message);
+        // Refused: the next credential, as the kubelet tries each in turn.
+        if (i < tries.length - 1) continue;
+        throw new AttemptError('Unauthorized', refused.join('; ') + failuresNote(failures));
+      }
+    }
+  }
+
+  /** send() with one credential (undefined: anonymous). */
+  private async sendAs(
+    src: Source,
+    credential: Credential | undefined,
+    method: 'GET' | 'HEAD',
+    suffix: string,
+    headers: Record<string, string>,
+    signal: AbortSignal | undefined,
+    opts: { bodyFollows?: boolean },
+  ): Promise<Answer> {
+    const state = this.state(src.host);
+    const auth = credential?.auth;
     const scope = `repository:${src.path}:pull`;
     let authorization: string | undefined;
     let triedChallenge = false;
@@ -289,7 +324,7 @@ export class RegistryClient {
             continue;
           }
         }
-        const who = auth?.username ? `the credentials of ${auth.username}` : auth ? 'the configured token' : 'anonymous access (no credentials for it in the auth files)';
+        const who = auth?.username ? `the credentials of ${auth.username} from ${credential!.from}` : auth ? `the token from ${credential!.from}` : 'anonymous access (no credentials for it)';
         throw new AttemptError('Unauthorized', `refused ${who}: HTTP 401${body ? ` ${describeBody(body)}` : ''}`);
       }
       const status = res.statusCode;
@@ -352,7 +387,8 @@ export class RegistryClient {
     }
     if (auth?.registryToken) return `Bearer ${auth.registryToken}`;
     if (!challenge.realm) throw new AttemptError('Unauthorized', 'asked for a bearer token without naming a realm to get it from');
-    const key = `${challenge.realm}\n${challenge.service ?? ''}\n${scope}\n${auth?.username ?? ''}\n${auth?.identityToken ? 'idt' : ''}`;
+    // Per credential, not per user name: candidates may share a user name with different passwords.
+    const key = `${challenge.realm}\n${challenge.service ?? ''}\n${scope}\n${auth ? sha256(Buffer.from(JSON.stringify(auth))) : ''}`;
     const cached = this.tokens.get(key);
     if (cached && cached.expiresAt > Date.now()) return `Bearer ${cached.value}`;
     let pending = this.tokenRequests.get(key);
@@ -364,51 +400,19 @@ export class RegistryClient {
   }
 
   private async fetchToken(src: PullSource, challenge: Challenge, auth: PullAuth | undefined, scope: string, key: string, signal?: AbortSignal): Promise<string> {
-    let realm: URL;
-    try {
-      realm = new URL(challenge.realm!);
-      if (realm.protocol !== 'https:' && realm.protocol !== 'http:') throw new Error('not http(s)');
-    } catch {
-      throw new AttemptError('Unauthorized', `named a token realm that is not an http(s) URL: ${JSON.stringify(challenge.realm).slice(0, 200)}`);
-    }
-    const dispatcher = this.dispatcher(src);
-    const timeout = AbortSignal.timeout(this.timeoutMs);
-    const sig = signal ? AbortSignal.any([signal, timeout]) : timeout;
-    let res: Answer;
     this.requests.token++;
-    try {
-      if (auth?.identityToken) {
-        // OAuth2 refresh-token grant (docker login's identity token).
-        const form = new URLSearchParams({ grant_type: 'refresh_token', refresh_token: auth.identityToken, client_id: this.userAgent, scope });
-        if (challenge.service) form.set('service', challenge.service);
-        res = await request(realm, { method: 'POST', body: form.toString(), headers: { 'content-type': 'application/x-www-form-urlencoded', 'user-agent': this.userAgent }, dispatcher, signal: sig });
-      } else {
-        if (challenge.service) realm.searchParams.set('service', challenge.service);
-        realm.searchParams.set('scope', scope);
-        const headers: Record<string, string> = { 'user-agent': this.userAgent };
-        if (auth?.username && auth.password !== undefined) headers.authorization = `Basic ${Buffer.from(`${auth.username}:${auth.password}`).toString('base64')}`;
-        res = await request(realm, { method: 'GET', headers, dispatcher, signal: sig });
-      }
-    } catch (e) {
-      if (signal?.aborted) throw signal.reason ?? e;
-      throw new AttemptError('Unavailable', `sent clients to its token service at ${realm.host}, which cannot be reached: ${networkMessage(e)}`);
-    }
-    const text = await res.body.text().catch(() => '');
-    if (res.statusCode < 200 || res.statusCode >= 300) {
-      const who = auth?.username ? `the credentials of ${auth.username}` : auth?.identityToken ? 'the identity token' : 'an anonymous token request';
-      throw new AttemptError(res.statusCode === 401 || res.statusCode === 403 ? 'Unauthorized' : kindOfStatus(res.statusCode), `token service at ${realm.host} refused ${who}: HTTP ${res.statusCode} ${describeBody(this.credentials.scrub(text))}`);
-    }
-    let doc: { token?: unknown; access_token?: unknown; expires_in?: unknown };
-    try {
-      doc = JSON.parse(text);
-    } catch {
-      throw new AttemptError('Unauthorized', `token service at ${realm.host} answered something that is not JSON`);
-    }
-    const token = typeof doc.token === 'string' && doc.token ? doc.token : typeof doc.access_token === 'string' ? doc.access_token : '';
-    if (!token) throw new AttemptError('Unauthorized', `token service at ${realm.host} answered without a token`);
+    const { token, ttlSeconds } = await requestToken({
+      challenge,
+      auth,
+      scope,
+      dispatcher: this.dispatcher(src),
+      timeoutMs: this.timeoutMs,
+      userAgent: this.userAgent,
+      scrub: (t) => this.credentials.scrub(t),
+      signal,
+    });
     // The spec's default lifetime is 60 s; renew a little early.
-    const ttl = typeof doc.expires_in === 'number' && doc.expires_in > 0 ? doc.expires_in : 60;
-    this.tokens.set(key, { value: token, expiresAt: Date.now() + ttl * 900 });
+    this.tokens.set(key, { value: token, expiresAt: Date.now() + ttlSeconds * 900 });
     return token;
   }
 }

@@ -3,7 +3,7 @@
 // site's mirror configuration does.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { PassThrough } from 'node:stream';
@@ -286,6 +286,38 @@ status: {observedGeneration: 3}
     } finally {
       await tlsReg.stop();
     }
+  });
+  test('resolve and size, as shipped, get the private registry\'s credential from a docker credential helper (credHelpers, then credsStore), as podman and skopeo do', async (t) => {
+    if (!requireComponents(t, NEEDS)) return;
+    const bin = path.join(tmp, 'helpers');
+    await mkdir(bin, { recursive: true });
+    const log = path.join(tmp, 'helper-calls.log');
+    const helper = path.join(bin, 'docker-credential-pinset-test');
+    // docker-credential-helpers' protocol: `get`, the registry on stdin, JSON on stdout.
+    await writeFile(
+      helper,
+      `#!/bin/sh\nread -r server\necho "$* $server" >> "${log}"\nif [ "$server" = "${priv.host}" ]; then printf '{"ServerURL":"%s","Username":"${CREDS.username}","Secret":"${CREDS.password}"}' "$server"; else echo "credentials not found in native keychain"; exit 1; fi\n`,
+    );
+    await chmod(helper, 0o755);
+    const list = path.join(tmp, 'helper.txt');
+    await writeFile(list, 'private.test/team/secret:prod\n');
+    const env = { CONTAINERS_REGISTRIES_CONF: conf, PINSET_REGISTRIES_CONF_DIR: path.join(tmp, 'no.d'), PATH: `${bin}:${process.env.PATH}` };
+    for (const doc of [{ credHelpers: { [priv.host]: 'pinset-test' } }, { credsStore: 'pinset-test' }]) {
+      const authFile = path.join(tmp, 'helper-auth.json');
+      await writeFile(authFile, JSON.stringify(doc));
+      const resolved = await subprocess(['resolve', list], { ...env, REGISTRY_AUTH_FILE: authFile });
+      assert.equal(resolved.code, 0, resolved.stderr);
+      assert.equal(parse(resolved.stdout).spec.pinnedImages[0].name, `private.test/team/secret@${secret.digest}`);
+      const sized = await subprocess(['size', '-o', 'json', list], { ...env, REGISTRY_AUTH_FILE: authFile });
+      assert.equal(sized.code, 0, sized.stderr);
+      for (const out of [resolved, sized]) assert.ok(!(out.stdout + out.stderr).includes(CREDS.password), 'the secret is printed nowhere');
+    }
+    assert.ok((await readFile(log, 'utf8')).split('\n').every((l) => l === '' || l === `get ${priv.host}`), 'run as `get` with the registry on stdin');
+    // A helper that refuses: the registry's refusal says which helper failed.
+    await writeFile(helper, '#!/bin/sh\necho "keychain locked" >&2\nexit 5\n');
+    const refused = await subprocess(['resolve', list], { ...env, REGISTRY_AUTH_FILE: path.join(tmp, 'helper-auth.json') });
+    assert.equal(refused.code, 1);
+    assert.match(refused.stderr, /refused anonymous access.*docker-credential-pinset-test get exited with status 5/);
   });
 });
 

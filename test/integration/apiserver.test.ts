@@ -640,6 +640,42 @@ describe('in-process API server through @kubernetes/client-node', () => {
     assert.equal(server.list('events', { namespace: 'other' }).length, 0);
   });
 
+  test('secrets: stringData written into data, type Opaque by default, pull-secret types validated with their content redacted, type immutable, field selector type', async (t) => {
+    const server = await startServer(t);
+    const core = server.kubeConfig().makeApiClient(CoreV1Api);
+    const config = JSON.stringify({ auths: { 'registry.test': { auth: Buffer.from('u:secret-pw').toString('base64') } } });
+    const made = await core.createNamespacedSecret({ namespace: 'pinset-system', body: { metadata: { name: 'regcred' }, type: 'kubernetes.io/dockerconfigjson', stringData: { '.dockerconfigjson': config } } });
+    assert.equal(Buffer.from(made.data!['.dockerconfigjson']!, 'base64').toString(), config, 'stringData lands in data, base64');
+    assert.equal(made.stringData, undefined, 'stringData is never stored');
+    const opaque = await core.createNamespacedSecret({ namespace: 'pinset-system', body: { metadata: { name: 'plain' }, data: { token: Buffer.from('x').toString('base64') } } });
+    assert.equal(opaque.type, 'Opaque');
+    assert.deepEqual(names((await core.listNamespacedSecret({ namespace: 'pinset-system', fieldSelector: 'type=kubernetes.io/dockerconfigjson' })).items), ['regcred']);
+
+    const refused: [string, Record<string, unknown>, RegExp][] = [
+      ['no .dockerconfigjson', { type: 'kubernetes.io/dockerconfigjson', data: {} }, /data\[\.dockerconfigjson\]/],
+      ['not JSON', { type: 'kubernetes.io/dockerconfigjson', stringData: { '.dockerconfigjson': 'secret-pw {' } }, /<secret contents redacted>/],
+      ['a dockercfg that is not a JSON object', { type: 'kubernetes.io/dockercfg', stringData: { '.dockercfg': '[1]' } }, /data\[\.dockercfg\]/],
+      ['a bad data key', { data: { 'a b': 'eA==' } }, /valid config key/],
+    ];
+    for (const [what, body, message] of refused) {
+      const st = await failureOf(core.createNamespacedSecret({ namespace: 'pinset-system', body: { metadata: { name: 'bad' }, ...body } as never }));
+      assert.equal(st.code, 422, what);
+      assert.match(JSON.stringify(st), message, what);
+      assert.doesNotMatch(JSON.stringify(st), /secret-pw/, `${what}: the content is not echoed`);
+    }
+    const badBase64 = await fetch(`${server.url}/api/v1/namespaces/pinset-system/secrets`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ metadata: { name: 'b64' }, data: { x: 'not base64!' } }) });
+    assert.equal(badBase64.status, 400);
+    await badBase64.body?.cancel();
+
+    const changed = await failureOf(core.patchNamespacedSecret({ name: 'regcred', namespace: 'pinset-system', body: { type: 'Opaque' } }, mergePatch));
+    assert.equal(changed.code, 422);
+    assert.match(changed.message ?? '', /field is immutable/);
+    const rotated = JSON.stringify({ auths: { 'registry.test': { auth: Buffer.from('u:rotated').toString('base64') } } });
+    const patched = await core.patchNamespacedSecret({ name: 'regcred', namespace: 'pinset-system', body: { stringData: { '.dockerconfigjson': rotated } } }, mergePatch);
+    assert.equal(Buffer.from(patched.data!['.dockerconfigjson']!, 'base64').toString(), rotated, 'a rotated secret through a patch of stringData');
+    assert.equal(patched.type, 'kubernetes.io/dockerconfigjson');
+  });
+
   test('finalizers delay deletion until the last one is removed', async (t) => {
     const server = await startServer(t);
     const custom = server.kubeConfig().makeApiClient(CustomObjectsApi);

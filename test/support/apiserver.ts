@@ -8,6 +8,7 @@
 //   core v1 nodes (cluster-scoped; /status), core v1 events (namespaced),
 //   core v1 pods (namespaced; /status; list across namespaces at /api/v1/pods),
 //   coordination.k8s.io/v1 leases (namespaced),
+//   core v1 secrets (namespaced; see "Secrets" below),
 //   pinset.dev/v1alpha1 pinnedimagesets (cluster-scoped CRD with the status subresource).
 // Verbs: list (labelSelector, fieldSelector), watch (?watch=true), get, create
 // (POST, generateName), update (PUT, optimistic concurrency), patch
@@ -74,6 +75,14 @@
 //   status.nominatedNodeName; any other field label is 400, as on the real server.
 // - Pods created over HTTP start with status {phase: Pending} (the kubelet
 //   writes the rest through /status), as pkg/registry/core/pod/strategy.go does.
+// - Secrets (pkg/apis/core/v1 conversion and defaults, pkg/registry/core/secret,
+//   ValidateSecret, ValidateSecretUpdate): `data` values are base64 (anything
+//   else is 400, as the JSON decoder refuses it); `stringData` is written into
+//   `data` (base64) and never stored; `type` defaults to Opaque; a data key
+//   must be a config-map key ([-._a-zA-Z0-9]+); kubernetes.io/dockerconfigjson
+//   needs data[.dockerconfigjson] and kubernetes.io/dockercfg data[.dockercfg],
+//   each a JSON object (else 422 with the content redacted); `type` cannot
+//   change on update (422, field is immutable). Field selector `type`.
 // - Lease spec.acquireTime/renewTime and Event eventTime (metav1.MicroTime) are
 //   stored in the server's microsecond format, 2006-01-02T15:04:05.000000Z.
 // Seen from client-node 2.0.1: ListWatch/makeInformer never ask for bookmarks,
@@ -143,7 +152,7 @@ import { dumpYaml, KubeConfig } from '@kubernetes/client-node';
 import { GROUP, KIND, PLURAL, VERSION } from '../../src/api/types.ts';
 import { MAX_OBJECT_NAME_LENGTH, NAME_PATTERN } from '../../src/api/validate.ts';
 
-export type ResourceName = 'nodes' | 'events' | 'leases' | 'pods' | 'pinnedimagesets';
+export type ResourceName = 'nodes' | 'events' | 'leases' | 'pods' | 'secrets' | 'pinnedimagesets';
 
 export interface ObjectMeta {
   name?: string;
@@ -261,6 +270,10 @@ interface ResourceType {
   microTimes?: string[];
   /** The status a create over HTTP starts with (when statusOnCreate is false). */
   initialStatus?: () => Record<string, unknown>;
+  /** Conversion and defaults as the server decodes a request body (may throw 400). */
+  decode?: (obj: KubeObject) => void;
+  /** The type's own validation (ValidateX / ValidateXUpdate), after the metadata's. */
+  check?: (obj: KubeObject, old: KubeObject | undefined) => StatusCause[];
 }
 
 const at =
@@ -286,6 +299,55 @@ const POD_FIELDS: Record<string, FieldGetter> = Object.fromEntries(
 );
 POD_FIELDS['spec.hostNetwork'] = (o) => String(at('spec.hostNetwork')(o) === 'true');
 
+// Secrets: pkg/apis/core/v1 (stringData into data, type Opaque by default),
+// pkg/apis/core/validation ValidateSecret and ValidateSecretUpdate.
+const SECRET_DOCKER_KEYS: Record<string, string> = { 'kubernetes.io/dockerconfigjson': '.dockerconfigjson', 'kubernetes.io/dockercfg': '.dockercfg' };
+
+function decodeSecret(obj: KubeObject): void {
+  const data = obj.data;
+  if (data !== undefined && data !== null) {
+    if (!isMap(data)) throw badRequest('Secret in version "v1" cannot be handled as a Secret: data must be an object');
+    for (const [k, v] of Object.entries(data)) {
+      if (typeof v !== 'string' || !/^[A-Za-z0-9+/]*={0,2}$/.test(v) || v.length % 4 !== 0) {
+        throw badRequest(`Secret in version "v1" cannot be handled as a Secret: illegal base64 data in data[${JSON.stringify(k)}]`);
+      }
+    }
+  }
+  const stringData = obj.stringData;
+  if (isMap(stringData)) {
+    const merged = isMap(data) ? { ...data } : {};
+    for (const [k, v] of Object.entries(stringData)) merged[k] = Buffer.from(String(v), 'utf8').toString('base64');
+    obj.data = merged;
+  }
+  delete obj.stringData;
+  if (!obj.type) obj.type = 'Opaque';
+}
+
+function checkSecret(obj: KubeObject, old: KubeObject | undefined): StatusCause[] {
+  const causes: StatusCause[] = [];
+  const data = (isMap(obj.data) ? obj.data : {}) as Record<string, string>;
+  for (const k of Object.keys(data)) {
+    if (!/^[-._a-zA-Z0-9]+$/.test(k) || k.length > 253) causes.push({ reason: 'FieldValueInvalid', field: `data[${k}]`, message: `Invalid value: ${JSON.stringify(k)}: a valid config key must consist of alphanumeric characters, '-', '_' or '.'` });
+  }
+  if (old && old.type !== obj.type) causes.push({ reason: 'FieldValueInvalid', field: 'type', message: `Invalid value: ${JSON.stringify(obj.type)}: field is immutable` });
+  const key = SECRET_DOCKER_KEYS[String(obj.type)];
+  if (key) {
+    const raw = data[key];
+    if (raw === undefined) causes.push({ reason: 'FieldValueRequired', field: `data[${key}]`, message: 'Required value' });
+    else {
+      let ok = false;
+      try {
+        const v: unknown = JSON.parse(Buffer.from(raw, 'base64').toString('utf8'));
+        ok = isMap(v);
+      } catch {
+        ok = false;
+      }
+      if (!ok) causes.push({ reason: 'FieldValueInvalid', field: `data[${key}]`, message: 'Invalid value: "<secret contents redacted>": not a JSON object' });
+    }
+  }
+  return causes;
+}
+
 const TYPES: readonly ResourceType[] = [
   {
     group: '', version: 'v1', plural: 'nodes', singular: 'node', kind: 'Node', namespaced: false, builtin: true,
@@ -306,6 +368,11 @@ const TYPES: readonly ResourceType[] = [
     group: 'coordination.k8s.io', version: 'v1', plural: 'leases', singular: 'lease', kind: 'Lease', namespaced: true, builtin: true,
     statusSubresource: false, statusOnCreate: true, generation: false, requireResourceVersion: false, fields: {},
     microTimes: ['spec.acquireTime', 'spec.renewTime'],
+  },
+  {
+    group: '', version: 'v1', plural: 'secrets', singular: 'secret', kind: 'Secret', namespaced: true, builtin: true,
+    statusSubresource: false, statusOnCreate: true, generation: false, requireResourceVersion: false,
+    fields: { type: at('type') }, decode: decodeSecret, check: checkSecret,
   },
   {
     group: GROUP, version: VERSION, plural: PLURAL as ResourceName, singular: KIND.toLowerCase(), kind: KIND, namespaced: false, builtin: false,
@@ -1220,12 +1287,14 @@ export class ApiServer {
     const out: KubeObject = { apiVersion, kind: rt.kind, ...obj };
     out.apiVersion = apiVersion;
     out.kind = rt.kind;
+    rt.decode?.(out);
     return out;
   }
 
-  #validate(rt: ResourceType, obj: KubeObject): void {
+  #validate(rt: ResourceType, obj: KubeObject, old?: KubeObject): void {
     normalizeMicroTimes(rt, obj);
     const causes = metaCauses(obj.metadata);
+    if (causes.length === 0 && rt.check) causes.push(...rt.check(obj, old));
     if (causes.length === 0) {
       for (const line of this.#validators?.[rt.plural]?.(clone(obj)) ?? []) {
         const i = line.indexOf(': ');
@@ -1297,7 +1366,7 @@ export class ApiServer {
       const content = (o: KubeObject) => canonical({ ...o, metadata: undefined, status: undefined });
       if (rt.generation && content(old) !== content(next)) m.generation = (old.metadata.generation ?? 0) + 1;
     }
-    this.#validate(rt, next);
+    this.#validate(rt, next, old);
     return this.#commitUpdate(rt, old, next, opts);
   }
 

@@ -13,7 +13,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { stringify } from 'smol-toml';
-import { AuthFile } from '../../src/registry/auth.ts';
+import { loadAuthFiles } from '../../src/registry/credentials.ts';
 import { RegistryClient, RegistryError } from '../../src/registry/client.ts';
 import { ContainerdHosts } from '../../src/registry/containerd-hosts.ts';
 import { parseImageName, type ImageName } from '../../src/registry/names.ts';
@@ -116,10 +116,9 @@ describe('the registry client through containerd hosts', () => {
     const auth = path.join(tmp, 'auth-mirror.json');
     // Credentials for the image's registry only; none for the mirror's address.
     await writeFile(auth, JSON.stringify({ auths: { 'private.example': { auth: Buffer.from(`${user}:${password}`).toString('base64') } } }));
-    const authFile = new AuthFile(auth);
-    await authFile.refresh();
+    const { credentials } = await loadAuthFiles([auth]);
     const root = await certsD('private.example', { server: `http://${guardedHost}` });
-    const client = new RegistryClient({ containerdHosts: new ContainerdHosts(root), credentials: authFile, attempts: 1 });
+    const client = new RegistryClient({ containerdHosts: new ContainerdHosts(root), credentials, attempts: 1 });
     try {
       assert.equal((await client.head(name('private.example/team/app:1.0'))).registry, guardedHost);
       assert.deepEqual(seen.map((a) => (a ? 'basic' : 'none')), ['none', 'basic']);

@@ -11,7 +11,7 @@ import { Ajv, type AnySchemaObject, type ErrorObject, type SchemaValidateFunctio
 import { Environment } from '@marcbachmann/cel-js';
 import { parseYamlDocuments } from '../../src/api/yaml.ts';
 import { MAX_NAME_LENGTH, MAX_REFERENCE_LENGTH, REFERENCE_PATTERN } from '../../src/api/reference.ts';
-import { API_VERSION, GROUP, KIND, MAX_PINNED_IMAGES, PLURAL, VERSION } from '../../src/api/types.ts';
+import { API_VERSION, GROUP, KIND, MAX_PINNED_IMAGES, MAX_PULL_SECRETS, PLURAL, VERSION } from '../../src/api/types.ts';
 import { describeProblems, MAX_RUNTIME_HANDLER_LENGTH, NAME_PATTERN, RUNTIME_HANDLER_PATTERN, validateSet } from '../../src/api/validate.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '../..');
@@ -307,6 +307,7 @@ describe('corpora: the CRD and the TypeScript validator agree', async () => {
     'no-spec': { ts: 'spec', api: '/spec' },
     'notin-empty-values': requirement('values'),
     'other-algorithm': image0,
+    'pull-secret-name': { ts: 'spec.pullSecrets[0].name', api: '/spec/pullSecrets/0/name' },
     'rollout-not-integer': { ts: 'spec.rollout.maxConcurrentNodes', api: '/spec/rollout/maxConcurrentNodes' },
     'rollout-unknown-field': { ts: 'spec.rollout.maxConcurrentNode', api: '/spec/rollout/maxConcurrentNode' },
     'rollout-zero': { ts: 'spec.rollout.maxConcurrentNodes', api: '/spec/rollout/maxConcurrentNodes' },
@@ -653,5 +654,53 @@ describe('CRD: spec.rollout.maxConcurrentNodes', () => {
     assert.equal(celTrue(rule, { self: {} }), true);
     assert.equal(celTrue(rule, { self: { maxConcurrentNodes: 1 } }), true);
     assert.equal(celTrue(rule, { self: { maxConcurrentNodes: 0 } }), false);
+  });
+});
+
+describe('CRD: spec.pullSecrets', () => {
+  const list: Obj = specSchema.properties.pullSecrets;
+  const withSecrets = (p: unknown) => setWith({ pullSecrets: p, pinnedImages: [{ name: `quay.io/org/app@sha256:${H}` }] });
+
+  test('a map list keyed by name, at most MAX_PULL_SECRETS, each a Secret\'s name (NAME_PATTERN)', () => {
+    assert.equal(list.type, 'array');
+    assert.equal(list.maxItems, MAX_PULL_SECRETS);
+    assert.equal(list['x-kubernetes-list-type'], 'map');
+    assert.deepEqual(list['x-kubernetes-list-map-keys'], ['name']);
+    assert.deepEqual(Object.keys(list.items.properties), ['name']);
+    assert.equal(list.items.properties.name.pattern, NAME_PATTERN);
+    assert.equal(specSchema.required.includes('pullSecrets'), false, 'optional');
+  });
+
+  const accepted: unknown[] = [[], [{ name: 'regcred' }], [{ name: 'a' }, { name: 'team-a.registry' }], Array.from({ length: MAX_PULL_SECRETS }, (_, i) => ({ name: `s${i}` }))];
+  for (const p of accepted) {
+    test(`accepted by both: pullSecrets of ${JSON.stringify(p).slice(0, 60)}`, () => {
+      assert.deepEqual(apiServerErrors(withSecrets(p)), []);
+      assert.deepEqual(tsProblems(withSecrets(p)), []);
+      assert.deepEqual(validateSet(withSecrets(p)).pullSecrets, (p as { name: string }[]).map((x) => x.name));
+    });
+  }
+  const refused: [unknown, string][] = [
+    [[{ name: 'RegCred' }], '/spec/pullSecrets/0/name'],
+    [[{ name: '' }], '/spec/pullSecrets/0/name'],
+    [[{ name: 'a' }, { name: 'a' }], '/spec/pullSecrets'],
+    [[{ name: 'a', namespace: 'kube-system' }], '/spec/pullSecrets/0/namespace'],
+    [[{}], '/spec/pullSecrets/0/name'],
+    [['regcred'], '/spec/pullSecrets/0'],
+    ['regcred', '/spec/pullSecrets'],
+    [Array.from({ length: MAX_PULL_SECRETS + 1 }, (_, i) => ({ name: `s${i}` })), '/spec/pullSecrets'],
+  ];
+  for (const [p, at] of refused) {
+    test(`refused by both: pullSecrets ${JSON.stringify(p).slice(0, 60)}`, () => {
+      const api = apiServerErrors(withSecrets(p));
+      assert.ok(api.some((e) => e.path === at), `API server model: expected an error at ${at}, got ${JSON.stringify(api)}`);
+      const ts = tsProblems(withSecrets(p));
+      const field = at.slice(1).replaceAll('/', '.').replace(/\.(\d+)/g, '[$1]');
+      assert.ok(ts.some((x) => x.startsWith(field)), `validateSet: expected a problem at ${field}, got ${JSON.stringify(ts)}`);
+      assert.deepEqual(validateSet(withSecrets(p)).pullSecrets, [], 'a set whose pullSecrets are wrong names none');
+    });
+  }
+
+  test('a null is none, as the API server prunes it', () => {
+    assert.deepEqual(tsProblems(withSecrets(null)), []);
   });
 });

@@ -30,9 +30,10 @@ test('the first file with an entry for the registry wins; a broken file is repor
     await writeFile(second, JSON.stringify({ auths: { 'quay.io': { auth: b64('docker-user:pw-from-docker') }, 'ghcr.io': { auth: b64('gh:pw-gh') } } }));
     await writeFile(broken, '{"auths": {"x": "pw-in-broken-file"');
     const { credentials, problems } = await loadAuthFiles([first, second, broken, path.join(dir, 'missing.json')]);
-    assert.equal(credentials.authFor('quay.io', 'org/app')?.username, 'podman-user');
-    assert.equal(credentials.authFor('ghcr.io', 'org/app')?.username, 'gh');
-    assert.equal(credentials.authFor('docker.io', 'library/nginx'), undefined);
+    const users = async (host: string, p: string) => (await credentials.credentialsFor({ host, path: p })).candidates.map((c) => c.auth.username);
+    assert.deepEqual(await users('quay.io', 'org/app'), ['podman-user'], 'the first file with an entry, and only it');
+    assert.deepEqual(await users('ghcr.io', 'org/app'), ['gh']);
+    assert.deepEqual(await users('docker.io', 'library/nginx'), []);
     assert.equal(problems.length, 1);
     assert.match(problems[0]!, /broken\.json is not a docker config\.json/);
     assert.doesNotMatch(problems[0]!, /pw-in-broken-file/);

@@ -88,9 +88,11 @@ describe('kubectl kustomize deploy', { skip }, () => {
       'Deployment pinset-system/pinset-controller',
       'Namespace -/pinset-system',
       'Role default/pinset-agent-events',
+      'Role pinset-system/pinset-agent-pull-secrets',
       'Role pinset-system/pinset-agent-rollout-slots',
       'Role pinset-system/pinset-controller',
       'RoleBinding default/pinset-agent-events',
+      'RoleBinding pinset-system/pinset-agent-pull-secrets',
       'RoleBinding pinset-system/pinset-agent-rollout-slots',
       'RoleBinding pinset-system/pinset-controller',
       'ServiceAccount pinset-system/pinset-agent',
@@ -247,7 +249,7 @@ describe('kubectl kustomize deploy', { skip }, () => {
       return [...out].sort();
     }
 
-    test('the agent: read sets; read and patch Nodes; core Events in "default" only; rollout slot Leases in its namespace only', () => {
+    test('the agent: read sets; read and patch Nodes; core Events in "default" only; rollout slot Leases and pull secrets in its namespace only', () => {
       assert.deepEqual(grants(AGENT_SA), [
         'cluster core/nodes get',
         'cluster core/nodes list',
@@ -263,7 +265,19 @@ describe('kubectl kustomize deploy', { skip }, () => {
         'pinset-system coordination.k8s.io/leases get',
         'pinset-system coordination.k8s.io/leases list',
         'pinset-system coordination.k8s.io/leases update',
+        'pinset-system core/secrets get',
+        'pinset-system core/secrets list',
+        'pinset-system core/secrets watch',
       ]);
+    });
+
+    test('Secrets: the agent may read them in its own namespace, where its pods run, and nowhere else; nothing else may', () => {
+      const secretGrants = (sa: string, kind?: string) => grants(sa, kind).filter((g) => g.includes('core/secrets'));
+      assert.ok(secretGrants(AGENT_SA).every((g) => g.startsWith(`${NS} `)), 'never cluster-wide, never another namespace');
+      assert.ok(!secretGrants(AGENT_SA).some((g) => /secrets (create|update|patch|delete)/.test(g)), 'read only');
+      assert.deepEqual(secretGrants(CONTROLLER_SA), []);
+      assert.deepEqual(secretGrants('system:nodes', 'Group'), []);
+      assert.equal(one('Role', 'pinset-agent-pull-secrets', NS).metadata.namespace, one('DaemonSet', 'pinset-agent', NS).metadata.namespace, 'the namespace the agent reads them from (POD_NAMESPACE) is its pods\'');
     });
 
     test('the controller: read sets, write their status, list/watch Nodes; its Lease and Events in its namespace only', () => {
@@ -440,6 +454,66 @@ describe('kubectl kustomize deploy/containerd', { skip }, async () => {
       assert.ok(help.flags.has(flag), `unknown flag ${a}`);
     }
   });
+});
+
+// ---------------------------------------------------------------------------
+// deploy/credential-providers: components that give the agent the kubelet's
+// credential provider plugins on EKS, GKE and AKS nodes.
+
+/** `kubectl kustomize` of a kustomization made in a temp folder: resources and components named relative to it. */
+async function buildOverlay(resources: string[], components: string[]): Promise<Obj[]> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-overlay-'));
+  try {
+    const rel = (p: string) => path.relative(dir, path.join(ROOT, p));
+    await writeFile(
+      path.join(dir, 'kustomization.yaml'),
+      JSON.stringify({ apiVersion: 'kustomize.config.k8s.io/v1beta1', kind: 'Kustomization', resources: resources.map(rel), components: components.map(rel) }),
+    );
+    const { stdout } = await run(kubectl!, ['kustomize', dir], { maxBuffer: 16 << 20 });
+    return parseYamlDocuments(stdout).map((d) => {
+      if ('error' in d) assert.fail(d.error);
+      return d.value as Obj;
+    });
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+describe('kubectl kustomize with deploy/credential-providers/<cloud>', { skip }, async () => {
+  const clouds: [string, { config: string; binDir: string; extra: string[] }][] = [
+    ['eks', { config: '/etc/eks/image-credential-provider/config.json', binDir: '/etc/eks/image-credential-provider', extra: [] }],
+    ['gke', { config: '/etc/srv/kubernetes/cri_auth_config.yaml', binDir: '/home/kubernetes/bin', extra: [] }],
+    ['aks', { config: '/var/lib/kubelet/credential-provider-config.yaml', binDir: '/var/lib/kubelet/credential-provider', extra: ['/etc/kubernetes/azure.json'] }],
+  ];
+  const base: Obj[] = skip ? [] : await build('deploy/containerd');
+  const agentOf = (objs: Obj[]) => objs.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'pinset-agent')!;
+  for (const [cloud, want] of clouds) {
+    test(`${cloud}: the agent on the host network, the kubelet's config and plugins read-only at the kubelet's paths, through flags it reads; nothing else changed`, async () => {
+      const built = await buildOverlay(['deploy/containerd'], [`deploy/credential-providers/${cloud}`]);
+      const id = (o: Obj) => `${o.kind} ${o.metadata.namespace ?? '-'}/${o.metadata.name}`;
+      assert.deepEqual(built.map(id).sort(), base.map(id).sort());
+      for (const o of built) if (o.kind !== 'DaemonSet') assert.deepEqual(o, base.find((b) => id(b) === id(o)), id(o));
+      const pod = agentOf(built).spec.template.spec;
+      assert.equal(pod.hostNetwork, true, 'the plugins reach the cloud\'s metadata service as the node');
+      const c = pod.containers[0] as Obj;
+      const env = Object.fromEntries((c.env as Obj[]).map((e) => [e.name, e.value]));
+      assert.equal(env.PINSET_IMAGE_CREDENTIAL_PROVIDER_CONFIG, want.config);
+      assert.equal(env.PINSET_IMAGE_CREDENTIAL_PROVIDER_BIN_DIR, want.binDir);
+      const help = await helpOf('agent');
+      for (const e of c.env as Obj[]) assert.ok(help.env.has(e.name), `pinset agent does not read ${e.name}`);
+      const volumes: Record<string, Obj> = Object.fromEntries((pod.volumes as Obj[]).map((v) => [v.name, v.hostPath]));
+      const mounts = c.volumeMounts as Obj[];
+      const before = agentOf(base).spec.template.spec.containers[0].volumeMounts as Obj[];
+      const added = mounts.filter((m) => !before.some((b) => b.mountPath === m.mountPath));
+      for (const m of added) {
+        assert.equal(m.readOnly, true, `${m.mountPath} is read-only`);
+        assert.equal(volumes[m.name]?.path, m.mountPath, `${m.mountPath} is the host's own path`);
+      }
+      const covered = (p: string) => added.some((m) => p === m.mountPath || p.startsWith(`${m.mountPath}/`));
+      for (const p of [want.config, want.binDir, ...want.extra]) assert.ok(covered(p), `${p} is mounted`);
+      assert.equal(added.length, new Set([want.config, want.binDir, ...want.extra].map((p) => added.find((m) => p === m.mountPath || p.startsWith(`${m.mountPath}/`))!.mountPath)).size, 'no other mount');
+    });
+  }
 });
 
 // ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import {
   type RuntimeImage,
   type RuntimeInfo,
 } from '../../src/cri/runtime.ts';
+import { MemoryCredentials } from '../../src/registry/credentials.ts';
 import { silentLogger } from '../../src/util/log.ts';
 
 interface PullCall {
@@ -135,12 +136,14 @@ describe('ImagePuller: parallelism', () => {
     );
   });
 
-  test('the first pulls of a batch reach the runtime before pull() returns', () => {
+  test('the first pulls of a batch reach the runtime in the same turn, before any timer or I/O, credentials looked up on the way', async () => {
     const rt = new MemoryRuntime();
-    const { p } = puller(rt, { maxParallel: 2 });
+    const credentials = new MemoryCredentials().add('quay.io', { username: 'u', password: 'p' });
+    const { p } = puller(rt, { maxParallel: 2, credentials });
+    // The next turn of the event loop: anything the caller starts next (a timer, a request) comes after it.
+    const nextTurn = new Promise<string[]>((resolve) => setImmediate(() => resolve(rt.started())));
     void p.pull([img('a'), img('b'), img('c')], never());
-    // No await: whatever the caller does next, the runtime already has the pulls that have a slot.
-    assert.deepEqual(rt.started(), [img('a'), img('b')].map((w) => w.reference.reference));
+    assert.deepEqual(await nextTurn, [img('a'), img('b')].map((w) => w.reference.reference));
   });
 
   test('a slot freed while pulls wait goes to the first of them, even when another pull asks at that very moment', async () => {
@@ -178,24 +181,121 @@ describe('ImagePuller: parallelism', () => {
 
   test('passes the runtime handler and the credentials of the image’s own registry', async () => {
     const rt = new MemoryRuntime();
-    const asked: string[] = [];
-    const { p } = puller(rt, {
-      authFor: (host, path) => {
-        asked.push(`${host} ${path}`);
-        return host === 'quay.io' ? { username: 'robot', password: 'secret', serverAddress: 'quay.io' } : undefined;
-      },
-    });
+    const credentials = new MemoryCredentials().add('quay.io', { username: 'robot', password: 'secret' });
+    const { p } = puller(rt, { credentials });
     const kata = wanted(`quay.io/org/a@sha256:${'a'.repeat(64)}`, 'kata');
     const other = img('b', 'ghcr.io');
     const done = p.pull([kata, other], never());
     await settle();
-    assert.deepEqual(asked, ['quay.io org/a', 'ghcr.io org/b']);
+    assert.deepEqual(
+      credentials.asked.map((a) => [a.host, a.path, a.origin?.repository, a.origin?.digest]),
+      [
+        ['quay.io', 'org/a', 'quay.io/org/a', `sha256:${'a'.repeat(64)}`],
+        ['ghcr.io', 'org/b', 'ghcr.io/org/b', `sha256:${'a'.repeat(64)}`],
+      ],
+    );
     assert.equal(rt.calls[0]!.opts.runtimeHandler, 'kata');
-    assert.deepEqual(rt.calls[0]!.opts.auth, { username: 'robot', password: 'secret', serverAddress: 'quay.io' });
+    assert.deepEqual(rt.calls[0]!.opts.auth, { username: 'robot', password: 'secret' });
     assert.equal(rt.calls[1]!.opts.runtimeHandler, undefined, 'no handler: the runtime default');
-    assert.equal(rt.calls[1]!.opts.auth, undefined);
+    assert.equal(rt.calls[1]!.opts.auth, undefined, 'no credential for ghcr.io: anonymous');
     for (const c of rt.calls) c.resolve('id');
     await done;
+  });
+});
+
+describe('ImagePuller: several credentials, as the kubelet tries them', () => {
+  const three = () =>
+    new MemoryCredentials()
+      .add('quay.io/org', { username: 'team', password: 'team-pw' }, 'the team entry')
+      .add('quay.io', { username: 'host', password: 'host-pw' }, 'the host entry');
+
+  test('each credential in turn until a pull succeeds; the others are not tried', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt, { credentials: three().add('*.io', { username: 'wild', password: 'wild-pw' }) });
+    const done = p.pull([img('a')], never());
+    await settle();
+    assert.equal(rt.calls.length, 1);
+    assert.equal(rt.calls[0]!.opts.auth?.username, 'team', 'the most specific key first');
+    rt.calls[0]!.reject(new RuntimeError('Unauthorized', 'HTTP 401'));
+    await settle();
+    assert.equal(rt.calls.length, 2);
+    assert.equal(rt.calls[1]!.opts.auth?.username, 'host');
+    rt.calls[1]!.resolve('id-a');
+    const [r] = await done;
+    assert.equal(r!.ok, true);
+    assert.equal(r!.imageRef, 'id-a');
+    assert.equal(rt.calls.length, 2, 'the wildcard entry was not needed');
+  });
+
+  test('all refused: one failure naming each credential by where it came from, never its secret; the registry\'s answer picks the kind', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt, { credentials: three() });
+    const done = p.pull([img('a')], never());
+    await settle();
+    rt.calls[0]!.reject(new RuntimeError('Unauthorized', 'HTTP 401 for team:team-pw'));
+    await settle();
+    rt.calls[1]!.reject(new RuntimeError('NotFound', 'manifest unknown'));
+    const [r] = await done;
+    assert.equal(r!.failure?.kind, 'NotFound', 'with a credential it let in, the registry said the image is not there');
+    assert.match(r!.failure!.message, /with the team entry: HTTP 401/);
+    assert.match(r!.failure!.message, /with the host entry: manifest unknown/);
+    assert.doesNotMatch(r!.failure!.message, /team-pw/);
+  });
+
+  test('the runtime down or the pull cancelled ends the attempt: no other credential is tried', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt, { credentials: three() });
+    const done = p.pull([img('a')], never());
+    await settle();
+    rt.calls[0]!.reject(new RuntimeError('Unavailable', 'connect ECONNREFUSED /run/containerd/containerd.sock', 14));
+    const [r] = await done;
+    assert.equal(rt.calls.length, 1);
+    assert.equal(r!.failure?.runtimeDown, true);
+  });
+
+  test('no credential: one anonymous pull', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt, { credentials: new MemoryCredentials() });
+    const done = p.pull([img('a')], never());
+    await settle();
+    assert.equal(rt.calls.length, 1);
+    assert.equal(rt.calls[0]!.opts.auth, undefined);
+    rt.calls[0]!.reject(new RuntimeError('Unauthorized', 'HTTP 401'));
+    const [r] = await done;
+    assert.equal(rt.calls.length, 1, 'never anonymous after credentials, never credentials after anonymous');
+    assert.equal(r!.failure?.kind, 'Unauthorized');
+  });
+
+  test('a credential provider that failed is carried on the failure when the pull then fails, not when it succeeds', async () => {
+    const rt = new MemoryRuntime();
+    const credentials = new MemoryCredentials().fail((image) => image.startsWith('quay.io/'), {
+      reason: 'CredentialProviderFailed',
+      source: 'credential provider ecr',
+      message: 'credential provider ecr failed for quay.io/org/a: exit status 1',
+    });
+    const { p } = puller(rt, { credentials });
+    const done = p.pull([img('a'), img('b')], never());
+    await settle();
+    rt.open(img('a').reference.reference).reject(new RuntimeError('Unauthorized', 'HTTP 401'));
+    rt.open(img('b').reference.reference).resolve('id-b');
+    const [a, b] = await done;
+    assert.equal(a!.failure?.credentialFailure, 'credential provider ecr failed for quay.io/org/a: exit status 1');
+    assert.equal(b!.ok, true);
+    assert.equal(p.failure(img('b').key), undefined);
+  });
+
+  test('retryNow makes a failed image due at once; others keep their pace', async () => {
+    const now = 1_000_000;
+    const rt = new MemoryRuntime();
+    const p = new ImagePuller({ runtime: rt, maxParallel: 4, logger: silentLogger(), now: () => now, random: () => 0.5 });
+    const done = p.pull([img('a'), img('b')], never());
+    await settle();
+    for (const c of rt.calls) c.reject(new RuntimeError('Unauthorized', 'HTTP 401'));
+    await done;
+    assert.equal(p.isDue(img('a').key), false);
+    p.retryNow([img('a').key]);
+    assert.equal(p.isDue(img('a').key), true);
+    assert.equal(p.isDue(img('b').key), false);
   });
 });
 
@@ -249,7 +349,7 @@ describe('ImagePuller: retries', () => {
   test('an error that is not a RuntimeError is Other, and its message is scrubbed of secrets', async () => {
     const rt = new MemoryRuntime();
     const results: PullResult[] = [];
-    const { p } = puller(rt, { scrub: (s) => s.replaceAll('hunter2', '[redacted]'), onResult: (r) => results.push(r) });
+    const { p } = puller(rt, { credentials: new MemoryCredentials().add('registry.invalid', { username: 'u', password: 'hunter2' }), onResult: (r) => results.push(r) });;
     const a = img('a');
     const done = p.pull([a], never());
     await settle();

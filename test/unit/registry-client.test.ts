@@ -10,6 +10,7 @@ import { describe, test } from 'node:test';
 import { parseChallenge, RegistryClient, RegistryError } from '../../src/registry/client.ts';
 import { hostPlatform, parseManifest, parsePlatform, selectPlatform, type IndexEntry } from '../../src/registry/manifest.ts';
 import { formatImageName, parseImageName, type ImageName } from '../../src/registry/names.ts';
+import { MemoryCredentials } from '../../src/registry/credentials.ts';
 import { parseRegistriesConf, RegistriesConf } from '../../src/registry/registries-conf.ts';
 
 const sha = (b: Buffer | string) => `sha256:${createHash('sha256').update(b).digest('hex')}`;
@@ -124,6 +125,38 @@ describe('registry client', () => {
     }
   });
 
+  test('every credential for the registry is tried in turn until one is let in; a refusal names each by where it came from', async () => {
+    const good = `Basic ${Buffer.from('robot:right-pw').toString('base64')}`;
+    const seen: string[] = [];
+    const srv = await serve((req, res) => {
+      const a = req.headers.authorization;
+      if (a) seen.push(Buffer.from(a.slice(6), 'base64').toString().split(':')[0]!);
+      if (a !== good) return void res.writeHead(401, { 'www-authenticate': 'Basic realm="r"' }).end();
+      res.writeHead(200, { 'content-type': 'application/vnd.oci.image.manifest.v1+json' }).end(req.method === 'HEAD' ? undefined : manifestBody);
+    });
+    const credentials = new MemoryCredentials()
+      .add(`${srv.host}/a/b`, { username: 'stale', password: 'old-pw' }, 'the auth file (entry for a/b)')
+      .add(srv.host, { username: 'robot', password: 'right-pw' }, 'credential provider test');
+    const client = new RegistryClient({ registries: insecure(srv.host), credentials, attempts: 1 });
+    try {
+      const m = await client.manifest(name(`r.test/a/b@${sha(manifestBody)}`));
+      assert.equal(m.digest, sha(manifestBody));
+      assert.deepEqual(seen, ['stale', 'robot'], 'the most specific entry first, then the next');
+      assert.ok(credentials.asked.every((a) => a.host === srv.host && a.path === 'a/b' && a.origin?.repository === 'r.test/a/b'), 'asked for the location, with the image as the set names it');
+      const refused = new RegistryClient({ registries: insecure(srv.host), credentials: new MemoryCredentials().add(srv.host, { username: 'stale', password: 'old-pw' }, 'the auth file').add(`${srv.host}/a`, { username: 'other', password: 'x-pw' }, 'a pull secret'), attempts: 1 });
+      await assert.rejects(refused.manifest(name(`r.test/a/b@${sha(manifestBody)}`)), (e: RegistryError) => {
+        assert.equal(e.kind, 'Unauthorized');
+        assert.match(e.message, /refused the credentials of other from a pull secret: HTTP 401.*refused the credentials of stale from the auth file: HTTP 401/);
+        assert.doesNotMatch(e.message, /old-pw|x-pw/);
+        return true;
+      });
+      await refused.close();
+    } finally {
+      await client.close();
+      await srv.close();
+    }
+  });
+
   test('a redirect is followed; the credentials do not follow it to another host', async () => {
     const seen: (string | undefined)[] = [];
     const elsewhere = await serve((req, res) => {
@@ -134,7 +167,7 @@ describe('registry client', () => {
       if (!req.headers.authorization) return void res.writeHead(401, { 'www-authenticate': 'Basic realm="r"' }).end();
       res.writeHead(307, { location: `http://${elsewhere.host}/storage/manifest` }).end();
     });
-    const credentials = { authFor: () => ({ username: 'puller', password: 'secret' }), scrub: (t: string) => t.replaceAll('secret', '***') };
+    const credentials = new MemoryCredentials().add(srv.host, { username: 'puller', password: 'secret' });
     const client = new RegistryClient({ registries: insecure(srv.host), credentials });
     try {
       const m = await client.manifest(name(`r.test/a/b@${sha(manifestBody)}`));

@@ -165,6 +165,24 @@ describe('rollUpSetStatus', () => {
     assert.deepEqual(s.degradedNodes, [{ name: 'a', reason: 'NoSpace', message: 'image filesystem 91% full' }]);
   });
 
+  test('the credential reasons roll up as reported, with their messages (a pull secret named, a provider named)', () => {
+    const secret = 'pull secret pinset-system/regcred does not exist; 0 of 1 images present, pins kept';
+    const provider = 'credential provider ecr-credential-provider failed for quay.io/a/b: exit status 1; pulling quay.io/a/b@sha256:... without its credentials failed: 401';
+    const s = rollUpSetStatus(
+      set(),
+      [
+        nodeV2('a', [entry({ phase: 'Degraded', currentGeneration: 2, reason: 'PullSecretInvalid', message: secret })]),
+        nodeV2('b', [entry({ phase: 'Degraded', currentGeneration: 2, reason: 'CredentialProviderFailed', message: provider })]),
+      ],
+      T0,
+    );
+    assert.deepEqual(s.degradedNodes, [
+      { name: 'a', reason: 'PullSecretInvalid', message: `PullSecretInvalid: ${secret}` },
+      { name: 'b', reason: 'CredentialProviderFailed', message: `CredentialProviderFailed: ${provider}` },
+    ]);
+    assert.match(cond(s, 'Degraded').message, /a \(PullSecretInvalid\)/);
+  });
+
   test('lastTransitionTime is kept for a condition whose status did not change and renewed for one that did', () => {
     const first = rollUpSetStatus(set(), [node('a', [entry()]), node('b', [entry({ phase: 'Progressing', currentGeneration: 2 })])], T0);
     const withFirst = { ...set(), status: first };

@@ -120,7 +120,7 @@ describe('computeSetStatuses: phases and reasons', () => {
 
   const kinds: [FailureKind, string, RegExp][] = [
     ['NotFound', 'ImageNotFound', /^registry quay\.io has no image quay\.io\/org\/a@sha256:a{64}: manifest unknown \(retrying\)$/],
-    ['Unauthorized', 'Unauthorized', /^registry quay\.io refused the credentials for .* \(check the entry for quay\.io in the auth file\): 401 Unauthorized \(retrying\)$/],
+    ['Unauthorized', 'Unauthorized', /^registry quay\.io refused the credentials for .* \(check the credentials for quay\.io: the set's pull secrets, the auth file, the credential providers\): 401 Unauthorized \(retrying\)$/],
     ['Unavailable', 'RegistryUnavailable', /^registry quay\.io could not be reached/],
     ['NoSpace', 'NoSpace', /^no space left on the image filesystem while pulling quay\.io\/org\/a/],
     ['Other', 'PullFailed', /^pulling quay\.io\/org\/a@sha256:a{64} failed: /],
@@ -143,6 +143,29 @@ describe('computeSetStatuses: phases and reasons', () => {
     assert.equal(s.reason, 'Unauthorized');
     assert.ok(s.message!.includes('registry registry.example.com:5000 refused the credentials'), s.message);
     assert.ok(!s.message!.includes('quay.io'));
+  });
+
+  test('a refusal after a credential provider failed: CredentialProviderFailed, naming the provider and the registry\'s answer', () => {
+    const provider = 'credential provider ecr-credential-provider failed for quay.io/org/a: exit status 1: no EC2 metadata';
+    for (const kind of ['Unauthorized', 'NotFound'] as const) {
+      const s = only(facts(plan([observed('web', [A])]), { present: () => false, failure: () => ({ ...failure(kind, 'HTTP 401'), credentialFailure: provider }) }));
+      assert.equal(s.phase, 'Degraded');
+      assert.equal(s.reason, 'CredentialProviderFailed', kind);
+      assert.match(s.message!, /^credential provider ecr-credential-provider failed for quay\.io\/org\/a: exit status 1: no EC2 metadata; pulling quay\.io\/org\/a@sha256:a{64} without its credentials failed: HTTP 401 \(retrying\)$/);
+    }
+    const down = only(facts(plan([observed('web', [A])]), { present: () => false, failure: () => ({ ...failure('Unavailable', 'connection refused'), credentialFailure: provider }) }));
+    assert.equal(down.reason, 'RegistryUnavailable', 'a registry that is down is down, whatever the provider said');
+  });
+
+  test('a pull secret that cannot be used: Degraded PullSecretInvalid naming it, even with every image present; other sets unaffected', () => {
+    const p = plan([observed('web', [A]), observed('db', [B])]);
+    const { sets } = computeSetStatuses(facts(p, { pullSecretProblems: new Map([['api/web', 'pull secret pinset-system/regcred does not exist']]) }));
+    const web = sets.find((x) => x.name === 'web')!;
+    assert.equal(web.phase, 'Degraded');
+    assert.equal(web.reason, 'PullSecretInvalid');
+    assert.equal(web.message, 'pull secret pinset-system/regcred does not exist; 1 of 1 images present, pins kept');
+    assert.equal(web.images.pinned, 1, 'its pins count and stay');
+    assert.equal(sets.find((x) => x.name === 'db')!.phase, 'Ready');
   });
 
   test('several failures: the most severe names the reason, the count is given', () => {
