@@ -73,17 +73,11 @@ describe('pinset agent on containerd 1.6.20, which cannot pin', () => {
     if (work) await rm(work, { recursive: true, force: true });
   });
 
-  /** A node of its own: a static folder, no CRI-O folder, no credentials, the registries for the size estimate. */
+  /** A node of its own: a static folder, no CRI-O folder, no credentials; the size estimate reads containerd's own registry hosts. */
   async function node(name: string) {
     const dir = path.join(work, name);
     const staticDir = path.join(dir, 'sets.d');
     await mkdir(staticDir, { recursive: true });
-    const conf = path.join(dir, 'registries.conf');
-    await writeFile(
-      conf,
-      `[[registry]]\nprefix = "registry.test"\nlocation = "${registry.host}"\ninsecure = true\n` +
-        `[[registry]]\nprefix = "private.registry.test"\nlocation = "${privateRegistry.host}"\ninsecure = true\n`,
-    );
     const flags = [
       '--node-name', name,
       '--static-dir', staticDir,
@@ -91,8 +85,7 @@ describe('pinset agent on containerd 1.6.20, which cannot pin', () => {
       '--crio-dropin-dir', path.join(dir, 'no-crio', 'crio.conf.d'),
       '--state-dir', path.join(dir, 'state'),
       '--auth-file', path.join(dir, 'none.json'),
-      '--registries-conf', conf,
-      '--registries-conf-dir', path.join(dir, 'none.d'),
+      '--containerd-hosts-dir', containerd.certsDir,
       '--metrics-addr', '',
     ];
     const writeSets = (...sets: PinnedImageSet[]) => writeFile(path.join(staticDir, 'sets.yaml'), sets.map((s) => dumpYaml(s)).join('---\n'));
