@@ -298,7 +298,8 @@ describe('pinset agent: registry credentials from credential provider plugins, t
     const refused = await wait('with-regcred', (s) => s.reason === 'Unauthorized', 'Unauthorized with the stale password');
     assert.match(refused.message!, /pull secret pinset-system\/regcred/, 'the refused credential is named by where it came from');
     const problems: [string, RegExp][] = [
-      ['missing', /^pull secret pinset-system\/nope does not exist; 0 of 1 images present, pins kept$/],
+      // The pull that failed without it is named beside it (src/api/reasons.ts).
+      ['missing', /^pull secret pinset-system\/nope does not exist; 0 of 1 images present, pins kept; also Unauthorized: registry registry\.test refused/],
       ['wrong-type', /^pull secret pinset-system\/opaque is of type Opaque, not kubernetes\.io\/dockerconfigjson/],
       ['malformed', /^pull secret pinset-system\/broken is malformed: \.dockerconfigjson: the entry "registry\.test" has an "auth" that is not base64 of "user:password"/],
     ];
