@@ -22,8 +22,11 @@
 //   a Degraded set they default to gen and "<reason>: <message>" (what a set
 //   failing now has), so a failing set does not carry its message twice.
 // The document: {"version": 2, "pinFile": …, "updatedAt": …, "sets": […],
-// "imageFilesystemError": …, "truncated": true}; updatedAt in whole
-// seconds; no node name (the annotation is on that Node).
+// "imageFilesystemError": …, "pins": 12, "pinsKept": …, "truncated": true};
+// updatedAt in whole seconds; no node name (the annotation is on that Node).
+// `pins` and `pinsKept` came later within version 2: a reader that does not
+// know them ignores them (unknown keys are), and a report without `pins`
+// is one whose pin count is unknown (an agent from before them).
 import {
   STATUS_ANNOTATION,
   STATUS_FORMAT_VERSION,
@@ -102,6 +105,8 @@ export function encodeNodeStatus(status: NodeStatus): string {
     sets: status.sets.map(encodeSet),
   };
   if (status.imageFilesystemError) doc.imageFilesystemError = status.imageFilesystemError;
+  if (status.pins !== undefined) doc.pins = status.pins;
+  if (status.pinsKept) doc.pinsKept = status.pinsKept;
   if (status.truncated) doc.truncated = true;
   return JSON.stringify(doc);
 }
@@ -244,6 +249,9 @@ export function parseNodeStatus(raw: string | undefined): NodeStatusReading {
     sets,
   };
   if (typeof doc.imageFilesystemError === 'string') status.imageFilesystemError = doc.imageFilesystemError;
+  // A bad count is no count: the pins are then unknown, never taken for 0.
+  if (isCount(doc.pins)) status.pins = doc.pins;
+  if (typeof doc.pinsKept === 'string' && doc.pinsKept !== '') status.pinsKept = doc.pinsKept;
   if (doc.truncated === true) status.truncated = true;
   return dropped.length > 0 ? { status, droppedEntries: dropped } : { status };
 }
