@@ -169,6 +169,8 @@ async function dropPins(c: DropContext): Promise<number> {
       c.out(`cannot list the runtime's images: ${before.error}; nothing was changed`);
       return 1;
     }
+    // What CRI reported before (the backend refreshes the snapshot as it confirms).
+    const pinnedBefore = [...before.view.images];
     // Nothing planned: CRI-O's file goes (and CRI-O is reloaded), containerd's own labels go.
     await backend.stage([]);
     await backend.sync(before, [], signal);
@@ -186,7 +188,7 @@ async function dropPins(c: DropContext): Promise<number> {
     }
     // Confirmation through CRI: every image pinset pinned, as CRI reports it now.
     const pinnedBy = backend.name === 'crio' ? await crioPinnedBy(pinFile!) : await containerdPinnedBy(c.endpoint);
-    return await confirm(c, held.current, before.view.images, pinnedBy);
+    return await confirm(c, held.current, pinnedBefore, pinnedBy);
   } finally {
     backend.close();
   }
@@ -223,7 +225,11 @@ async function containerdPinnedBy(endpoint: string): Promise<PinnedBy> {
   };
 }
 
-/** Reads every image pinset pinned back through CRI; exit 0 when none is pinned by pinset any more. */
+/**
+ * Reads back through CRI every image pinset's pins held (an image pinned
+ * before whose name one of them matches: a reference, or on CRI-O a
+ * carried pattern); exit 0 when none is still pinned by pinset's alone.
+ */
 async function confirm(c: DropContext, refs: readonly string[], before: readonly RuntimeImage[], pinnedBy: PinnedBy): Promise<number> {
   let now: RuntimeImage[];
   try {
@@ -232,24 +238,23 @@ async function confirm(c: DropContext, refs: readonly string[], before: readonly
     c.out(`cannot list the runtime's images to confirm: ${errMessage(e)}`);
     return 1;
   }
-  const byName = (list: readonly RuntimeImage[]) => new Map(list.flatMap((i) => [...i.repoDigests, ...i.repoTags].map((n) => [n.toLowerCase(), i] as const)));
-  const was = byName(before);
-  const is = byName(now);
-  const ids = new Set<string>();
+  const byId = new Map(now.map((i) => [i.id, i]));
   let unpinned = 0;
   const kept: string[] = [];
   const stuck: string[] = [];
-  for (const ref of refs) {
-    const img = is.get(ref.toLowerCase());
-    if (!img || ids.has(img.id)) continue; // not held, or counted under another of its names
-    ids.add(img.id);
+  for (const was of before) {
+    const names = [...was.repoDigests, ...was.repoTags];
+    if (!was.pinned || !refs.some((r) => names.some((n) => pinMatches(r, n)))) continue;
+    const img = byId.get(was.id);
+    if (!img) continue; // gone meanwhile
+    const name = names.find((n) => refs.some((r) => pinMatches(r, n))) ?? img.id;
     if (!img.pinned) {
-      if (was.get(ref.toLowerCase())?.pinned) unpinned++;
+      unpinned++;
       continue;
     }
     const by = pinnedBy(img);
-    if (by) kept.push(`${ref}: still pinned by ${by}`);
-    else stuck.push(ref);
+    if (by) kept.push(`${name}: still pinned by ${by}`);
+    else stuck.push(name);
   }
   c.out(`confirmed through CRI: ${unpinned} image(s) no longer pinned${kept.length ? `, ${kept.length} still pinned by a pin that is not pinset's (kept)` : ''}`);
   for (const k of kept) c.out(`  ${k}`);
