@@ -104,7 +104,9 @@ export async function waitForNoPins(o: WaitOptions): Promise<WaitResult> {
       for (const v of all) {
         if (v.state !== 'clear' || reported.has(v.node)) continue;
         reported.add(v.node);
-        if (!o.tty) write(`${v.node}: no pins (${elapsed})\n`);
+        // On a terminal above the progress line, which is drawn again below.
+        write(`${o.tty && lastLine ? '\r\x1b[K' : ''}${v.node}: no pins (${elapsed})\n`);
+        lastLine = o.tty ? '' : lastLine;
       }
       const left = all.filter((v) => v.state === 'holding' || v.state === 'unknown');
       if (left.length === 0) return finish(false);
