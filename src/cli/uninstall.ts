@@ -173,13 +173,19 @@ export async function run(argv: string[]): Promise<number> {
     if (!keepPins) {
       let sets = found.sets ?? [];
       if ((found.crd === 'absent' || found.crd === 'terminating') && crdManifest) {
-        const again = await reinstallCrd(cluster, crdManifest, found.crd, waitMs, say);
+        const deadline = Date.now() + waitMs;
+        const again = await reinstallCrd(cluster, crdManifest, found.crd, deadline, say);
         if (again) return fail(`${again}; nothing else was changed`);
-        // A CRD removed without its finalizer leaves its objects in storage, and they come back with it.
-        try {
-          sets = (await listSets(http, timeoutMs)) ?? [];
-        } catch (err) {
-          return fail(`cannot list the PinnedImageSets: ${errText(err)}`);
+        // Listed once the type is served (Established): a CRD removed without
+        // its finalizer leaves its objects in storage, and they come back with it.
+        for (;;) {
+          const listed = await listSets(http, timeoutMs).catch((err: unknown) => errText(err));
+          if (Array.isArray(listed)) {
+            sets = listed;
+            break;
+          }
+          if (Date.now() > deadline) return fail(`the PinnedImageSets cannot be listed after the CRD was installed again: ${listed ?? 'not served'}`);
+          await new Promise((r) => setTimeout(r, 1_000));
         }
       }
       for (const name of sets) {
@@ -223,27 +229,16 @@ export async function run(argv: string[]): Promise<number> {
   }
 }
 
-/** The CRD installed again (after the one being deleted is gone), Established; an error message, or undefined. */
-async function reinstallCrd(cluster: ClusterObjects, crd: ManifestObject, state: ObjectState, waitMs: number, say: (s: string) => void): Promise<string | undefined> {
-  const deadline = Date.now() + waitMs;
-  const until = async (want: (s: ObjectState) => boolean, what: string): Promise<string | undefined> => {
-    for (;;) {
-      let s: ObjectState;
-      try {
-        s = await cluster.state(crd);
-      } catch (err) {
-        s = 'not served';
-        if (Date.now() > deadline) return `cannot read the CustomResourceDefinition ${CRD_NAME}: ${errText(err)}`;
-      }
-      if (want(s)) return undefined;
-      if (Date.now() > deadline) return `the CustomResourceDefinition ${CRD_NAME} ${what} within --wait-timeout`;
-      await new Promise((r) => setTimeout(r, 1_000));
-    }
-  };
+/** The CRD installed again (once the one being deleted is gone); an error message, or undefined. */
+async function reinstallCrd(cluster: ClusterObjects, crd: ManifestObject, state: ObjectState, deadline: number, say: (s: string) => void): Promise<string | undefined> {
   if (state === 'terminating') {
     say(`Waiting for the CustomResourceDefinition ${CRD_NAME} being deleted to go...`);
-    const gone = await until((s) => s === 'absent', 'did not go');
-    if (gone) return gone;
+    for (;;) {
+      const now = await cluster.state(crd).catch((err: unknown) => errText(err));
+      if (now === 'absent') break;
+      if (Date.now() > deadline) return `the CustomResourceDefinition ${CRD_NAME} did not go within --wait-timeout (last: ${now})`;
+      await new Promise((r) => setTimeout(r, 1_000));
+    }
   }
   try {
     await cluster.create(crd);

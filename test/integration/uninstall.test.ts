@@ -168,4 +168,22 @@ describe('pinset uninstall', () => {
     assert.deepEqual(ownLabelled(), []);
     await api.waitFor(() => !api.get('customresourcedefinitions', CRD_NAME), 5_000, 'the CRD gone again');
   });
+
+  test('the CRD being deleted at the start (held by a set\'s finalizer): waited for until it goes, installed again, then as always', async () => {
+    api.create({ apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name: 'held', finalizers: ['example.com/hold'] }, spec: { pinnedImages: [{ name: X }] } });
+    const res = await fetch(`${api.url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions/${CRD_NAME}`, { method: 'DELETE' });
+    assert.equal(res.status, 200);
+    await res.arrayBuffer();
+    const running = uninstall('--wait-timeout', '60s');
+    // The finalizer's owner lets go a little later: until then the CRD is Terminating.
+    await new Promise((r) => setTimeout(r, 2_000));
+    await fetch(`${api.url}/apis/pinset.dev/v1alpha1/pinnedimagesets/held`, { method: 'PATCH', headers: { 'Content-Type': 'application/merge-patch+json' }, body: JSON.stringify({ metadata: { finalizers: null } }) }).then((r) => r.arrayBuffer());
+    const r = await running;
+    assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}`);
+    assert.match(r.stdout, /The CustomResourceDefinition pinnedimagesets\.pinset\.dev is being deleted: agents keep their pins while it is\. Wait for it to go, then install it again/);
+    assert.match(r.stdout, /Waiting for the CustomResourceDefinition pinnedimagesets\.pinset\.dev being deleted to go\.\.\.\nInstalled the CustomResourceDefinition pinnedimagesets\.pinset\.dev again\./);
+    assert.match(r.stdout, /Every node reports no pins \(2 nodes\)\./);
+    assert.equal(await readPinFile(crio.dropInDir), null);
+    assert.deepEqual(ownLabelled(), []);
+  });
 });
