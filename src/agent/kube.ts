@@ -69,7 +69,9 @@ export class KubeObserver {
     this.sets.on('synced', () => this.crd.recheck());
     this.sets.on('delete', () => this.crd.recheck());
     // A set seen while the CRD was not known to stand: it may stand again.
-    this.sets.on('add', () => this.crd.served || this.crd.recheck());
+    this.sets.on('add', () => {
+      if (!this.crd.served) this.crd.recheck();
+    });
     this.sets.on('failure', (err) => {
       if (err instanceof KubeApiError && err.code === 404) this.crd.notServed();
     });
