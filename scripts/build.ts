@@ -13,6 +13,10 @@
 // loads all of its generated API models (about 88 MB resident, BENCHMARKS.md).
 // A tree-shaken bundle keeps only what pinset calls.
 //
+// deploy/ is copied to dist/deploy: `pinset uninstall` removes what those
+// manifests install, read from the copy that ships with the bundle
+// (src/cli/manifests.ts).
+//
 // dist/ needs no node_modules: every dependency is inlined. What is left as a
 // run-time require() is a Node.js built-in or an optional package that its
 // caller wraps in try/catch (scripts/build.ts `OPTIONAL_AT_RUNTIME`).
@@ -83,7 +87,7 @@ const ENTRIES: Record<string, string> = {
  */
 export const OPTIONAL_AT_RUNTIME = ['bufferutil', 'utf-8-validate', 'supports-color', 'abstract-socket', 'osx-temperature-sensor', 'macos-temperature-sensor'];
 
-/** What the bundle is made from: the sources, the proto files, the locked dependencies and the build (scripts/). */
+/** What the bundle is made from: the sources, the proto files, the manifests it ships, the locked dependencies and the build (scripts/). */
 async function inputFiles(): Promise<string[]> {
   const out: string[] = [];
   async function walk(rel: string): Promise<void> {
@@ -95,6 +99,7 @@ async function inputFiles(): Promise<string[]> {
   }
   await walk('src');
   await walk('proto');
+  await walk('deploy');
   await walk('scripts');
   out.push('package.json', 'package-lock.json');
   return out.sort();
@@ -201,6 +206,7 @@ export async function build(opts: { outdir?: string } = {}): Promise<BuildResult
     for (const w of result.warnings) process.stderr.write(`build: warning: ${w.text}${w.location ? ` (${w.location.file}:${w.location.line})` : ''}\n`);
     checkExternals(result.metafile);
     await cp(path.join(ROOT, 'proto'), path.join(staging, 'proto'), { recursive: true });
+    await cp(path.join(ROOT, 'deploy'), path.join(staging, 'deploy'), { recursive: true });
     await writeFile(path.join(staging, 'meta.json'), JSON.stringify(result.metafile));
     await writeFile(path.join(staging, 'licenses.txt'), await licenses(result.metafile));
     for (const name of Object.keys(ENTRIES)) await setHashbang(path.join(staging, `${name}.mjs`));

@@ -63,5 +63,12 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
   { name: 'metrics-addr', env: 'PINSET_METRICS_ADDR', type: 'string', default: '0.0.0.0:9402', allowEmpty: true, help: 'host:port for /healthz, /readyz and /metrics ("" disables)' },
   { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['trace', 'debug', 'info', 'warn', 'error', 'fatal'], help: 'log level' },
   { name: 'once', env: 'PINSET_ONCE', type: 'bool', default: false, help: 'one full reconcile, then exit 0 if every selected set is Ready, 1 if not (or a static file cannot be read); one JSON line per set on stdout' },
-  { name: 'lock-timeout', env: 'PINSET_LOCK_TIMEOUT', type: 'duration', default: '1m', help: 'with --once: how long to wait while another agent on this node holds the node lock (then exit 3)' },
+  { name: 'lock-timeout', env: 'PINSET_LOCK_TIMEOUT', type: 'duration', default: '1m', help: 'with --once or --drop-pins: how long to wait while another agent on this node holds the node lock (then exit 3)' },
+  {
+    name: 'drop-pins',
+    env: 'PINSET_DROP_PINS',
+    type: 'bool',
+    default: false,
+    help: "remove pinset's pins from this node (its CRI-O drop-in, or its labels on containerd), confirm through CRI, and exit; for a node whose agent is gone",
+  },
 ];

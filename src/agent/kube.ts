@@ -7,13 +7,15 @@
 // bookmarks, resourceVersions kept across reconnects, a relist on 410 Gone,
 // capped and jittered backoff on failures. The caches keep the last
 // successful observation while the API is away: a fault never looks like a
-// deleted set.
+// deleted set. Nor does a CRD being deleted (./crd-check.ts): the sets are
+// taken as listed only while their CRD stands.
 import { createHash } from 'node:crypto';
 import type { KubeConfig, V1Node } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import { KubeHttp } from '../api/kube-http.ts';
+import { KubeApiError, KubeHttp } from '../api/kube-http.ts';
 import { ListWatchCache, type ListWatchOptions } from '../api/list-watch.ts';
 import { GROUP, PLURAL, VERSION, type PinnedImageSet } from '../api/types.ts';
+import { CrdCheck } from './crd-check.ts';
 import { AGENT_FIELD_MANAGER } from './node-sinks.ts';
 import { pullSecretView, type SecretLike, type SecretStore } from './pull-secrets.ts';
 
@@ -66,6 +68,7 @@ export class KubeObserver {
   private stopped = false;
   /** The agents' namespace's Secrets, watched from the first watch() on. */
   readonly secrets: SecretStore;
+  private readonly crd: CrdCheck;
 
   constructor(kc: KubeConfig, nodeName: string, log: Logger, onChange: (why: string) => void, opts: KubeObserverOptions = {}) {
     this.nodeName = nodeName;
@@ -73,6 +76,18 @@ export class KubeObserver {
     const common = { http: this.http, log, minWatchTimeoutMs: opts.minWatchTimeoutMs, ...opts.watch };
     this.secrets = this.secretStore(opts.secretNamespace ?? 'pinset-system', common, (name) => opts.onSecretChange?.(name));
     this.sets = new ListWatchCache<PinnedImageSet>({ ...common, what: 'pinnedimagesets', path: `/apis/${GROUP}/${VERSION}/${PLURAL}` });
+    // Before a reconcile reads a list or a deletion, the CRD is read: sets
+    // that go with their CRD are not deleted sets.
+    this.crd = new CrdCheck({ http: this.http, log, onChange, ...(opts.watch?.backoff ? { backoff: opts.watch.backoff } : {}) });
+    this.sets.on('synced', () => this.crd.recheck());
+    this.sets.on('delete', () => this.crd.recheck());
+    // A set seen while the CRD was not known to stand: it may stand again.
+    this.sets.on('add', () => {
+      if (!this.crd.served) this.crd.recheck();
+    });
+    this.sets.on('failure', (err) => {
+      if (err instanceof KubeApiError && err.code === 404) this.crd.notServed();
+    });
     // The controller's status writes change nothing for the agent.
     watchRelevant(this.sets, 'pinnedimagesets', onChange, (s) => [s.metadata?.uid, s.metadata?.generation, s.spec]);
     this.node = new ListWatchCache<V1Node>({ ...common, what: 'node', path: '/api/v1/nodes', fieldSelector: `metadata.name=${nodeName}` });
@@ -86,8 +101,14 @@ export class KubeObserver {
 
   async stop(): Promise<void> {
     this.stopped = true;
+    this.crd.stop();
     await Promise.all([this.sets.stop(), this.node.stop(), this.secretCache?.stop()]);
     this.http.close();
+  }
+
+  /** Waits for a read of the CRD that a list or a deletion started (see ./crd-check.ts). */
+  async settled(): Promise<void> {
+    await this.crd.settled();
   }
 
   /**
@@ -138,9 +159,18 @@ export class KubeObserver {
     };
   }
 
-  /** The sets from the last successful observation, or null if none has succeeded yet. */
+  /**
+   * The sets from the last successful observation, or null if none has
+   * succeeded yet or the CRD is not known to stand (missing, being
+   * deleted, unreadable): then nothing is known of the sets.
+   */
   currentSets(): PinnedImageSet[] | null {
-    return this.sets.synced ? this.sets.list() : null;
+    return this.sets.synced && this.crd.served ? this.sets.list() : null;
+  }
+
+  /** Why currentSets() is null, when it is for another reason than a list not done yet. */
+  setsProblem(): string | undefined {
+    return this.sets.synced || this.crd.state.kind === 'missing' ? this.crd.problem() : undefined;
   }
 
   /** This node as last observed, or null if it has not been read. */

@@ -76,7 +76,15 @@ export const EXIT_RESTART_FOR_KUBECONFIG = 75;
 /** How long --once waits for the first list of sets and the Node. */
 const ONCE_SYNC_TIMEOUT_MS = 30_000;
 
+/** --drop-pins (or PINSET_DROP_PINS) on the command line or in the environment: the one-shot removal, with its own flags. */
+function wantsDropPins(argv: readonly string[], env = process.env): boolean {
+  const given = argv.find((a) => a === '--drop-pins' || a.startsWith('--drop-pins='));
+  const raw = given ? (given.includes('=') ? given.slice(given.indexOf('=') + 1) : 'true') : (env.PINSET_DROP_PINS ?? '');
+  return ['true', '1', 'yes'].includes(raw);
+}
+
 export async function run(argv: string[]): Promise<number> {
+  if (wantsDropPins(argv)) return (await import('./drop-pins.ts')).runDropPins(argv);
   const { values: f } = parseFlags(AGENT_FLAGS, argv);
   if (f.help) {
     process.stdout.write(helpText('pinset agent [flags]', SUMMARY, AGENT_FLAGS));

@@ -52,14 +52,17 @@ export class SetSources {
 
   async observe(): Promise<ObservedSets> {
     this.problems.begin();
+    // A list or a deletion just seen is taken only once the CRD is known to stand.
+    await this.o.kube?.settled();
     const labels = this.labels();
     const apiSets = this.apiSets();
+    const apiProblem = apiSets === null ? this.o.kube?.setsProblem() : undefined;
     // The static source logs its files' problems itself, once per change.
     const stat = await this.staticSource.read();
     const auth = this.o.authFile;
     await auth?.refresh().catch((e) => this.problems.warn({ err: errMessage(e) }, 'auth file unreadable; pulling anonymously'));
     if (auth?.problem) this.problems.warn({ file: auth.path }, auth.problem);
-    return { labels, apiSets, staticSets: stat.sets, staticProblems: stat.unknown };
+    return { labels, apiSets, ...(apiProblem ? { apiProblem } : {}), staticSets: stat.sets, staticProblems: stat.unknown };
   }
 
   /**

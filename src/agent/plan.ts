@@ -36,6 +36,8 @@ export interface PlanInput {
    * their pins are kept.
    */
   staticProblems: readonly SourceProblem[];
+  /** Why the API's sets are not known (apiSets null): the CRD missing or being deleted, say; absent: not listed yet. */
+  apiProblem?: string;
   /** Pins in the agent's own file now: kept while the observation is incomplete. */
   currentPins: readonly string[];
   /** pinned_images of crio.conf and the drop-ins read before the agent's file. */
@@ -81,7 +83,12 @@ export interface Plan {
   sets: PlannedSet[];
   /** The union of images wanted by selected sets, each once per runtime handler. */
   wanted: WantedImage[];
-  /** The pin file's list: sorted, unique. */
+  /**
+   * The pin file's list: sorted, unique. Empty when the agent pins nothing
+   * of its own (no wanted image, nothing kept): then others' pins are not
+   * carried either, and the runtime holds the administrator's configuration
+   * alone (CRI-O: no pinset drop-in at all).
+   */
   pins: string[];
   /** Pins kept only because the observation was incomplete (API not listed, labels unknown, a static file never read). */
   retained: string[];
@@ -163,7 +170,7 @@ export function planReconcile(input: PlanInput): Plan {
   }
 
   const retainReasons: string[] = [];
-  if (input.apiSets === null) retainReasons.push('the API has not been listed yet');
+  if (input.apiSets === null) retainReasons.push(input.apiProblem ?? 'the API has not been listed yet');
   if (input.staticProblems.length > 0) retainReasons.push(`${input.staticProblems.length} static file(s) could not be read and what they held is unknown`);
   if (sets.some((s) => s.selection === 'unknown')) retainReasons.push('the node labels are unknown');
 
@@ -178,10 +185,15 @@ export function planReconcile(input: PlanInput): Plan {
       }
     }
   }
+  // Others' pins are carried only while the agent holds pins of its own:
+  // with nothing wanted and nothing to keep, it steps out of the way. While
+  // the observation is incomplete, a current pin that is also carried still
+  // counts as its own (the file that carries it may be what pins it).
+  const ownPins = wanted.size > 0 || retained.length > 0 || (retainReasons.length > 0 && input.currentPins.length > 0);
   return {
     sets,
     wanted: [...wanted.values()].sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0)),
-    pins: [...pins].sort(),
+    pins: ownPins ? [...pins].sort() : [],
     retained: retained.sort(),
     retainReasons,
     unknownStatic: input.staticProblems.map((p) => p.origin),

@@ -14,7 +14,7 @@ import type { Plan } from './plan.ts';
 import type { ImagePuller } from './puller.ts';
 import type { Admitted } from './pull-admission.ts';
 import type { RuntimeSnapshot } from './runtime-state.ts';
-import { computeSetStatuses, historyFromStatus, makeNodeStatus, type SetHistory } from './status.ts';
+import { computeSetStatuses, historyFromStatus, makeNodeStatus, pinsKeptMessage, type SetHistory } from './status.ts';
 import type { StatusReporter } from './status-reporter.ts';
 import type { DiskCheck } from './disk.ts';
 
@@ -82,7 +82,12 @@ export class SetReport {
     });
     this.history = history;
     this.o.reporter.report(
-      makeNodeStatus(this.o.nodeName, pins.where, sets, new Date(this.o.now()).toISOString(), { imageFilesystemError: this.o.diskCheck?.unmeasured, cannotPin: pins.cannotPin }),
+      makeNodeStatus(this.o.nodeName, pins.where, sets, new Date(this.o.now()).toISOString(), {
+        imageFilesystemError: this.o.diskCheck?.unmeasured,
+        cannotPin: pins.cannotPin,
+        pins: pins.held,
+        pinsKept: pinsKeptMessage(plan),
+      }),
     );
     this.recordEvents(sets, plan);
     this.updateMetrics(plan, sets, present, runtime.error === undefined);

@@ -36,13 +36,18 @@ function comparable(s: NodeStatus): unknown {
  * True when `next` differs from `prev` in progress only: the same sets, each
  * in the same phase and generations, with other counts, messages or
  * estimates, or a Progressing set with another reason (Pulling after
- * WaitingForRolloutSlot). Anything else is news an operator and the
- * controller wait for: a set added or gone, a phase or a generation
- * changed, a Degraded set failing for another reason, or with another
- * error while its counts stand still (the cause changed, not the progress).
+ * WaitingForRolloutSlot), or another non-zero pin count. Anything else is
+ * news an operator and the controller wait for: a set added or gone, a
+ * phase or a generation changed, a Degraded set failing for another
+ * reason, or with another error while its counts stand still (the cause
+ * changed, not the progress), the pin count reaching or leaving 0, pins
+ * kept for another reason.
  */
 export function progressOnly(prev: NodeStatus | undefined, next: NodeStatus): boolean {
   if (!prev || prev.pinFile !== next.pinFile || prev.imageFilesystemError !== next.imageFilesystemError || prev.cannotPin !== next.cannotPin) return false;
+  // The pin count is progress while it grows on a pulling node; reaching 0
+  // (or becoming known) is news: `pinset uninstall` waits for it.
+  if ((prev.pins === 0) !== (next.pins === 0) || (prev.pins === undefined) !== (next.pins === undefined) || prev.pinsKept !== next.pinsKept) return false;
   if (Boolean(prev.truncated) !== Boolean(next.truncated) || prev.sets.length !== next.sets.length) return false;
   const key = (s: NodeSetStatus) => `${s.source}/${s.name}`;
   const before = new Map(prev.sets.map((s) => [key(s), s]));

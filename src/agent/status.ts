@@ -251,6 +251,7 @@ export function boundedNodeStatus(status: NodeStatus, maxBytes = STATUS_MAX_BYTE
     sets: status.sets.map(shortened),
     ...(status.imageFilesystemError ? { imageFilesystemError: cutBytes(status.imageFilesystemError, SHORT_MESSAGE_BYTES) } : {}),
     ...(status.cannotPin ? { cannotPin: cutBytes(status.cannotPin, SHORT_MESSAGE_BYTES) } : {}),
+    ...(status.pinsKept ? { pinsKept: cutBytes(status.pinsKept, SHORT_MESSAGE_BYTES) } : {}),
   };
   if (size(short) <= maxBytes) return short;
   // Keep the sets an operator must look at: Degraded, then Progressing, then Ready.
@@ -280,16 +281,28 @@ export function historyFromStatus(status: NodeStatus | null): Map<string, SetHis
   return h;
 }
 
+/**
+ * What the node status says of pins no set asks for: how many are kept and
+ * why (the plan's reasons for an incomplete observation); undefined when
+ * none is kept.
+ */
+export function pinsKeptMessage(plan: Pick<Plan, 'retained' | 'retainReasons'>): string | undefined {
+  if (plan.retained.length === 0) return undefined;
+  return `${plan.retained.length} pin(s) kept that no set asks for now: ${plan.retainReasons.join('; ')}`;
+}
+
 export function makeNodeStatus(
   node: string,
   pinFile: string,
   sets: NodeSetStatus[],
   updatedAt: string,
-  extra: { imageFilesystemError?: string | null; cannotPin?: string } = {},
+  extra: { imageFilesystemError?: string | null; cannotPin?: string; pins?: number; pinsKept?: string } = {},
 ): NodeStatus {
   const status: NodeStatus = { version: STATUS_FORMAT_VERSION, node, pinFile, updatedAt, sets };
   if (extra.imageFilesystemError) status.imageFilesystemError = cutBytes(extra.imageFilesystemError, STATUS_MAX_ERROR_BYTES);
   // Said once for the node, bounded like the other node-wide text.
   if (extra.cannotPin) status.cannotPin = cutBytes(extra.cannotPin, STATUS_MAX_ERROR_BYTES);
+  if (extra.pins !== undefined) status.pins = extra.pins;
+  if (extra.pinsKept) status.pinsKept = cutBytes(extra.pinsKept, STATUS_MAX_MESSAGE_BYTES);
   return boundedNodeStatus(status);
 }

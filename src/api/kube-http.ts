@@ -114,7 +114,9 @@ export class KubeHttp {
 
   /** Resolves with the response once its headers arrive; rejects on a transport error or no headers in time. */
   async #send(method: string, url: URL, body?: string, headers: Record<string, string> = {}, signal?: AbortSignal): Promise<{ req: http.ClientRequest; res: http.IncomingMessage }> {
-    const req = await this.#request(method, url, body === undefined ? headers : { 'Content-Type': 'application/json', ...headers });
+    // Content-Length always with a body: Node.js sends a DELETE's body
+    // neither chunked nor measured, which a server reads as a malformed request.
+    const req = await this.#request(method, url, body === undefined ? headers : { 'Content-Type': 'application/json', 'Content-Length': String(Buffer.byteLength(body)), ...headers });
     return await new Promise((resolve, reject) => {
       const timer = setTimeout(() => req.destroy(new Error(`no answer from ${url.host} within ${this.#connectTimeoutMs}ms`)), this.#connectTimeoutMs);
       const onAbort = () => req.destroy(signal?.reason instanceof Error ? signal.reason : new Error('aborted'));

@@ -12,7 +12,8 @@
 //   timeoutSeconds re-opens every quiet watch (what client-node's Watch does
 //   every 30 s);
 // - 410 Gone (an ERROR event with code 410 or an HTTP 410, after etcd
-//   compaction or an API server restart) relists;
+//   compaction or an API server restart) relists, and so does a watch
+//   refused with 404 (its type no longer served: a CRD deleted);
 // - failures back off (1 s doubling to 30 s, with jitter); the backoff is
 //   reset only by a watch that delivered an event or stayed open for a while,
 //   never by a request merely starting or a list succeeding while the watch
@@ -296,6 +297,10 @@ export class ListWatchCache<T extends KubeObjectLike> {
       );
     } catch (err) {
       if (err instanceof KubeApiError && err.code === 410) return { kind: 'expired', healthy: false };
+      // 404: the type is not served (a CRD deleted). Its history went with
+      // it, so the next attempt lists, as client-go's reflector does after
+      // a watch error it cannot retry.
+      if (err instanceof KubeApiError && err.code === 404) this.#rv = '';
       return { kind: 'error', healthy: false, err: err as Error };
     }
     if (this.#stopped) {

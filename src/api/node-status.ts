@@ -22,10 +22,12 @@
 //   a Degraded set they default to gen and "<reason>: <message>" (what a set
 //   failing now has), so a failing set does not carry its message twice.
 // The document: {"version": 2, "pinFile": …, "updatedAt": …, "sets": […],
-// "imageFilesystemError": …, "cannotPin": …, "truncated": true}; updatedAt
-// in whole seconds; no node name (the annotation is on that Node).
-// cannotPin came after the first version-2 agents: readers that predate it
-// ignore it (unknown keys), and its absence means the node can pin.
+// "imageFilesystemError": …, "cannotPin": …, "pins": 12, "pinsKept": …,
+// "truncated": true}; updatedAt in whole seconds; no node name (the
+// annotation is on that Node). cannotPin, pins and pinsKept came after the
+// first version-2 agents: readers that predate them ignore them (unknown
+// keys are); no cannotPin means the node can pin, and a report without
+// `pins` is one whose pin count is unknown (an agent from before them).
 import {
   STATUS_ANNOTATION,
   STATUS_FORMAT_VERSION,
@@ -105,6 +107,8 @@ export function encodeNodeStatus(status: NodeStatus): string {
   };
   if (status.imageFilesystemError) doc.imageFilesystemError = status.imageFilesystemError;
   if (status.cannotPin) doc.cannotPin = status.cannotPin;
+  if (status.pins !== undefined) doc.pins = status.pins;
+  if (status.pinsKept) doc.pinsKept = status.pinsKept;
   if (status.truncated) doc.truncated = true;
   return JSON.stringify(doc);
 }
@@ -248,6 +252,9 @@ export function parseNodeStatus(raw: string | undefined): NodeStatusReading {
   };
   if (typeof doc.imageFilesystemError === 'string') status.imageFilesystemError = doc.imageFilesystemError;
   if (typeof doc.cannotPin === 'string' && doc.cannotPin !== '') status.cannotPin = doc.cannotPin;
+  // A bad count is no count: the pins are then unknown, never taken for 0.
+  if (isCount(doc.pins)) status.pins = doc.pins;
+  if (typeof doc.pinsKept === 'string' && doc.pinsKept !== '') status.pinsKept = doc.pinsKept;
   if (doc.truncated === true) status.truncated = true;
   return dropped.length > 0 ? { status, droppedEntries: dropped } : { status };
 }

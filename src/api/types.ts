@@ -7,6 +7,8 @@ export const VERSION = 'v1alpha1';
 export const API_VERSION = `${GROUP}/${VERSION}`;
 export const KIND = 'PinnedImageSet';
 export const PLURAL = 'pinnedimagesets';
+/** The CustomResourceDefinition that serves PinnedImageSets (deploy/crds/). */
+export const CRD_NAME = `${PLURAL}.${GROUP}`;
 
 /** Upper bound on spec.pinnedImages, the same in the CRD and the validator. */
 export const MAX_PINNED_IMAGES = 5000;
@@ -188,6 +190,20 @@ export interface NodeStatus {
    * work, and where pre-loading alone was chosen (--pin-backend none).
    */
   cannotPin?: string;
+  /**
+   * How many pins pinset's own configuration holds on this node (CRI-O: the
+   * references in its drop-in, carried-over ones included; containerd: the
+   * images carrying its label); 0 when it holds none, which is what
+   * `pinset uninstall` waits for. Absent: not known (an older agent, or the
+   * runtime's labels could not be read yet).
+   */
+  pins?: number;
+  /**
+   * Why pins that no set asks for are kept (an incomplete observation: the
+   * API not listed, the CRD missing or being deleted, the node's labels
+   * unknown), at most STATUS_MAX_MESSAGE_BYTES; absent when none is kept.
+   */
+  pinsKept?: string;
   /** True when sets were left out to keep the annotation under STATUS_MAX_BYTES. */
   truncated?: boolean;
 }

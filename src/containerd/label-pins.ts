@@ -34,12 +34,12 @@
 // a name.
 import type { Logger } from 'pino';
 import type { ImageRuntime, RuntimeImage } from '../cri/runtime.ts';
-import { waitForPins } from '../pins/confirm.ts';
 import type { PinBackend, PinProblem, PinsObserved, PinStatus, PinTarget, RuntimeState } from '../pins/backend.ts';
 import { mapLimit } from '../util/limit.ts';
 import { RetryGate, STEP_RETRY } from '../util/retry.ts';
 import type { BackoffPolicy } from '../util/backoff.ts';
 import type { ImageRecord } from './images.ts';
+import { labelReport, readBack, type LabelChanges, type LabelReport } from './label-readback.ts';
 import { containerdCanPin, PINNING_VERSIONS } from './versions.ts';
 
 /** The label containerd's CRI plugin reads (pkg/cri/labels), and the one value that pins. */
@@ -105,6 +105,8 @@ export class ContainerdLabelPins implements PinBackend {
   private pinnedRecords = new Set<string>();
   /** The digest references of images pinset labelled, from observe(). */
   private current: string[] = [];
+  /** Records carrying pinset's label, as last listed; undefined until a list answered. */
+  private ownRecords: number | undefined;
   private labelProblem: (PinProblem & { records: Set<string> }) | undefined;
   private notReported: (PinProblem & { records: Set<string> }) | undefined;
   /** Why this containerd cannot pin (its version), once it answered. */
@@ -135,6 +137,7 @@ export class ContainerdLabelPins implements PinBackend {
   async observe(): Promise<PinsObserved> {
     try {
       const records = await this.images.list();
+      this.ownRecords = records.filter((r) => isOwn(r.labels)).length;
       const ownTargets = new Set(records.filter((r) => isOwn(r.labels) && r.target).map((r) => r.target!.digest));
       this.current = [...new Set(records.filter((r) => r.target && ownTargets.has(r.target.digest) && isDigestRef(r.name)).map((r) => r.name))].sort();
     } catch (e) {
@@ -178,6 +181,7 @@ export class ContainerdLabelPins implements PinBackend {
       where: `containerd image label ${PIN_LABEL}`,
       wrote: this.changed,
       reloaded: false,
+      held: this.ownRecords,
       notHeld: (n) => `${n} image(s) are present but not yet labelled ${PIN_LABEL}=${PIN_VALUE}`,
       notPinned: (n) => `${n} image(s) are labelled ${PIN_LABEL}=${PIN_VALUE} but not yet reported pinned by containerd`,
       holds: (ref) => {
@@ -280,6 +284,7 @@ export class ContainerdLabelPins implements PinBackend {
     let failure: string | undefined;
     const failed = new Set<string>();
     const done = { pinned: [] as string[], unpinned: [] as string[] };
+    const targetOf = new Map(labelled.map((r) => [r.name, r.target?.digest]));
     const jobs = [...toPin.map((rec) => ({ rec, pin: true })), ...toUnpin.map((rec) => ({ rec, pin: false }))];
     await mapLimit(jobs, LABEL_PARALLELISM, async ({ rec, pin }) => {
       if (failure !== undefined || o.signal.aborted) {
@@ -300,17 +305,28 @@ export class ContainerdLabelPins implements PinBackend {
       }
     });
     this.pinnedRecords = new Set([...labels].filter(([, l]) => isPinned(l)).map(([n]) => n));
-    if (done.pinned.length || done.unpinned.length) {
-      this.changed = true;
-      this.log.info({ pinned: done.pinned.length, unpinned: done.unpinned.length, image: (done.pinned[0] && byRecord.get(done.pinned[0])?.refs[0]) || done.unpinned[0] }, 'containerd image labels updated');
-    }
+    this.ownRecords = [...labels.values()].filter(isOwn).length;
     if (failure !== undefined) this.failLabels(failure, failed, refs.filter((r) => failed.has(resolved.get(r) ?? '')));
     else if (!o.signal.aborted) {
       this.labelGate.succeed();
       this.labelProblem = undefined;
     }
 
-    await this.confirm(runtime, byRecord, done.pinned, o.signal);
+    // What CRI reports now: an image whose pinset label went may stay pinned by another record's label.
+    const changes: LabelChanges = {
+      pinned: done.pinned,
+      removed: done.unpinned.map((record) => ({
+        record,
+        heldBy: [...labels].filter(([n, l]) => n !== record && targetOf.get(n) !== undefined && targetOf.get(n) === targetOf.get(record) && isPinned(l) && !isOwn(l)).map(([n]) => n),
+      })),
+    };
+    const images = await readBack(this.runtime, changes, { timeoutMs: this.confirmTimeoutMs, signal: o.signal, wait: !this.cannotPin });
+    if (images) await runtime.refresh(images);
+    if (done.pinned.length || done.unpinned.length) {
+      this.changed = true;
+      this.logChanges(labelReport(changes, images), (done.pinned[0] && byRecord.get(done.pinned[0])?.refs[0]) || done.unpinned[0]);
+    }
+    this.confirm(runtime, byRecord, images);
     this.lastState = this.labelProblem
       ? 'label updates failing'
       : this.cannotPin
@@ -320,24 +336,8 @@ export class ContainerdLabelPins implements PinBackend {
           : 'labels set and reported';
   }
 
-  /** Reads `pinned` back: waits for the images just labelled, then checks every labelled wanted image in a fresh list. */
-  private async confirm(runtime: RuntimeState, byRecord: Map<string, { img: RuntimeImage; refs: string[] }>, justPinned: string[], signal: AbortSignal): Promise<void> {
-    let images: RuntimeImage[] | undefined;
-    if (justPinned.length > 0 && !this.cannotPin) {
-      // containerd applies label events in order: the last one labelled
-      // shows last. Probed by its image ID, which CRI on containerd resolves
-      // whatever names the image is held under.
-      const last = justPinned[justPinned.length - 1]!;
-      await waitForPins(this.runtime, [{ ref: last, expect: true }], { timeoutMs: this.confirmTimeoutMs, signal });
-    }
-    if (justPinned.length > 0) {
-      try {
-        images = await this.runtime.listImages();
-        runtime.refresh(images);
-      } catch {
-        images = undefined;
-      }
-    }
+  /** Every labelled wanted image must be reported pinned, in the fresh list when there is one. */
+  private confirm(runtime: RuntimeState, byRecord: Map<string, { img: RuntimeImage; refs: string[] }>, images: RuntimeImage[] | undefined): void {
     const byId = new Map((images ?? runtime.view.images).map((i) => [idRecord(i), i]));
     const unreported = [...byRecord.keys()].filter((rec) => this.pinnedRecords.has(rec) && byId.has(rec) && !byId.get(rec)!.pinned);
     if (unreported.length === 0 || this.cannotPin) {
@@ -355,6 +355,25 @@ export class ContainerdLabelPins implements PinBackend {
       `; pins need containerd ${PINNING_VERSIONS}`;
     this.notReported = { reason: 'PinNotReported', message, affected: (ref) => refsOf.has(ref), records };
     this.reportGate.fail(message, { images: unreported.length });
+  }
+
+  /**
+   * One line per pass, counting what CRI reports (not what was written),
+   * and one naming an image that stays pinned by a label that is not
+   * pinset's: its pinset pin is gone, the administrator's stays.
+   */
+  private logChanges(r: LabelReport, image: string | undefined): void {
+    const unknown = r.pinned === undefined ? { readBack: 'CRI could not list the images' } : {};
+    this.log.info({ labelled: r.labelled, labelsRemoved: r.labelsRemoved, pinned: r.pinned, unpinned: r.unpinned, stillPinned: r.stillPinned.length, image, ...unknown }, 'containerd image labels updated');
+    const first = r.stillPinned[0];
+    if (first) {
+      this.log.info(
+        { image: first.record, pinnedBy: first.heldBy, label: `${PIN_LABEL}=${PIN_VALUE}`, images: r.stillPinned.length },
+        first.heldBy.length > 0
+          ? "pinset's pin removed; containerd still reports the image pinned, by a label that is not pinset's (kept as it is)"
+          : "pinset's pin removed; containerd still reports the image pinned",
+      );
+    }
   }
 
   private failLabels(error: string, records: Set<string>, refs: readonly string[]): void {

@@ -50,6 +50,7 @@ export class CrioPins implements PinBackend {
   private writeError: string | undefined;
   private problem: PinProblem | undefined;
   private reportsPins = false;
+  private held: number | undefined;
   private wrote = false;
   private reloaded = false;
 
@@ -82,17 +83,24 @@ export class CrioPins implements PinBackend {
     const scan = this.scan!;
     this.wrote = this.reloaded = false;
     this.writeError = this.problem = undefined;
-    const content = renderPinFile(pins);
+    // No pin at all: no file. An empty list in the file that sorts last
+    // would replace (unpin) every earlier file's pins.
+    const content = pins.length > 0 ? renderPinFile(pins) : null;
     if (scan.ownContent !== content) {
       if (this.writeGate.due()) {
         try {
-          await pinFile.write(content);
+          if (content === null) {
+            const removed = await pinFile.remove();
+            this.log.info({ pinFile: pinFile.path, removed }, 'pin file removed: the agent holds no pin on this node');
+          } else {
+            await pinFile.write(content);
+            this.log.info({ pinFile: pinFile.path, pins: pins.length, created: scan.ownContent === null ? true : undefined }, 'pin file written');
+            const stale = await pinFile.removeStaleOwnedFiles();
+            if (stale.length) this.log.info({ removed: stale }, 'removed older pin files of this agent');
+          }
           this.wrote = true;
           this.writeGate.succeed({ pinFile: pinFile.path });
           metrics?.pinFileWrites.inc();
-          this.log.info({ pinFile: pinFile.path, pins: pins.length, created: scan.ownContent === null ? true : undefined }, 'pin file written');
-          const stale = await pinFile.removeStaleOwnedFiles();
-          if (stale.length) this.log.info({ removed: stale }, 'removed older pin files of this agent');
         } catch (e) {
           this.writeError = errMessage(e);
           this.writeGate.fail(this.writeError, { pinFile: pinFile.path, note: 'the previous file stays in place' });
@@ -105,8 +113,9 @@ export class CrioPins implements PinBackend {
       this.writeGate.succeed({ pinFile: pinFile.path });
     }
     if (!this.writeGate.failing) this.stopWriteProbe();
-    const hasOwnFile = this.wrote || scan.ownContent !== null;
+    const hasOwnFile = this.wrote ? content !== null : scan.ownContent !== null;
     this.pinsInFile = new Set(this.wrote ? pins : scan.ownPins);
+    this.held = hasOwnFile ? this.pinsInFile.size : 0;
     // What CRI-O loads from its folder now, and whether it would load it at all.
     const rejected = scan.rejected.filter((r) => !(this.wrote && r.path === pinFile.path));
     this.list = { patterns: effectivePins(scan, hasOwnFile ? [...this.pinsInFile] : null), rejected, pauseImage: scan.pauseImage };
@@ -175,6 +184,7 @@ export class CrioPins implements PinBackend {
       problem: this.problem,
       wrote: this.wrote,
       reloaded: this.reloaded,
+      held: this.held,
     });
   }
 
@@ -260,6 +270,8 @@ export function crioPinStatus(f: {
   problem?: PinProblem;
   wrote?: boolean;
   reloaded?: boolean;
+  /** Pins in the agent's file (0 without one); undefined before the folder was read. */
+  held?: number;
 }): PinStatus {
   const { pinFile: where, pinsInFile, writeError, problem, overriding } = f;
   const others = overriding.length > 1 ? ` (and ${overriding.length - 1} more ${overriding.length - 1 === 1 ? 'file' : 'files'})` : '';
@@ -267,6 +279,7 @@ export function crioPinStatus(f: {
     where,
     wrote: f.wrote ?? false,
     reloaded: f.reloaded ?? false,
+    held: f.held,
     holds: (ref) => pinsInFile.has(ref),
     reportsPinned: (img) => (f.reportsPins ? img.pinned : undefined),
     notHeld: (n) => `${n} image(s) are present but not yet in the pin file ${where}`,

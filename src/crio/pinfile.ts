@@ -273,6 +273,30 @@ export class PinFile {
     return crossMountProblem(this.dir, this.stagingDir);
   }
 
+  /**
+   * Remove the agent's file (and any older one it owns), when it holds no
+   * pin of its own: then CRI-O reads exactly the administrator's files. An
+   * empty `pinned_images` in a file that sorts last would instead unpin
+   * every earlier file's pins. unlink(2) is one step (CRI-O sees the file
+   * whole or not at all); the folder is fsynced so the removal survives a
+   * power loss. Returns the names removed.
+   */
+  async remove(): Promise<string[]> {
+    const entries = await fsp.readdir(this.dir).catch(() => [] as string[]);
+    const owned = await PinFile.ownedFiles(this.dir, entries);
+    const removed: string[] = [];
+    for (const n of owned) if (await removeRegularFile(path.join(this.dir, n))) removed.push(n);
+    if (removed.length > 0) {
+      const dh = await fsp.open(this.dir, fsc.O_RDONLY | fsc.O_DIRECTORY);
+      try {
+        await dh.sync();
+      } finally {
+        await dh.close();
+      }
+    }
+    return removed;
+  }
+
   /** Other files this agent owns (an older name): removed once the current file is in place. */
   async removeStaleOwnedFiles(): Promise<string[]> {
     const entries = await fsp.readdir(this.dir).catch(() => [] as string[]);

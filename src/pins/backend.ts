@@ -76,6 +76,13 @@ export interface PinStatus {
   reportsPinned(img: RuntimeImage): boolean | undefined;
   /** Pre-loading only: images count as in place when present, 0 pinned; a set is then Ready, PreloadedNotPinned (or RuntimeCannotPin with `cannotPin`). */
   readonly preloadOnly?: boolean;
+  /**
+   * How many pins the backend's own configuration holds now (CRI-O: the
+   * references in its drop-in, 0 without one; containerd: the images
+   * carrying pinset's label); undefined while that cannot be known. The
+   * node status reports it; `pinset uninstall` waits for 0.
+   */
+  readonly held: number | undefined;
   /** WaitingForPin's message: `n` images present whose reference the configuration does not hold yet. */
   notHeld(n: number): string;
   /** WaitingForPin's message: `n` images held and present that the runtime does not report pinned yet. */

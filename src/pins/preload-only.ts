@@ -48,6 +48,7 @@ export class PreloadOnly implements PinBackend {
       wrote: false,
       reloaded: false,
       preloadOnly: true,
+      held: 0,
       holds: () => false,
       reportsPinned: () => undefined,
       notHeld: (n) => `${n} image(s) present, not pinned`,

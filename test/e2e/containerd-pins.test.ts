@@ -132,6 +132,36 @@ suite('1.7', (ctx) => {
     assert.equal((await c.cri.imageStatus(img.digestRef))?.pinned, true);
   });
 
+  test("a set that listed a hand-pinned image removed: the log says pinset's pin went and the image stays pinned by the administrator's label; the counts are CRI's", async (t) => {
+    if (!requireComponents(t, NEEDS_17)) return;
+    const c = ctx();
+    const [mine, theirs] = [await c.image(), await c.image()];
+    for (const img of [mine, theirs]) await c.cri.pullImage(img.digestRef);
+    // The administrator pins one of them by hand, on its reference (as `ctr images label <ref>` does).
+    await c.containerd.ctr(['images', 'label', theirs.digestRef, `${PIN_LABEL}=pinned`]);
+    await c.reconcile(mine.digestRef, theirs.digestRef);
+    assert.deepEqual(await c.labels(theirs.id), OURS, 'pinset pins the image-ID record, beside the hand pin on the reference');
+    const from = c.lines.length;
+
+    await c.reconcile();
+    const logged = c.lines.slice(from);
+    const updated = logged.find((l) => l.msg === 'containerd image labels updated');
+    assert.ok(updated, 'one line for the label changes');
+    // What CRI reports now: one image unpinned, one still pinned (by the administrator's label).
+    assert.equal((await c.cri.imageStatus(mine.digestRef))?.pinned, false);
+    assert.equal((await c.cri.imageStatus(theirs.digestRef))?.pinned, true);
+    assert.deepEqual(
+      { labelled: updated.labelled, labelsRemoved: updated.labelsRemoved, pinned: updated.pinned, unpinned: updated.unpinned, stillPinned: updated.stillPinned },
+      { labelled: 0, labelsRemoved: 2, pinned: 0, unpinned: 1, stillPinned: 1 },
+    );
+    const still = logged.find((l) => typeof l.msg === 'string' && l.msg.startsWith("pinset's pin removed; containerd still reports the image pinned"));
+    assert.ok(still, `a line saying the image stays pinned; got ${JSON.stringify(logged)}`);
+    assert.equal(still.msg, "pinset's pin removed; containerd still reports the image pinned, by a label that is not pinset's (kept as it is)");
+    assert.equal(still.image, theirs.id);
+    assert.deepEqual(still.pinnedBy, [theirs.digestRef]);
+    assert.deepEqual(await c.labels(theirs.digestRef), { ...MANAGED, [PIN_LABEL]: 'pinned' }, "the administrator's label untouched");
+  });
+
   test('a tag and a digest of one image: one pin, kept while either is planned', async (t) => {
     if (!requireComponents(t, NEEDS_17)) return;
     const c = ctx();

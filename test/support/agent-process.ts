@@ -86,6 +86,25 @@ export function runAgentOnce(args: string[], opts: { timeoutMs?: number; env?: N
   });
 }
 
+/** `pinset <args>` (any command) to its end: exit code and output (killed after `timeoutMs`). */
+export function runPinset(args: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv; cli?: string; stdin?: string } = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const child = spawn(process.execPath, [...argvFor(opts.cli ?? SOURCE_CLI), ...args], { env: cleanEnv(opts.env), stdio: [opts.stdin === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'] });
+  trackChild(child);
+  if (opts.stdin !== undefined) child.stdin!.end(opts.stdin);
+  let stdout = '';
+  let stderr = '';
+  child.stdout!.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+  child.stderr!.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+  const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs ?? 120_000);
+  return new Promise((resolve, reject) => {
+    child.once('error', reject);
+    child.once('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code, stdout, stderr });
+    });
+  });
+}
+
 export type LogLine = Record<string, unknown> & { msg?: string; level?: string };
 
 interface Waiter {

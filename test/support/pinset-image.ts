@@ -54,7 +54,7 @@ async function findImageProblem(): Promise<string | null> {
     return `cannot read /app/dist/build-info.json from ${IMAGE}: ${(e as Error).message.trim().slice(0, 400)}`;
   }
   if (info.sourceHash !== (await sourceHash())) {
-    return `${IMAGE} was built from other sources than these (src/, proto/, scripts/ or the dependencies changed since): build it again with \`${BUILD_COMMAND}\``;
+    return `${IMAGE} was built from other sources than these (src/, proto/, deploy/, scripts/ or the dependencies changed since): build it again with \`${BUILD_COMMAND}\``;
   }
   return null;
 }

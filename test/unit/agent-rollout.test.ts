@@ -104,7 +104,7 @@ async function node(name: string, sizeEstimator?: MemorySizeEstimator): Promise<
   const sink = new MemorySink();
   const staticDir = path.join(dir, name, 'sets');
   await mkdir(staticDir, { recursive: true });
-  const kube = { currentNode: () => ({ metadata: { name, labels: {} } }), currentSets: () => sets } as unknown as KubeObserver;
+  const kube = { currentNode: () => ({ metadata: { name, labels: {} } }), currentSets: () => sets, settled: async () => {}, setsProblem: () => undefined } as unknown as KubeObserver;
   const gate = new RolloutGate({ slots: new MemoryRolloutSlots(store, name), logger, firstAttemptSpreadMs: 0, retry: { baseMs: 1, capMs: 1 } });
   const agent = new Agent({
     nodeName: name,

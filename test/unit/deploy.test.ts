@@ -249,8 +249,9 @@ describe('kubectl kustomize deploy', { skip }, () => {
       return [...out].sort();
     }
 
-    test('the agent: read sets; read and patch Nodes; core Events in "default" only; rollout slot Leases and pull secrets in its namespace only', () => {
+    test('the agent: read sets and their one CRD; read and patch Nodes; core Events in "default" only; rollout slot Leases and pull secrets in its namespace only', () => {
       assert.deepEqual(grants(AGENT_SA), [
+        'cluster apiextensions.k8s.io/customresourcedefinitions/pinnedimagesets.pinset.dev get',
         'cluster core/nodes get',
         'cluster core/nodes list',
         'cluster core/nodes patch',
@@ -297,9 +298,10 @@ describe('kubectl kustomize deploy', { skip }, () => {
       ]);
     });
 
-    test('nodes (the kubelet\'s credentials, for the systemd agent): read sets, nothing more', () => {
+    test('nodes (the kubelet\'s credentials, for the systemd agent): read sets and their one CRD, nothing more', () => {
       // Reading and patching their own Node and recording Events, nodes already may (the Node authorizer).
       assert.deepEqual(grants('system:nodes', 'Group'), [
+        'cluster apiextensions.k8s.io/customresourcedefinitions/pinnedimagesets.pinset.dev get',
         'cluster pinset.dev/pinnedimagesets get',
         'cluster pinset.dev/pinnedimagesets list',
         'cluster pinset.dev/pinnedimagesets watch',

@@ -182,6 +182,28 @@ describe('planReconcile', () => {
     assert.equal(p.wanted.length, 1, 'carried pins are not pulled');
   });
 
+  test('nothing of its own to pin (no set wants anything, nothing kept): the list is empty, others\' pins are not carried', () => {
+    const p = planReconcile(input({ apiSets: [], carriedPins: [ADMIN], currentPins: [ADMIN, A] }));
+    assert.deepEqual(p.pins, [], 'no list at all: on CRI-O, no drop-in (an empty one that sorts last would unpin the earlier files)');
+    assert.deepEqual(p.retained, []);
+  });
+
+  test('observation incomplete with current pins that are all carried: the carried list stays, it may be what pins them', () => {
+    const p = planReconcile(input({ apiSets: null, carriedPins: [ADMIN], currentPins: [ADMIN] }));
+    assert.deepEqual(p.pins, [ADMIN]);
+    assert.deepEqual(p.retained, [], 'nothing beyond the carried list');
+    const empty = planReconcile(input({ apiSets: null, carriedPins: [ADMIN], currentPins: [] }));
+    assert.deepEqual(empty.pins, [], 'no file before, none now');
+  });
+
+  test('why the API\'s sets are unknown (the CRD missing, say) is the reason pins are retained', () => {
+    const why = 'the CustomResourceDefinition pinnedimagesets.pinset.dev is not installed';
+    const p = planReconcile(input({ apiSets: null, apiProblem: why, currentPins: [A] }));
+    assert.deepEqual(p.retainReasons, [why]);
+    assert.deepEqual(p.retained, [A]);
+    assert.deepEqual(p.pins, [A]);
+  });
+
   test('output is sorted and unique', () => {
     const p = planReconcile(
       input({

@@ -558,6 +558,33 @@ describe('computeSetStatuses: generation history', () => {
     assert.equal(progressOnly({ ...st, cannotPin: undefined }, st), false);
   });
 
+  test('the pin count and why pins are kept: in the node status, bounded, read back; unknown stays unknown', () => {
+    const why = `3 pin(s) kept that no set asks for now: the CustomResourceDefinition pinnedimagesets.pinset.dev is being deleted ${'x'.repeat(2000)}`;
+    const st = makeNodeStatus('node-1', PIN_FILE, [], '2025-01-01T00:00:00Z', { pins: 3, pinsKept: why });
+    assert.ok(Buffer.byteLength(st.pinsKept!) <= STATUS_MAX_MESSAGE_BYTES);
+    const read = readAnnotation(encodeNodeStatus(st)).status!;
+    assert.equal(read.pins, 3);
+    assert.equal(read.pinsKept, st.pinsKept);
+    assert.equal(readAnnotation(encodeNodeStatus(makeNodeStatus('node-1', PIN_FILE, [], 'x', { pins: 0 }))).status!.pins, 0, '0 is written, not left out');
+    assert.equal(readAnnotation(encodeNodeStatus(makeNodeStatus('node-1', PIN_FILE, [], 'x'))).status!.pins, undefined, 'unknown is left out');
+    for (const bad of [-1, 1.5, '3', null]) {
+      assert.equal(readAnnotation(JSON.stringify({ version: 2, pinFile: '', updatedAt: '', sets: [], pins: bad })).status!.pins, undefined, `pins ${JSON.stringify(bad)} is no count`);
+    }
+    // Over the size bound, pinsKept is cut like the messages.
+    const big = boundedNodeStatus({ ...st, sets: Array.from({ length: 60 }, (_, i) => entry(`set-${i}`, 'Degraded', 'y'.repeat(400))) });
+    assert.ok(Buffer.byteLength(big.pinsKept!) <= 163);
+    assert.ok(encodedSize(big) <= STATUS_MAX_BYTES);
+  });
+
+  test('the pin count reaching or leaving 0, becoming known, or another reason pins are kept: news; another non-zero count: progress', () => {
+    const at = (pins: number | undefined, pinsKept?: string): NodeStatus => ({ ...nodeStatus([entry('web', 'Progressing', 'a')]), ...(pins === undefined ? {} : { pins }), ...(pinsKept ? { pinsKept } : {}) });
+    assert.equal(progressOnly(at(2), at(3)), true, 'a pulling node labelling more images');
+    assert.equal(progressOnly(at(2), at(0)), false, 'no pins left: what `pinset uninstall` waits for');
+    assert.equal(progressOnly(at(0), at(1)), false);
+    assert.equal(progressOnly(at(undefined), at(2)), false);
+    assert.equal(progressOnly(at(2), at(2, 'kept: the CRD is missing')), false);
+  });
+
   test('history survives a restart through the annotation', () => {
     const first = computeSetStatuses(facts(plan([observed('web', [A], { generation: 4 })]), { present: () => false, failure: () => failure('NotFound', 'x') }));
     const annotation = encodeNodeStatus(makeNodeStatus('node-1', PIN_FILE, first.sets, '2025-01-01T00:00:00Z'));

@@ -1,0 +1,110 @@
+// The objects of the manifests as the cluster holds them: each one's path
+// found through discovery (the resource a kind is served as, and whether
+// it is namespaced, from the API server itself), read and deleted by that
+// path. For `pinset uninstall`.
+import { KubeApiError, type KubeHttp } from '../api/kube-http.ts';
+import { METADATA_WATCH_ACCEPT } from '../api/list-pages.ts';
+import { describeObject, type ManifestObject } from './manifests.ts';
+
+/** What the cluster holds of one object. */
+export type ObjectState = 'present' | 'terminating' | 'absent' | 'not served';
+
+/** The order objects are removed in: the agents and the controller first (nothing writes meanwhile), the CRD and the namespace last. */
+const REMOVAL_ORDER = [
+  'DaemonSet',
+  'Deployment',
+  'ValidatingAdmissionPolicyBinding',
+  'ValidatingAdmissionPolicy',
+  'RoleBinding',
+  'ClusterRoleBinding',
+  'Role',
+  'ClusterRole',
+  'ServiceAccount',
+  '',
+  'CustomResourceDefinition',
+  'Namespace',
+];
+
+/** The objects in removal order; kinds not named above go after the service accounts, in manifest order. */
+export function inRemovalOrder(objects: readonly ManifestObject[]): ManifestObject[] {
+  const rank = (o: ManifestObject) => (REMOVAL_ORDER.includes(o.kind) ? REMOVAL_ORDER.indexOf(o.kind) : REMOVAL_ORDER.indexOf(''));
+  return objects.map((o, i) => ({ o, i })).sort((a, b) => rank(a.o) - rank(b.o) || a.i - b.i).map((x) => x.o);
+}
+
+interface ApiResource {
+  name: string;
+  kind: string;
+  namespaced: boolean;
+}
+
+export class ClusterObjects {
+  readonly #http: KubeHttp;
+  readonly #timeoutMs: number;
+  readonly #discovery = new Map<string, Promise<ApiResource[] | null>>();
+
+  constructor(http: KubeHttp, timeoutMs: number) {
+    this.#http = http;
+    this.#timeoutMs = timeoutMs;
+  }
+
+  /** The resources of an API group version; null when the cluster does not serve it. */
+  #resources(apiVersion: string): Promise<ApiResource[] | null> {
+    let r = this.#discovery.get(apiVersion);
+    if (!r) {
+      const path = apiVersion.includes('/') ? `/apis/${apiVersion}` : `/api/${apiVersion}`;
+      r = this.#http.json<{ resources?: ApiResource[] }>('GET', path, {}, undefined, { timeoutMs: this.#timeoutMs }).then(
+        (list) => (list.resources ?? []).filter((x) => !x.name.includes('/')),
+        (err: unknown) => {
+          if (err instanceof KubeApiError && err.code === 404) return null;
+          throw err;
+        },
+      );
+      // A failed discovery is asked again next time.
+      r.catch(() => this.#discovery.delete(apiVersion));
+      this.#discovery.set(apiVersion, r);
+    }
+    return r;
+  }
+
+  /** The object's path on the API server; null when its kind is not served. */
+  async pathOf(o: ManifestObject): Promise<string | null> {
+    const res = (await this.#resources(o.apiVersion))?.find((x) => x.kind === o.kind);
+    if (!res) return null;
+    const base = o.apiVersion.includes('/') ? `/apis/${o.apiVersion}` : `/api/${o.apiVersion}`;
+    const ns = res.namespaced ? `/namespaces/${encodeURIComponent(o.namespace ?? 'default')}` : '';
+    return `${base}${ns}/${res.name}/${encodeURIComponent(o.name)}`;
+  }
+
+  async state(o: ManifestObject): Promise<ObjectState> {
+    const path = await this.pathOf(o);
+    if (!path) return 'not served';
+    try {
+      const got = await this.#http.json<{ metadata?: { deletionTimestamp?: string } }>('GET', path, {}, undefined, { timeoutMs: this.#timeoutMs, accept: METADATA_WATCH_ACCEPT });
+      return got.metadata?.deletionTimestamp ? 'terminating' : 'present';
+    } catch (err) {
+      if (err instanceof KubeApiError && err.code === 404) return 'absent';
+      throw err;
+    }
+  }
+
+  /** Deletes the object, its dependents in the background (a DaemonSet's pods); what there was to delete. */
+  async remove(o: ManifestObject): Promise<ObjectState> {
+    const path = await this.pathOf(o);
+    if (!path) return 'not served';
+    try {
+      await this.#http.json('DELETE', path, {}, { kind: 'DeleteOptions', apiVersion: 'v1', propagationPolicy: 'Background' }, { timeoutMs: this.#timeoutMs });
+      return 'present';
+    } catch (err) {
+      if (err instanceof KubeApiError && err.code === 404) return 'absent';
+      throw new Error(`${describeObject(o)}: ${err instanceof Error ? err.message : String(err)}`);
+    }
+  }
+
+  /** Creates the object from its manifest (its status left out, as the server would drop it). */
+  async create(o: ManifestObject): Promise<void> {
+    const path = await this.pathOf(o);
+    if (!path) throw new Error(`${describeObject(o)}: ${o.apiVersion} ${o.kind} is not served by this cluster`);
+    const { status: _status, ...body } = o.doc;
+    await this.#http.json('POST', path.slice(0, path.lastIndexOf('/')), { fieldManager: 'pinset-uninstall' }, body, { timeoutMs: this.#timeoutMs });
+  }
+}
