@@ -95,8 +95,8 @@ describe('pinset agent: registry credentials from credential provider plugins, t
       '--state-dir', path.join(dir, 'state'),
       '--auth-file', authFile,
       '--metrics-addr', '',
-      // The estimate asks registry.test itself, which only containerd's hosts.toml resolves.
-      '--disk-estimate-factor', '0',
+      // The disk estimate reaches registry.test as containerd does, through its hosts.toml, with the same credentials.
+      '--containerd-hosts-dir', containerd.certsDir,
       ...(opts.extra ?? []),
     ];
     if (opts.provider) {
@@ -147,6 +147,11 @@ describe('pinset agent: registry credentials from credential provider plugins, t
     assert.equal(execs[0]!.env.TEST_PLUGIN_USERNAME, USER);
     assert.ok(execs[0]!.env.PATH, 'the agent\'s own environment is passed on too');
     assertNoSecret('the agent\'s output', r.stdout + r.stderr);
+    // The disk estimate read every image's size from the private registry, with the plugin's credential, through containerd's hosts.toml.
+    const estimate = r.stderr.split('\n').filter((l) => l.includes('disk estimate for the images to pull')).map((l) => JSON.parse(l) as { neededBytes: number; unknown: number; images: number })[0];
+    assert.ok(estimate, `the estimate ran\n${r.stderr.slice(-2000)}`);
+    assert.deepEqual([estimate.images, estimate.unknown], [3, 0], 'every size known');
+    assert.ok(estimate.neededBytes > 0);
     // Without the plugin the same pull is refused: the credential did come from it.
     const bare = await node();
     const other = await pushSingleLayer(priv, 'creds-plugin/bare', { host: 'registry.test' });
