@@ -5,7 +5,8 @@
 // (or its JSON item) are kept: over 5000 Nodes it peaks at 131 MB, where
 // whole Nodes in one answer took 506 MB (BENCHMARKS.md, "Scale: 5000 Nodes").
 // A node whose runtime cannot pin is marked "(pre-load only)", and said once
-// after the table with why and the versions that pin.
+// after the table with why and the versions that pin; a node keeping pins
+// no set asks for is named after it too (./status-notes.ts).
 import type { KubeConfig } from '@kubernetes/client-node';
 import { KubeApiError, KubeHttp } from '../api/kube-http.ts';
 import { DEFAULT_PAGE_SIZE, listAll, METADATA_LIST_ACCEPT } from '../api/list-pages.ts';
@@ -15,6 +16,7 @@ import { loadClientKubeConfig } from '../api/kubeconfig.ts';
 import { readNodeStatus, type NodeStatusReading } from '../api/node-status.ts';
 import { formatBytes } from '../registry/size.ts';
 import { helpText, parseFlags, type FlagSpec } from '../util/flags.ts';
+import { oneLine, pinsKeptLines, preloadOnlyLines } from './status-notes.ts';
 
 export const STATUS_FLAGS: readonly FlagSpec[] = [
   { name: 'set', type: 'string', help: 'show only this PinnedImageSet' },
@@ -81,9 +83,6 @@ export function formatAge(ms: number): string {
   return `${Math.floor(hours / 24 / 365)}y`;
 }
 
-function oneLine(s: string): string {
-  return s.replace(/\s+/g, ' ').trim();
-}
 
 function errorOf(e: NodeSetStatus): string {
   const failedNow = e.lastFailedGenerationError && e.lastFailedGeneration !== undefined && e.lastFailedGeneration >= e.desiredGeneration;
@@ -144,32 +143,6 @@ export function statusRows(
 /** The NODE column: a node whose runtime cannot pin is marked. */
 function nodeLabel(name: string, cannotPin: string | undefined): string {
   return cannotPin ? `${name} (pre-load only)` : name;
-}
-
-/** Nodes named per reason after the table; the rest are counted. */
-const NAMES_PER_REASON = 5;
-
-/**
- * What follows the table when some nodes only pre-load: once per distinct
- * reason (nodes of one runtime version share one), the first nodes by name
- * and why their runtime cannot pin, with the versions that pin.
- */
-export function preloadOnlyLines(nodes: readonly { name: string; cannotPin?: string }[]): string[] {
-  const byWhy = new Map<string, string[]>();
-  for (const n of nodes) {
-    if (!n.cannotPin) continue;
-    const names = byWhy.get(n.cannotPin);
-    if (names) names.push(n.name);
-    else byWhy.set(n.cannotPin, [n.name]);
-  }
-  if (byWhy.size === 0) return [];
-  const lines = ['', "Pre-load only: these nodes' runtimes cannot pin, so nothing keeps the kubelet's image garbage collection from removing their images."];
-  for (const [why, names] of byWhy) {
-    names.sort();
-    const more = names.length > NAMES_PER_REASON ? ` and ${names.length - NAMES_PER_REASON} more` : '';
-    lines.push(`  ${names.slice(0, NAMES_PER_REASON).join(', ')}${more}: ${oneLine(why)}`);
-  }
-  return lines;
 }
 
 const HEADERS: Record<keyof StatusRow, string> = {
@@ -344,7 +317,7 @@ export async function run(argv: string[]): Promise<number> {
   // What is kept of each node while the list is read: its rows of the
   // table (and why it cannot pin, one copy per distinct text), or its item
   // of the JSON; the Node itself goes with its page.
-  type Kept = { name: string; rows?: StatusRow[]; cannotPin?: string; item?: JsonItem };
+  type Kept = { name: string; rows?: StatusRow[]; cannotPin?: string; pinsKept?: string; item?: JsonItem };
   let kept: Kept[];
   const reasons = new Map<string, string>();
   const shared = (s: string) => reasons.get(s) ?? (reasons.set(s, s), s);
@@ -372,7 +345,8 @@ export async function run(argv: string[]): Promise<number> {
           if (json) return { name: report.name, item: jsonItem(report, setName) };
           const rows = statusRows([report], now, only);
           const cannotPin = rows.length > 0 ? report.reading.status?.cannotPin : undefined;
-          return { name: report.name, rows, ...(cannotPin ? { cannotPin: shared(cannotPin) } : {}) };
+          const pinsKept = setName ? undefined : report.reading.status?.pinsKept;
+          return { name: report.name, rows, ...(cannotPin ? { cannotPin: shared(cannotPin) } : {}), ...(pinsKept ? { pinsKept } : {}) };
         },
       );
       kept = list.items;
@@ -390,6 +364,7 @@ export async function run(argv: string[]): Promise<number> {
   const table = function* () {
     yield* terminated(tableLines(rows, terminalWidth(), values.output === 'wide'));
     yield* terminated(preloadOnlyLines(kept));
+    yield* terminated(pinsKeptLines(kept));
   };
   const pieces = json ? jsonPieces(kept.map((k) => k.item!)) : rows.length === 0 ? [empty] : table();
   const err = await writePieces(pieces, process.stdout);

@@ -296,6 +296,36 @@ describe('pinset status', () => {
   });
 });
 
+describe('pinset status: nodes keeping pins no set asks for', () => {
+  test('named after the table with their agent\'s words and how to remove the pins; not with --set', async () => {
+    const own = await ApiServer.start();
+    const ownDir = await mkdtemp(path.join(tmpdir(), 'pinset-status-kept-'));
+    try {
+      const file = await own.writeKubeconfig(ownDir);
+      const kept = (n: number) => `${n} pin(s) kept that no set asks for now: the CustomResourceDefinition pinnedimagesets.pinset.dev is not installed, so the sets cannot be listed; the pins stay (to remove them: \`pinset uninstall\`, or \`pinset agent --drop-pins\` on this node)`;
+      const at = (name: string, pins: number, pinsKept?: string) =>
+        own.create({ apiVersion: 'v1', kind: 'Node', metadata: { name, annotations: { [STATUS_ANNOTATION]: encodeNodeStatus({ version: 2, pinFile: '/etc/crio/crio.conf.d/99-pinset.conf', updatedAt: new Date().toISOString(), sets: [], pins, ...(pinsKept ? { pinsKept } : {}) }) } } });
+      for (let i = 0; i < 6; i++) at(`node-${i}`, 3 + i, kept(3 + i));
+      at('clean', 0);
+      const { code, stdout, stderr } = await pinset(['--kubeconfig', file], { COLUMNS: '400' });
+      assert.equal(code, 0, stderr);
+      const lines = stdout.trimEnd().split('\n');
+      const after = lines.slice(lines.indexOf('') + 1);
+      assert.deepEqual(after, [
+        'Pins kept that no set asks for now (they go when the agent can read its sets again; to remove them: `pinset uninstall`, or `pinset agent --drop-pins` on the node):',
+        ...[0, 1, 2, 3, 4].map((i) => `  node-${i}: ${kept(3 + i)}`),
+        '  and 1 more node',
+      ]);
+      assert.ok(!after.some((l) => l.includes('clean')), 'a node keeping nothing is not named');
+      const one = await pinset(['--kubeconfig', file, '--set', 'apps']);
+      assert.ok(!one.stdout.includes('Pins kept'), one.stdout);
+    } finally {
+      await own.stop();
+      await rm(ownDir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe('pinset status: nodes that only pre-load', () => {
   const WHY_16 = 'containerd 1.6.20~ds1 does not honour io.cri-containerd.pinned set after the pull; pins need 1.6.25 or later 1.6, 1.7.10 or later 1.7, or any 2.x';
   const WHY_17 = 'containerd 1.7.2 does not honour io.cri-containerd.pinned set after the pull; pins need 1.6.25 or later 1.6, 1.7.10 or later 1.7, or any 2.x';
