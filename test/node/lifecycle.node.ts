@@ -438,7 +438,6 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
     figures.upgrade = {
       samples: r.samples.samples,
       lowestPinned: `${r.samples.lowestPinned}/${r.samples.expected}`,
-      deletionToOldStoppedSeconds: sec(stopping.at - r.oldPod.deletingSeenAt!),
       deletionToLockSeconds: sec(lockAfterDeletionMs),
       oldStoppingToLockSeconds: sec(lock.at - stopping.at),
       deletionToNewReadySeconds: sec(r.newPod.readyAt! - r.oldPod.deletingSeenAt!),
