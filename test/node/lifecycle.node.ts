@@ -258,7 +258,8 @@ async function replaceAgent(from: NodeImage, to: NodeImage, hooks: { between?: (
 /** What every replacement must show: every pin held in every sample, nothing pulled, the runtime's pins not rewritten. */
 async function assertPinsHeld(t: { diagnostic(s: string): void }, r: Replacement, dropInBefore: string[]): Promise<void> {
   t.diagnostic(`${r.samples.samples} samples of CRI pinned (every ${100} ms, longest gap ${r.samples.longestGapMs} ms): lowest ${r.samples.lowestPinned}/${r.samples.expected} pinned; ${r.samples.errors} failed reads`);
-  assert.ok(r.samples.samples >= 50, `the sampler ran (${r.samples.samples} samples)`);
+  // The 3 s after the new pod is Ready alone make 30.
+  assert.ok(r.samples.samples >= 20, `the sampler ran (${r.samples.samples} samples)`);
   assert.deepEqual(r.samples.lapses.slice(0, 5), [], 'every pinned image reported pinned in every sample');
   assert.equal(r.samples.lowestPinned, r.samples.expected);
   assert.equal(r.samples.errors, 0, `the runtime answered every sample (${r.samples.lastError})`);
