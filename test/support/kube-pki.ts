@@ -19,6 +19,8 @@ export interface KubePki {
   apiserver: { cert: string; key: string };
   admin: { cert: string; key: string };
   kubelet: { cert: string; key: string };
+  controllerManager: { cert: string; key: string };
+  scheduler: { cert: string; key: string };
   serviceAccount: { key: string; pub: string };
 }
 
@@ -59,11 +61,13 @@ export async function makeKubePki(dir: string, nodeName: string): Promise<KubePk
   );
   const admin = await signed(dir, ca, 'admin', '/O=system:masters/CN=pinset-node-suite', client);
   const kubelet = await signed(dir, ca, 'kubelet', `/O=system:nodes/CN=system:node:${nodeName}`, client);
+  const controllerManager = await signed(dir, ca, 'kube-controller-manager', '/CN=system:kube-controller-manager', client);
+  const scheduler = await signed(dir, ca, 'kube-scheduler', '/CN=system:kube-scheduler', client);
   const saKey = join(dir, 'sa.key');
   const saPub = join(dir, 'sa.pub');
   await openssl(['genpkey', '-algorithm', 'RSA', '-pkeyopt', 'rsa_keygen_bits:2048', '-out', saKey], dir);
   await openssl(['pkey', '-in', saKey, '-pubout', '-out', saPub], dir);
-  return { dir, ca, apiserver, admin, kubelet, serviceAccount: { key: saKey, pub: saPub } };
+  return { dir, ca, apiserver, admin, kubelet, controllerManager, scheduler, serviceAccount: { key: saKey, pub: saPub } };
 }
 
 /** A kubeconfig file for `server` with a client certificate. */

@@ -33,6 +33,8 @@ export interface RealCrioOptions {
   paths?: { mainConfig?: string; socket?: string; storageRoot?: string; registriesConf?: string; registriesConfDir?: string };
   /** The OCI runtime; default crun when installed, else runc. */
   runtime?: 'crun' | 'runc';
+  /** CNI: the network folder (CRI-O watches it) and the plugins' folders; default empty folders in `<dir>/cni`. */
+  cni?: { confDir: string; pluginDirs: string[] };
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -60,6 +62,7 @@ export class RealCrio {
   readonly registriesConf: string;
   readonly registriesConfDir: string;
   readonly runtime: 'crun' | 'runc' | undefined;
+  readonly cni: { confDir: string; pluginDirs: string[] };
   proc: ServerProcess | undefined;
   #starts = 0;
 
@@ -73,6 +76,7 @@ export class RealCrio {
     this.registriesConf = opts.paths?.registriesConf ?? join(dir, 'registries.conf');
     this.registriesConfDir = opts.paths?.registriesConfDir ?? join(dir, 'registries.conf.d');
     this.runtime = opts.runtime;
+    this.cni = opts.cni ?? { confDir: join(dir, 'cni/net.d'), pluginDirs: [join(dir, 'cni/bin')] };
     this.pauseImage = opts.pauseImage ?? `${Object.keys(opts.registries)[0] ?? 'registry.test'}/pause:3.10`;
   }
 
@@ -93,7 +97,7 @@ export class RealCrio {
   async configure(registries: Record<string, string>): Promise<void> {
     const d = this.dir;
     for (const sub of ['cni/net.d', 'cni/bin', 'hooks', 'logs']) await mkdir(join(d, sub), { recursive: true });
-    for (const folder of [this.dropInDir, this.registriesConfDir, dirname(this.mainConfig), dirname(this.socketPath), dirname(this.registriesConf)]) await mkdir(folder, { recursive: true });
+    for (const folder of [this.cni.confDir, this.dropInDir, this.registriesConfDir, dirname(this.mainConfig), dirname(this.socketPath), dirname(this.registriesConf)]) await mkdir(folder, { recursive: true });
     const name = this.runtime ?? (findBinary('crun') ? 'crun' : 'runc');
     const runtime = { name, path: findBinary(name)! };
     const pinns = existsSync(join(dirname(this.bin), 'pinns')) ? join(dirname(this.bin), 'pinns') : findBinary('pinns')!;
@@ -125,7 +129,7 @@ export class RealCrio {
           runtimes: { [runtime.name]: { runtime_path: runtime.path, runtime_type: 'oci', runtime_root: join(d, runtime.name), monitor_path: findBinary('conmon')! } },
         },
         image: { signature_policy: join(d, 'policy.json'), signature_policy_dir: join(d, 'policies'), pause_image: this.pauseImage },
-        network: { network_dir: join(d, 'cni/net.d'), plugin_dirs: [join(d, 'cni/bin')] },
+        network: { network_dir: this.cni.confDir, plugin_dirs: this.cni.pluginDirs },
         metrics: { enable_metrics: false },
         nri: { enable_nri: false },
       },

@@ -119,13 +119,15 @@ describe('kubectl kustomize deploy', { skip }, () => {
       return cs[0]!;
     };
 
-    test('runs `pinset agent` as its service account on every node, whatever the taints', () => {
+    test('runs `pinset agent` as its service account on every node, whatever the taints, on the node\'s network (before any CNI plugin)', () => {
       assert.deepEqual(container().args, ['agent']);
       assert.equal(container().command, undefined, 'the image ENTRYPOINT starts pinset');
       assert.equal(pod().serviceAccountName, AGENT_SA);
       assert.deepEqual(pod().tolerations, [{ operator: 'Exists' }]);
       assert.equal(pod().priorityClassName, 'system-node-critical');
-      assert.equal(pod().hostNetwork, undefined);
+      // A node without its CNI plugin yet starts host-network pods only (the node suite shows it on a real kubelet).
+      assert.equal(pod().hostNetwork, true);
+      assert.equal(pod().dnsPolicy, 'Default');
       assert.equal(pod().hostPID, undefined);
       assert.deepEqual(ds().spec.updateStrategy, { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: '10%' } });
       for (const [k, v] of Object.entries(ds().spec.selector.matchLabels as Obj)) assert.equal(ds().spec.template.metadata.labels[k], v);

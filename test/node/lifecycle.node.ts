@@ -1,0 +1,554 @@
+// pinset's life on a real node (run by test/node/run.ts, `npm run
+// test:node`, once per runtime: PINSET_NODE_RUNTIME is crio or containerd):
+// the shipped image as the shipped DaemonSet's pod, on a real kubelet, a real
+// CRI-O or containerd and a real kube-apiserver, with Kubernetes' own
+// controllers when given. An image pinned by a set is never removed by the
+// kubelet's image garbage collection, so its pods start with no registry in
+// reach; replacing the agent (an upgrade, or a crash) never unpins anything.
+//
+// The steps run in order on one node, on the kubelet's own clock: its image
+// GC runs every 5 minutes, the first real pass about 300 s after it starts
+// (facts/test-bed.md), so the suite takes about 11 minutes per runtime.
+//  1. deploy/ (CRI-O) or deploy/containerd/ applied with server-side apply,
+//     the image replaced by the one scripts/build-image.sh built, pushed to
+//     a loopback registry. The DaemonSet's pod, made by the daemonset
+//     controller and placed by the scheduler (or, without them, made as they
+//     would), Running and Ready with its own mounts, security context and
+//     projected token, on a Node that is not Ready: no CNI plugin yet, as on
+//     a first node. The controller's pod waits for the Node.
+//  2. The network installed (a CNI bridge network): the Node Ready, the
+//     controller's pod placed and Ready, holding its Lease.
+//  3. An administrator's hand pin (outside pinset), then three sets: their
+//     images pulled and pinned, each set Ready. An image no set names was
+//     pulled before (a workload's leftover).
+//  4. The DaemonSet rolled to a second build of the image, the registry
+//     stopped: every pinned image reported pinned in every 100 ms sample,
+//     nothing pulled, no second drop-in (CRI-O) and no pin label removed
+//     (containerd), the new pod holding the node lock within the grace
+//     period.
+//  5. The kubelet's first GC pass (age path, imageMaximumGCAge 1m): the
+//     unpinned image removed, no pinned image removed.
+//  6. The registry stopped: a pod of a pinned image Running ("already
+//     present on machine"), a pod of the collected image in ImagePullBackOff.
+//  7. One set deleted: its image unpinned by the agent, then collected at
+//     the next pass; the other sets' images and the hand pin survive it.
+//  8. The kubelet stopped, the agent SIGKILLed (its stop hook never runs),
+//     the DaemonSet rolled back, the kubelet started again: the new pod
+//     adopts the pins (every sample pinned; it unpins a set deleted after).
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { fetch } from 'undici';
+import { STATUS_ANNOTATION } from '../../src/api/types.ts';
+import { readNodeStatus } from '../../src/api/node-status.ts';
+import { freePort } from '../support/registry.ts';
+import { ensureNamespaceBasics, realNodeMissing, startRealNode, type RealNode } from '../support/real-node.ts';
+import { AGENT_NAMESPACE, AGENT_SELECTOR, CONTROLLER_SELECTOR, containerInitPid, ImitatedDaemonSet, podLogTail, writeDeployOverlay, type BedSpecifics } from '../support/real-node-deploy.ts';
+import { imageLayout, pushPinsetImage, pushRebuiltPinsetImage, pushWorkloadImage, type NodeImage } from '../support/real-node-images.ts';
+import { canLowerOomScore, ContainerdNodeRuntime, CrioNodeRuntime, runtimeMissing, type PinWriteRecord, type RuntimeName } from '../support/real-node-runtime.ts';
+import { AgentPodWatch, PinSampler, type PinSamples, type WatchedPod } from '../support/real-node-watch.ts';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const GC_PERIOD_MS = 5 * 60_000;
+const SETS_API = '/apis/pinset.dev/v1alpha1/pinnedimagesets';
+
+const runtimeName = (process.env.PINSET_NODE_RUNTIME ?? 'crio') as RuntimeName;
+const found = realNodeMissing();
+const skip = 'why' in found ? found.why : (runtimeMissing(runtimeName) ?? undefined);
+const realControllers = 'bins' in found && !('why' in found.bins.controllers);
+const runtimeLabel = runtimeName === 'crio' ? 'CRI-O' : 'containerd';
+const controllersLabel = realControllers ? 'kube-controller-manager and kube-scheduler' : 'the daemonset controller imitated';
+
+let node: RealNode | undefined;
+let bed: BedSpecifics | undefined;
+let imitated: ImitatedDaemonSet | undefined;
+type ImageName = 'pinset' | 'pinsetNext' | 'pinnedA' | 'pinnedB' | 'unpinned' | 'retired' | 'handPinned';
+const images: Record<ImageName, NodeImage> = {} as never;
+const figures: Record<string, unknown> = { runtime: runtimeName, controllers: realControllers ? 'kube-controller-manager, kube-scheduler' : 'imitated' };
+
+function setObject(name: string, refs: string[]) {
+  return { apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name }, spec: { pinnedImages: refs.map((r) => ({ name: r })) } };
+}
+
+async function until<T>(what: string, timeoutMs: number, check: () => Promise<T | undefined | false | null>, context: () => Promise<string> | string = () => ''): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await check();
+    if (v !== undefined && v !== false && v !== null) return v;
+    if (Date.now() > deadline) throw new Error(`${what}: not within ${Math.round(timeoutMs / 1000)} s\n${await context()}`);
+    await sleep(200);
+  }
+}
+
+const n = () => node!;
+const sec = (ms: number) => Math.round(ms / 100) / 10;
+const podLogsDir = () => n().hostPath('var/log/pods');
+
+async function nodeStatus() {
+  const obj = await n().api.get(`/api/v1/nodes/${n().nodeName}`);
+  return readNodeStatus(obj.metadata.annotations ?? {});
+}
+
+async function pinned(ref: string): Promise<boolean | null> {
+  const img = await n().cri.imageStatus(ref);
+  return img ? img.pinned : null;
+}
+
+async function listPods(ns: string, selector: string): Promise<any[]> {
+  return (await n().api.get(`/api/v1/namespaces/${ns}/pods?labelSelector=${encodeURIComponent(selector)}`)).items;
+}
+
+/** The agent's one live pod, Running and Ready, running `image`. */
+async function readyAgentPod(image: NodeImage): Promise<any | undefined> {
+  const pods = (await listPods(AGENT_NAMESPACE, AGENT_SELECTOR)).filter((p) => !p.metadata.deletionTimestamp);
+  const p = pods.find((x) => x.spec.containers[0].image === image.ref);
+  const cs = p?.status?.containerStatuses?.[0];
+  return cs?.ready && cs.state?.running ? p : undefined;
+}
+
+/** What went on, for a failure message: the agent's pods, their logs, the kubelet's, the runtime's and the controllers' last lines. */
+async function context(): Promise<string> {
+  const out: string[] = [];
+  for (const pod of await listPods(AGENT_NAMESPACE, AGENT_SELECTOR).catch(() => [])) {
+    out.push(`agent pod ${pod.metadata.name}: ${JSON.stringify(pod.status?.containerStatuses ?? pod.status ?? null)}`);
+    out.push(`agent log:\n${podLogTail(podLogsDir(), AGENT_NAMESPACE, pod.metadata.name, 15)}`);
+  }
+  out.push(`node annotation: ${JSON.stringify((await nodeStatus().catch(() => null))?.status ?? null)}`);
+  out.push(`kubelet:\n${n().kubelet.logTail(15)}`, `${runtimeName}:\n${n().runtime.logTail(10)}`);
+  if (n().controllers) out.push(`kube-controller-manager:\n${n().controllers!.controllerManager.logTail(8)}`, `kube-scheduler:\n${n().controllers!.scheduler.logTail(5)}`);
+  return out.join('\n');
+}
+
+/** klog's line time (I1126 22:50:01.123456 ...) as epoch ms; the year is this one. */
+function klogTime(line: string): number | null {
+  const m = /^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+)/.exec(line);
+  if (!m) return null;
+  const d = new Date();
+  d.setMonth(Number(m[1]) - 1, Number(m[2]));
+  d.setHours(Number(m[3]), Number(m[4]), Number(m[5]), Math.floor(Number(m[6]) / 1000));
+  return d.getTime();
+}
+
+/** Image GC passes the kubelet finished (succeeded or failed) after `since`, with their times. */
+function gcPasses(since: number): Array<{ at: number; ok: boolean; line: string }> {
+  return n()
+    .kubeletLog(/Image garbage collection (succeeded|failed)/)
+    .map((line) => ({ at: klogTime(line) ?? 0, ok: line.includes('succeeded'), line }))
+    .filter((p) => p.at >= since);
+}
+
+/** Waits for the first GC pass to end after `since`; returns it with the kubelet's image GC lines of that pass. */
+async function nextGcPass(since: number, label: string) {
+  const startedAt = n().kubeletStartedAt;
+  const expected = startedAt + Math.ceil((since - startedAt) / GC_PERIOD_MS) * GC_PERIOD_MS;
+  const pass = await until(`the kubelet's image GC pass after ${new Date(since).toISOString()} (${label})`, Math.max(0, expected - Date.now()) + 120_000, async () => gcPasses(since)[0], context);
+  const windowStart = pass.at - 60_000;
+  const inPass = (re: RegExp) => n().kubeletLog(re).filter((l) => (klogTime(l) ?? 0) >= windowStart && (klogTime(l) ?? 0) <= pass.at + 1000);
+  return {
+    ...pass,
+    secondsAfterKubeletStart: sec(pass.at - startedAt),
+    pinnedSkipped: inPass(/Image is pinned, skipping garbage collection/).map((l) => (/imageID="([^"]+)"/.exec(l)?.[1] ?? l).replace(/^sha256:/, '')),
+    removed: inPass(/Removing image to free bytes/).map((l) => (/imageID="([^"]+)"/.exec(l)?.[1] ?? l).replace(/^sha256:/, '')),
+  };
+}
+
+async function podState(namespace: string, name: string) {
+  const pod = await n().api.get(`/api/v1/namespaces/${namespace}/pods/${name}`);
+  const cs = pod.status?.containerStatuses?.[0];
+  return { phase: pod.status?.phase as string, waiting: cs?.state?.waiting?.reason as string | undefined, running: Boolean(cs?.state?.running), ready: Boolean(cs?.ready), pod };
+}
+
+function workloadPod(name: string, image: string) {
+  return {
+    apiVersion: 'v1',
+    kind: 'Pod',
+    metadata: { name, namespace: 'default', labels: { 'app.kubernetes.io/name': name } },
+    spec: {
+      nodeName: n().nodeName,
+      // No pod network reaches anything here, and none is needed.
+      hostNetwork: true,
+      automountServiceAccountToken: false,
+      terminationGracePeriodSeconds: 1,
+      containers: [{ name: 'main', image, imagePullPolicy: 'IfNotPresent' }],
+    },
+  };
+}
+
+/** Applies the install with the agent's image `image` (an upgrade when it changes), as an operator would. */
+async function applyDeploy(image: NodeImage): Promise<number> {
+  const overlay = await writeDeployOverlay(join(n().state, 'overlay'), { subdir: n().runtime.deploySubdir, image, bed: bed!, render: (d) => n().kubectl(['kustomize', d]) });
+  const applied = await n().kubectl(['apply', '--server-side', '--field-manager=pinset-node-suite', '-k', overlay]);
+  return applied.trim().split('\n').length;
+}
+
+/** The pinset_pulls_total of the agent serving metrics now (its pulls since it started), by `result`. */
+async function agentPulls(): Promise<Record<string, number>> {
+  const text = await (await fetch(`http://127.0.0.1:${bed!.agentMetricsPort}/metrics`, { signal: AbortSignal.timeout(5000) })).text();
+  const out: Record<string, number> = {};
+  for (const m of text.matchAll(/^pinset_pulls_total\{([^}]*)\} (\d+)/gm)) {
+    const result = /result="([^"]+)"/.exec(m[1]!)?.[1] ?? '?';
+    out[result] = (out[result] ?? 0) + Number(m[2]);
+  }
+  return out;
+}
+
+/** pinset's drop-in files in CRI-O's drop-in folder (none on containerd). */
+function pinsetDropIns(): string[] {
+  const rt = n().runtime;
+  return rt instanceof CrioNodeRuntime ? readdirSync(rt.dropInDir).filter((f) => f.startsWith('99-pinset-')) : [];
+}
+
+/** The images CRI reports pinned now, by image ID (the expected set of a sampler). */
+async function pinnedNow(): Promise<Array<{ ref: string; id: string }>> {
+  return (await n().cri.listImages()).filter((i) => i.pinned).map((i) => ({ ref: i.repoDigests[0] ?? i.repoTags[0] ?? i.id, id: i.id }));
+}
+
+interface Replacement {
+  samples: PinSamples;
+  writes: PinWriteRecord;
+  oldPod: WatchedPod;
+  newPod: WatchedPod;
+  /** containerd: the image records carrying the pin label when the replacement started. */
+  pinLabelledAtStart: Set<string>;
+}
+
+/**
+ * Replaces the agent's pod by one running `to` while sampling CRI `pinned`
+ * of every image pinned at the start and watching the pods and the
+ * runtime's pin writes. `between` runs after the watches start and before
+ * the DaemonSet changes (the SIGKILL case stops the kubelet and kills the
+ * agent there); `beforeWait` after it changed.
+ */
+async function replaceAgent(from: NodeImage, to: NodeImage, hooks: { between?: (old: any) => Promise<void>; beforeWait?: () => Promise<void> } = {}): Promise<Replacement> {
+  const old = await readyAgentPod(from);
+  assert.ok(old, `an agent pod runs ${from.ref}`);
+  const expected = await pinnedNow();
+  const pinLabelledAtStart = new Set<string>();
+  const rt = n().runtime;
+  if (rt instanceof ContainerdNodeRuntime) {
+    for (const [name, labels] of await rt.imageLabels()) if (labels['io.cri-containerd.pinned'] === 'pinned') pinLabelledAtStart.add(name);
+  }
+  const sampler = new PinSampler(n().cri, expected);
+  const watch = new AgentPodWatch(n().api, podLogsDir());
+  const writes = await n().runtime.watchPinWrites();
+  await watch.start();
+  sampler.start();
+  let samples: PinSamples;
+  let record: PinWriteRecord;
+  try {
+    await hooks.between?.(old);
+    await applyDeploy(to);
+    await hooks.beforeWait?.();
+    if (imitated) await imitated.sync();
+    await until(`the agent pod running ${to.ref} Ready`, 240_000, () => readyAgentPod(to), context);
+    // A few samples with the new agent settled in: a late unpin would show.
+    await sleep(3000);
+  } finally {
+    await watch.stop();
+    samples = await sampler.stop();
+    record = await writes.stop();
+  }
+  const oldPod = watch.pods.get(old.metadata.uid)!;
+  const newPod = [...watch.pods.values()].find((p) => p.image === to.ref && p.uid !== old.metadata.uid)!;
+  assert.ok(newPod, 'the new pod was seen');
+  return { samples, writes: record, oldPod, newPod, pinLabelledAtStart };
+}
+
+/** What every replacement must show: every pin held in every sample, nothing pulled, the runtime's pins not rewritten. */
+async function assertPinsHeld(t: { diagnostic(s: string): void }, r: Replacement, dropInBefore: string[]): Promise<void> {
+  t.diagnostic(`${r.samples.samples} samples of CRI pinned (every ${100} ms, longest gap ${r.samples.longestGapMs} ms): lowest ${r.samples.lowestPinned}/${r.samples.expected} pinned; ${r.samples.errors} failed reads`);
+  // The 3 s after the new pod is Ready alone make 30.
+  assert.ok(r.samples.samples >= 20, `the sampler ran (${r.samples.samples} samples)`);
+  assert.deepEqual(r.samples.lapses.slice(0, 5), [], 'every pinned image reported pinned in every sample');
+  assert.equal(r.samples.lowestPinned, r.samples.expected);
+  assert.equal(r.samples.errors, 0, `the runtime answered every sample (${r.samples.lastError})`);
+  const pulls = await agentPulls();
+  assert.equal(Object.values(pulls).reduce((a, b) => a + b, 0), 0, `the new agent pulled nothing (pinset_pulls_total ${JSON.stringify(pulls)})`);
+  if (r.writes.dropIns) {
+    t.diagnostic(`drop-in files seen: ${JSON.stringify(r.writes.dropIns.names)} (at most ${r.writes.dropIns.mostAtOnce} at once); reloads asked: ${r.writes.dropIns.reloads}`);
+    assert.deepEqual(r.writes.dropIns.names, dropInBefore, 'the one drop-in file, the same one, and no other');
+    assert.equal(r.writes.dropIns.mostAtOnce, 1);
+  }
+  if (r.writes.labelUpdates) {
+    const removed = r.writes.labelUpdates.filter((u) => r.pinLabelledAtStart.has(u.name) && u.labels['io.cri-containerd.pinned'] !== 'pinned');
+    t.diagnostic(`containerd image record updates during the replacement: ${r.writes.labelUpdates.length} (${JSON.stringify(r.writes.labelUpdates.map((u) => u.name))})`);
+    assert.deepEqual(removed, [], 'no pin label removed from a record that had it');
+  }
+}
+
+describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${controllersLabel}`, { skip }, () => {
+  before(async () => {
+    if (skip || !('bins' in found)) return;
+    const bins = found.bins;
+    if ('why' in bins.controllers) process.stdout.write(`node suite: no real controllers (${bins.controllers.why}): the agent's pod is made as the daemonset controller would, and the controller's Deployment runs no pod\n`);
+    const t0 = Date.now();
+    node = await startRealNode(bins, runtimeName);
+    figures.bedStartSeconds = sec(Date.now() - t0);
+    bed = { hostRoot: n().hostRoot, apiServerPort: n().apiServerPort, agentMetricsPort: await freePort(), controllerMetricsPort: await freePort(), lowerOomScore: canLowerOomScore() };
+    if (!n().controllers) imitated = new ImitatedDaemonSet(n().api, n().nodeName);
+    const layout = imageLayout();
+    images.pinset = await pushPinsetImage(bins.skopeo, n().registry, layout);
+    images.pinsetNext = await pushRebuiltPinsetImage(n().registry, layout, 'next');
+    for (const name of ['pinnedA', 'pinnedB', 'unpinned', 'retired', 'handPinned'] as const) images[name] = await pushWorkloadImage(n().registry, layout, name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`));
+  });
+
+  after(async () => {
+    if (!node) return;
+    process.stdout.write(`\nnode suite figures (${runtimeName}): ${JSON.stringify(figures)}\n`);
+    const notes = await node.stop();
+    if (notes.length) process.stdout.write(`node suite cleanup: ${notes.join('; ')}\n`);
+    node = undefined;
+  });
+
+  test(`deploy/${runtimeName === 'containerd' ? 'containerd/' : ''} applies server-side; the DaemonSet's pod runs the image with its own mounts, security context and token, Ready on a Node that is not (no CNI yet)`, async (t) => {
+    const t0 = Date.now();
+    t.diagnostic(`kubectl apply --server-side: ${await applyDeploy(images.pinset)} objects`);
+    await until('the PinnedImageSet CRD served', 30_000, async () => (await n().api.request('GET', SETS_API)).status === 200);
+    const ds = await n().api.get(`/apis/apps/v1/namespaces/${AGENT_NAMESPACE}/daemonsets/pinset-agent`);
+    assert.equal(ds.spec.template.spec.containers[0].image, images.pinset.ref, 'the overlay replaced the image by the built one');
+    if (imitated) {
+      // What kube-controller-manager would publish in the namespace.
+      await ensureNamespaceBasics(n().api, AGENT_NAMESPACE, n().pki);
+      await imitated.sync();
+    }
+    const pod = await until('the agent pod Running and Ready', 180_000, () => readyAgentPod(images.pinset), context);
+    figures.agentPodReadySeconds = sec(Date.now() - t0);
+    // Not Ready, for want of a network: as a first node before its CNI plugin.
+    const nodeObj = await n().api.get(`/api/v1/nodes/${n().nodeName}`);
+    const ready = (nodeObj.status.conditions as any[]).find((c) => c.type === 'Ready');
+    assert.equal(ready.status, 'False', `the Node is not Ready (${ready.message})`);
+    assert.match(ready.message, /network/i);
+    t.diagnostic(`Node Ready=${ready.status}: ${ready.message}; taints ${JSON.stringify(nodeObj.spec.taints ?? [])}`);
+    // The pod as admitted: the template's container, as the DaemonSet ships it.
+    const c = pod.spec.containers[0];
+    const shipped = ds.spec.template.spec.containers[0];
+    assert.equal(pod.spec.hostNetwork, true, 'on the node\'s network: no pod network yet');
+    assert.deepEqual(c.securityContext, shipped.securityContext);
+    assert.deepEqual(c.volumeMounts.filter((m: any) => !m.mountPath.startsWith('/var/run/secrets/')), shipped.volumeMounts);
+    assert.ok(c.volumeMounts.some((m: any) => m.mountPath === '/var/run/secrets/kubernetes.io/serviceaccount'), 'the projected service-account token is mounted');
+    assert.equal(pod.spec.serviceAccountName, 'pinset-agent');
+    assert.ok(pod.status.containerStatuses[0].imageID.endsWith(`@${images.pinset.digest}`), `the agent runs the built image (${pod.status.containerStatuses[0].imageID})`);
+    assert.deepEqual(pod.metadata.ownerReferences.map((o: any) => `${o.kind}/${o.name}/${o.controller}`), ['DaemonSet/pinset-agent/true']);
+    if (n().controllers) {
+      const events = (await n().api.get(`/api/v1/namespaces/${AGENT_NAMESPACE}/events?fieldSelector=involvedObject.name%3D${pod.metadata.name}`)).items as any[];
+      assert.ok(events.some((e) => e.reason === 'Scheduled' && (e.reportingComponent === 'default-scheduler' || e.source?.component === 'default-scheduler')), 'placed by the scheduler');
+      // Never evicted from a node that is not ready or unreachable (the daemonset controller adds these).
+      for (const key of ['node.kubernetes.io/not-ready', 'node.kubernetes.io/unreachable']) assert.ok((pod.spec.tolerations as any[]).some((x) => x.key === key && x.effect === 'NoExecute'), key);
+      // The controller's pod waits: the Node is tainted not-ready, and the Deployment does not tolerate it.
+      const blocked = await until('the controller pod unschedulable for the not-ready taint', 60_000, async () => {
+        const [p] = await listPods(AGENT_NAMESPACE, CONTROLLER_SELECTOR);
+        const cond = (p?.status?.conditions ?? []).find((x: any) => x.type === 'PodScheduled');
+        return cond?.status === 'False' && /node\.kubernetes\.io\/not-ready/.test(cond.message) ? cond : undefined;
+      }, context);
+      t.diagnostic(`controller pod: ${blocked.reason}: ${blocked.message}`);
+    } else {
+      t.diagnostic('no kube-controller-manager and kube-scheduler: the pod was made as the daemonset controller would');
+    }
+    if (!canLowerOomScore()) t.diagnostic('no priority class: this machine cannot lower an oom_score_adj (CAP_SYS_RESOURCE), which system-node-critical needs');
+  });
+
+  test('the network installed: the Node Ready, the controller\'s pod placed, Ready and holding its Lease', { skip: !realControllers && 'no kube-controller-manager and kube-scheduler given' }, async (t) => {
+    const t0 = Date.now();
+    await n().runtime.installNetwork();
+    await until('the Node Ready without its not-ready taint', 120_000, async () => {
+      const obj = await n().api.get(`/api/v1/nodes/${n().nodeName}`);
+      const ready = (obj.status.conditions as any[]).find((c) => c.type === 'Ready');
+      return ready.status === 'True' && !(obj.spec.taints ?? []).some((x: any) => x.key === 'node.kubernetes.io/not-ready');
+    }, context);
+    figures.networkToNodeReadySeconds = sec(Date.now() - t0);
+    const pod = await until('the controller pod Running and Ready', 120_000, async () => {
+      const [p] = await listPods(AGENT_NAMESPACE, CONTROLLER_SELECTOR);
+      return p?.status?.containerStatuses?.[0]?.ready ? p : undefined;
+    }, context);
+    const lease = await until('the controller holding its Lease', 60_000, async () => {
+      const l = await n().api.find(`/apis/coordination.k8s.io/v1/namespaces/${AGENT_NAMESPACE}/leases/pinset-controller`);
+      return l?.spec?.holderIdentity === pod.metadata.name ? l : undefined;
+    }, context);
+    figures.networkToControllerLeaderSeconds = sec(Date.now() - t0);
+    t.diagnostic(`Node Ready ${figures.networkToNodeReadySeconds} s after the network was installed; ${lease.spec.holderIdentity} leads ${figures.networkToControllerLeaderSeconds} s after`);
+  });
+
+  test(`an administrator's hand pin, then sets: their images pulled and pinned in ${runtimeLabel}, each set Ready`, async (t) => {
+    // A workload's leftover that no set names: the kubelet may collect it.
+    await n().cri.pullImage(images.unpinned.ref);
+    // A pin that is not pinset's: it must outlive everything pinset does.
+    await n().cri.pullImage(images.handPinned.ref);
+    t.diagnostic(`hand pin: ${await n().runtime.handPin(images.handPinned.ref)}`);
+    await until('the hand-pinned image reported pinned', 60_000, async () => (await pinned(images.handPinned.ref)) === true, context);
+    const sets: Record<string, string[]> = {
+      workloads: [images.pinnedA.ref, images.pinnedB.ref],
+      // It lists the hand-pinned image too: deleting it must leave that pin.
+      retired: [images.retired.ref, images.handPinned.ref],
+      // pinset's own release and the next one: an upgrade needs no registry.
+      release: [images.pinset.ref, images.pinsetNext.ref],
+    };
+    const t0 = Date.now();
+    for (const [name, refs] of Object.entries(sets)) await n().api.create(SETS_API, setObject(name, refs));
+    const pinnedAt: Record<string, number> = {};
+    const readyAt: Record<string, number> = {};
+    const rolledUpAt: Record<string, number> = {};
+    await until('every image pinned and every set Ready', 180_000, async () => {
+      for (const [name, refs] of Object.entries(sets)) {
+        if (!pinnedAt[name] && (await Promise.all(refs.map(pinned))).every((p) => p === true)) pinnedAt[name] = Date.now();
+      }
+      const status = (await nodeStatus()).status;
+      for (const s of status?.sets ?? []) if (s.phase === 'Ready' && !readyAt[s.name] && s.name in sets) readyAt[s.name] = Date.now();
+      if (realControllers) {
+        for (const s of (await n().api.get(SETS_API)).items as any[]) {
+          if (!rolledUpAt[s.metadata.name] && (s.status?.conditions ?? []).some((c: any) => c.type === 'Ready' && c.status === 'True')) rolledUpAt[s.metadata.name] = Date.now();
+        }
+      }
+      return Object.keys(sets).every((s) => pinnedAt[s] && readyAt[s] && (!realControllers || rolledUpAt[s]));
+    }, context);
+    const since = (m: Record<string, number>) => Object.fromEntries(Object.entries(m).map(([k, v]) => [k, sec(v - t0)]));
+    figures.setCreatedToImagesPinnedSeconds = since(pinnedAt);
+    figures.setCreatedToReadySeconds = since(readyAt);
+    if (realControllers) figures.setCreatedToStatusReadySeconds = since(rolledUpAt);
+    t.diagnostic(`set created -> images pinned on the node: ${JSON.stringify(figures.setCreatedToImagesPinnedSeconds)} s; -> Ready in ${STATUS_ANNOTATION}: ${JSON.stringify(figures.setCreatedToReadySeconds)} s${realControllers ? `; -> the set's status Ready (the controller): ${JSON.stringify(figures.setCreatedToStatusReadySeconds)} s` : ''}`);
+    const status = (await nodeStatus()).status!;
+    for (const name of Object.keys(sets)) {
+      const s = status.sets.find((x) => x.name === name)!;
+      assert.equal(s.phase, 'Ready', `${name}: ${JSON.stringify(s)}`);
+      assert.equal(s.images.pinned, sets[name]!.length);
+    }
+    assert.equal(await pinned(images.unpinned.ref), false, 'the leftover is present and not pinned');
+  });
+
+  test('an upgrade: the DaemonSet rolled to a second build with the registry stopped; every pin held at every instant, nothing pulled, the node lock taken within the grace period', async (t) => {
+    const dropInBefore = pinsetDropIns();
+    await n().registry.pause();
+    let r: Replacement;
+    try {
+      r = await replaceAgent(images.pinset, images.pinsetNext);
+    } finally {
+      await n().registry.resume();
+    }
+    await assertPinsHeld(t, r, dropInBefore);
+    const ds = await n().api.get(`/apis/apps/v1/namespaces/${AGENT_NAMESPACE}/daemonsets/pinset-agent`);
+    const graceMs = ds.spec.template.spec.terminationGracePeriodSeconds * 1000;
+    const stopping = AgentPodWatch.line(r.oldPod, 'stopping');
+    const lock = AgentPodWatch.line(r.newPod, 'node lock held');
+    assert.ok(r.oldPod.deletingSeenAt, 'the old pod was deleted');
+    assert.ok(stopping, `the old agent stopped on its signal (${r.oldPod.log.slice(-3).map((l) => l.msg).join(' | ')})`);
+    assert.ok(lock, `the new agent took the node lock (${r.newPod.log.slice(0, 5).map((l) => l.msg).join(' | ')})`);
+    const lockAfterDeletionMs = lock.at - r.oldPod.deletingSeenAt!;
+    assert.ok(lockAfterDeletionMs < graceMs, `the new pod took the node lock ${lockAfterDeletionMs} ms after the old one's deletion, within its grace period (${graceMs} ms)`);
+    const events = (await n().api.get(`/api/v1/namespaces/${AGENT_NAMESPACE}/events?fieldSelector=involvedObject.name%3D${r.newPod.name}`)).items as any[];
+    assert.ok(events.some((e) => e.reason === 'Pulled' && /already present on machine/.test(e.message)), `the new image was there already (${events.map((e) => e.message).join(' | ')})`);
+    figures.upgrade = {
+      samples: r.samples.samples,
+      lowestPinned: `${r.samples.lowestPinned}/${r.samples.expected}`,
+      deletionToLockSeconds: sec(lockAfterDeletionMs),
+      oldStoppingToLockSeconds: sec(lock.at - stopping.at),
+      deletionToNewReadySeconds: sec(r.newPod.readyAt! - r.oldPod.deletingSeenAt!),
+      ...(r.writes.dropIns ? { reloads: r.writes.dropIns.reloads } : { labelUpdates: r.writes.labelUpdates!.length }),
+    };
+    t.diagnostic(`upgrade: ${JSON.stringify(figures.upgrade)}`);
+  });
+
+  test("the kubelet's image GC (age path) removes the unpinned image and no pinned one", async (t) => {
+    const pass = await nextGcPass(n().kubeletStartedAt + 60_000, 'first real pass');
+    t.diagnostic(`GC pass ${pass.secondsAfterKubeletStart} s after the kubelet started: removed ${JSON.stringify(pass.removed)}, skipped as pinned ${JSON.stringify(pass.pinnedSkipped)}`);
+    assert.ok(pass.ok, `the pass failed: ${pass.line}`);
+    await until('the unpinned image removed', 30_000, async () => (await n().cri.imageStatus(images.unpinned.ref)) === null, context);
+    const kept = [images.pinnedA, images.pinnedB, images.retired, images.handPinned, images.pinset];
+    for (const img of kept) assert.equal(await pinned(img.ref), true, `${img.ref} still present and pinned`);
+    const keptIds = kept.map((i) => i.id);
+    assert.deepEqual(pass.removed.filter((id) => keptIds.includes(id)), [], 'no pinned image removed');
+    assert.ok(pass.removed.includes(images.unpinned.id), `the kubelet removed the unpinned image (${images.unpinned.id})`);
+    // pinset's previous build: pinned, no longer in use, not collected.
+    for (const id of [images.pinnedA, images.pinnedB, images.retired, images.handPinned, images.pinset].map((i) => i.id)) assert.ok(pass.pinnedSkipped.includes(id), `the kubelet skipped ${id} as pinned`);
+    figures.firstGcPass = { secondsAfterKubeletStart: pass.secondsAfterKubeletStart, removed: pass.removed.length, pinnedRemoved: 0, pinnedSkipped: pass.pinnedSkipped.length };
+  });
+
+  test('registry stopped: a pod of a pinned image runs, a pod of the collected image cannot pull', async (t) => {
+    await n().registry.pause();
+    const t0 = Date.now();
+    await n().api.create('/api/v1/namespaces/default/pods', workloadPod('pinned-workload', images.pinnedA.ref));
+    await n().api.create('/api/v1/namespaces/default/pods', workloadPod('collected-workload', images.unpinned.ref));
+    await until('the pinned image\'s pod Running', 120_000, async () => (await podState('default', 'pinned-workload')).running, context);
+    figures.pinnedPodRunningWithoutRegistrySeconds = sec(Date.now() - t0);
+    const events = (await n().api.get('/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3Dpinned-workload')).items as any[];
+    assert.ok(events.some((e) => e.reason === 'Pulled' && /already present on machine/.test(e.message)), `Pulled: already present (${events.map((e) => e.message).join(' | ')})`);
+    const blocked = await until('the collected image\'s pod in ImagePullBackOff', 120_000, async () => {
+      const s = await podState('default', 'collected-workload');
+      return s.waiting === 'ImagePullBackOff' ? s : undefined;
+    }, context);
+    assert.equal(blocked.running, false);
+    t.diagnostic(`pinned-workload Running ${figures.pinnedPodRunningWithoutRegistrySeconds} s after creation; collected-workload ${blocked.waiting}`);
+  });
+
+  test('a set deleted: its image unpinned, then collected at the next pass; the other sets and the hand pin survive the pass', async (t) => {
+    const t0 = Date.now();
+    await n().api.delete(`${SETS_API}/retired`);
+    await until('the deleted set\'s image unpinned', 60_000, async () => (await pinned(images.retired.ref)) === false, context);
+    figures.setDeletedToUnpinnedSeconds = sec(Date.now() - t0);
+    assert.equal(await pinned(images.handPinned.ref), true, 'the hand pin stays: the set listed the image, but the pin is not pinset\'s');
+    await until('the deleted set gone from the Node annotation', 120_000, async () => !(await nodeStatus()).status?.sets.some((s) => s.name === 'retired'), context);
+    const pass = await nextGcPass(Date.now(), 'after the set was deleted');
+    t.diagnostic(`GC pass ${pass.secondsAfterKubeletStart} s after the kubelet started: removed ${JSON.stringify(pass.removed)}, skipped as pinned ${JSON.stringify(pass.pinnedSkipped)}`);
+    assert.ok(pass.ok, `the pass failed: ${pass.line}`);
+    await until('the deleted set\'s image removed', 30_000, async () => (await n().cri.imageStatus(images.retired.ref)) === null, context);
+    assert.ok(pass.removed.includes(images.retired.id), 'the kubelet removed the deleted set\'s image');
+    for (const img of [images.pinnedA, images.pinnedB, images.handPinned, images.pinset]) {
+      assert.equal(await pinned(img.ref), true, `${img.ref} pinned after the pass`);
+      assert.ok(!pass.removed.includes(img.id), `${img.ref} not removed`);
+    }
+    const status = (await nodeStatus()).status!;
+    assert.equal(status.sets.find((s) => s.name === 'workloads')?.phase, 'Ready');
+    figures.secondGcPass = { secondsAfterKubeletStart: pass.secondsAfterKubeletStart, removed: pass.removed.length, pinnedRemoved: 0, pinnedSkipped: pass.pinnedSkipped.length };
+    figures.pinnedUnusedImageSurvivedGcPasses = 2;
+  });
+
+  test('an agent SIGKILLed while the kubelet is down (no stop hook), the DaemonSet rolled back: the new pod adopts its pins', async (t) => {
+    const dropInBefore = pinsetDropIns();
+    let killedAt = 0;
+    let kubeletBackAt = 0;
+    // The registry is still stopped (from the test before): nothing can be pulled.
+    const r = await replaceAgent(images.pinsetNext, images.pinset, {
+      between: async (old) => {
+        // The kubelet first, or it would restart the container at once.
+        await n().stopKubelet();
+        const pid = await containerInitPid(old.status.containerStatuses[0].containerID.replace(/^[a-z-]+:\/\//, ''));
+        process.kill(pid, 'SIGKILL');
+        killedAt = Date.now();
+        await until(`the agent's process ${pid} gone`, 10_000, async () => {
+          try {
+            process.kill(pid, 0);
+            return false;
+          } catch {
+            return true;
+          }
+        });
+      },
+      beforeWait: async () => {
+        // The daemonset controller marks the old pod for deletion; only a kubelet can let it go.
+        if (n().controllers) await until('the old pod marked for deletion', 30_000, async () => (await listPods(AGENT_NAMESPACE, AGENT_SELECTOR)).every((p) => p.metadata.deletionTimestamp), context);
+        await n().startKubelet();
+        kubeletBackAt = Date.now();
+      },
+    });
+    await assertPinsHeld(t, r, dropInBefore);
+    assert.equal(AgentPodWatch.line(r.oldPod, 'stopping'), undefined, 'the old agent never ran its stop hook');
+    assert.equal(r.oldPod.restarts, 0, 'the old container was not started again');
+    assert.deepEqual(r.oldPod.logFiles, ['agent/0.log']);
+    const lock = AgentPodWatch.line(r.newPod, 'node lock held');
+    assert.ok(lock, 'the new agent took the node lock');
+    assert.equal(lock.tookOver, undefined, 'the lock was free: the kernel released the killed holder\'s flock');
+    // Adoption: the pins the killed agent set are the new one's to remove.
+    const t0 = Date.now();
+    await n().api.delete(`${SETS_API}/workloads`);
+    await until('the new agent unpins the deleted set\'s images', 60_000, async () => (await pinned(images.pinnedA.ref)) === false && (await pinned(images.pinnedB.ref)) === false, context);
+    assert.equal(await pinned(images.handPinned.ref), true, 'the hand pin stays');
+    assert.equal(await pinned(images.pinset.ref), true, 'the release set stays pinned');
+    figures.sigkill = {
+      samples: r.samples.samples,
+      lowestPinned: `${r.samples.lowestPinned}/${r.samples.expected}`,
+      killToKubeletBackSeconds: sec(kubeletBackAt - killedAt),
+      kubeletBackToLockSeconds: sec(lock.at - kubeletBackAt),
+      deletedSetUnpinnedByNewAgentSeconds: sec(Date.now() - t0),
+    };
+    t.diagnostic(`SIGKILL: ${JSON.stringify(figures.sigkill)}`);
+  });
+});
