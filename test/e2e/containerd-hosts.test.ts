@@ -7,13 +7,11 @@
 // --containerd-hosts-dir reach a mirror, and a registry behind a private
 // CA that asks for a client certificate (hosts.toml `ca` and `client`).
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import { copyFile, mkdir, mkdtemp, readFile, rm, statfs, writeFile } from 'node:fs/promises';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { PassThrough } from 'node:stream';
 import { after, before, describe, test } from 'node:test';
 import { stringify } from 'smol-toml';
 import { parse as parseYaml, stringify as dumpYaml } from 'yaml';
@@ -24,7 +22,8 @@ import { containerdNeedsHostTable } from '../../src/containerd/versions.ts';
 import { ContainerdHosts } from '../../src/registry/containerd-hosts.ts';
 import { parseImageName, type ImageName } from '../../src/registry/names.ts';
 import { formatBytes } from '../../src/registry/size.ts';
-import { argvFor, bundledCli, runAgentOnce } from '../support/agent-process.ts';
+import { bundledCli, runAgentOnce } from '../support/agent-process.ts';
+import { runCli, runShipped } from '../support/cli-run.ts';
 import { missingComponents, requireComponents, type ComponentName } from '../support/components.ts';
 import { Containerd, containerdComponent, CriClient } from '../support/containerd.ts';
 import { CountingProxy } from '../support/counting-proxy.ts';
@@ -33,7 +32,6 @@ import { makePrivateCa, type PrivateCa } from '../support/private-ca.ts';
 import { freePort, Registry } from '../support/registry.ts';
 import { mountTmpfs, type ScratchFs } from '../support/scratch-fs.ts';
 
-const ROOT = path.resolve(import.meta.dirname, '../..');
 const NEEDS_CONTAINERD: ComponentName[] = [containerdComponent('1.7'), 'runc', 'docker-registry'];
 const NEEDS_CLI: ComponentName[] = ['docker-registry', 'htpasswd', 'openssl'];
 
@@ -267,21 +265,6 @@ describe('pinset agent --once on containerd: a hosts.toml mirror feeds the disk 
   });
 });
 
-interface Out {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-async function cli(fn: typeof resolve, args: string[], stdinText = ''): Promise<Out> {
-  const stdin = new PassThrough();
-  stdin.end(stdinText);
-  let stdout = '';
-  let stderr = '';
-  const w = (f: (s: string) => void) => Object.assign(new PassThrough(), { write: (c: string | Buffer) => (f(String(c)), true) });
-  const code = await fn(args, { stdin, stdout: w((s) => (stdout += s)), stderr: w((s) => (stderr += s)) } as never);
-  return { code, stdout, stderr };
-}
 
 describe('pinset resolve and size with --containerd-hosts-dir', () => {
   const CREDS = { username: 'ci', password: 'hosts-pw-51c8' };
@@ -332,7 +315,7 @@ describe('pinset resolve and size with --containerd-hosts-dir', () => {
 
   test('resolve: tags become digests through the mirror and through the registry behind a private CA with a client certificate; registries.conf is not read', async (t) => {
     if (!requireComponents(t, NEEDS_CLI)) return;
-    const r = await cli(resolve, ['--containerd-hosts-dir', roots.full, '--registries-conf', path.join(tmp, 'does-not-exist.conf'), '--auth-file', auth, '--name', 'edge', '-'], list);
+    const r = await runCli(resolve, ['--containerd-hosts-dir', roots.full, '--registries-conf', path.join(tmp, 'does-not-exist.conf'), '--auth-file', auth, '--name', 'edge', '-'], list);
     assert.equal(r.code, 0, r.stderr);
     const set = parseYaml(r.stdout) as { metadata: { name: string }; spec: { pinnedImages: { name: string }[] } };
     assert.deepEqual(set.spec.pinnedImages.map((i) => i.name), [app.ref, secret.ref]);
@@ -340,7 +323,7 @@ describe('pinset resolve and size with --containerd-hosts-dir', () => {
 
   test('size: each image sized from the hosts containerd would ask', async (t) => {
     if (!requireComponents(t, NEEDS_CLI)) return;
-    const r = await cli(size, ['--containerd-hosts-dir', roots.full, '--auth-file', auth, '-o', 'json', '-'], `${app.ref}\n${secret.ref}\n`);
+    const r = await runCli(size, ['--containerd-hosts-dir', roots.full, '--auth-file', auth, '-o', 'json', '-'], `${app.ref}\n${secret.ref}\n`);
     assert.equal(r.code, 0, r.stderr);
     const report = JSON.parse(r.stdout) as SizeReport;
     assert.deepEqual(report.images.map((i) => [i.image, i.downloadBytes > 0]), [[app.ref, true], [secret.ref, true]]);
@@ -348,10 +331,10 @@ describe('pinset resolve and size with --containerd-hosts-dir', () => {
 
   test("without hosts.toml's ca the private CA's certificate is refused, saying where the CA goes; without client, the registry refuses the connection", async (t) => {
     if (!requireComponents(t, NEEDS_CLI)) return;
-    const noCa = await cli(resolve, ['--containerd-hosts-dir', roots.noCa, '--auth-file', auth, '--timeout', '5s', '-'], 'private.test/team/secret:prod\n');
+    const noCa = await runCli(resolve, ['--containerd-hosts-dir', roots.noCa, '--auth-file', auth, '--timeout', '5s', '-'], 'private.test/team/secret:prod\n');
     assert.equal(noCa.code, 1);
     assert.match(noCa.stderr, /private\.test\/team\/secret:prod: 127\.0\.0\.1:\d+ cannot be reached over TLS: .*\(a host signed by a private CA needs that CA in its hosts\.toml \(ca = "<file>"\)/);
-    const noClient = await cli(resolve, ['--containerd-hosts-dir', roots.noClient, '--auth-file', auth, '--timeout', '5s', '-'], 'private.test/team/secret:prod\n');
+    const noClient = await runCli(resolve, ['--containerd-hosts-dir', roots.noClient, '--auth-file', auth, '--timeout', '5s', '-'], 'private.test/team/secret:prod\n');
     assert.equal(noClient.code, 1);
     assert.match(noClient.stderr, /private\.test\/team\/secret:prod: 127\.0\.0\.1:\d+ cannot be reached/);
     assert.doesNotMatch(noClient.stderr + noCa.stderr, new RegExp(CREDS.password));
@@ -359,23 +342,13 @@ describe('pinset resolve and size with --containerd-hosts-dir', () => {
 
   test('a folder that is not there is a usage error; the environment twin works in the shipped bundle', async (t) => {
     if (!requireComponents(t, NEEDS_CLI)) return;
-    await assert.rejects(cli(resolve, ['--containerd-hosts-dir', path.join(tmp, 'nope'), '-'], list), (e: Error) => e.name === 'UsageError' && /--containerd-hosts-dir: .*nope is not a folder \(ENOENT\)/.test(e.message));
-    const out = await shipped(['resolve', '--auth-file', auth, '-'], { PINSET_CONTAINERD_HOSTS_DIR: roots.full }, list);
+    await assert.rejects(runCli(resolve, ['--containerd-hosts-dir', path.join(tmp, 'nope'), '-'], list), (e: Error) => e.name === 'UsageError' && /--containerd-hosts-dir: .*nope is not a folder \(ENOENT\)/.test(e.message));
+    const out = await runShipped(['resolve', '--auth-file', auth, '-'], { PINSET_CONTAINERD_HOSTS_DIR: roots.full }, list);
     assert.equal(out.code, 0, out.stderr);
     assert.deepEqual((parseYaml(out.stdout) as { spec: { pinnedImages: { name: string }[] } }).spec.pinnedImages.map((i) => i.name), [app.ref, secret.ref]);
   });
 });
 
-/** The command as shipped: the bundle (checked to be built from these sources), with the Node.js flags of its first line. */
-async function shipped(args: string[], env: Record<string, string>, stdinText: string): Promise<Out> {
-  const argv = argvFor(await bundledCli());
-  return new Promise((done) => {
-    const child = execFile(process.execPath, [...argv, ...args], { cwd: ROOT, env: { ...process.env, ...env }, timeout: 60_000 }, (err, stdout, stderr) =>
-      done({ code: err ? Number((err as { code?: unknown }).code ?? -1) : 0, stdout, stderr }),
-    );
-    child.stdin?.end(stdinText);
-  });
-}
 
 /** Push with the test's client certificate and without checking the private CA (the helpers push with global fetch). */
 async function pushThroughClientCert<T>(pki: PrivateCa, push: () => Promise<T>): Promise<T> {

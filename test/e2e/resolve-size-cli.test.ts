@@ -2,11 +2,9 @@
 // reached through a registries.conf that maps made-up hosts to them, as a
 // site's mirror configuration does.
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import { chmod, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { PassThrough } from 'node:stream';
 import { after, before, describe, test } from 'node:test';
 import { parse, parseAllDocuments } from 'yaml';
 import { validateSet } from '../../src/api/validate.ts';
@@ -16,38 +14,12 @@ import { missingComponents, requireComponents, type ComponentName } from '../sup
 import { layerOf, MEDIA_TYPES, pushLayers, pushMultiArch, pushRandom, pushSingleLayer, type PushedImage, type PushedIndex } from '../support/images.ts';
 import { Registry } from '../support/registry.ts';
 import { makeCertificate } from '../support/token-server.ts';
-import { argvFor, bundledCli } from '../support/agent-process.ts';
+import { runCli, runShipped } from '../support/cli-run.ts';
 
-const ROOT = path.resolve(import.meta.dirname, '../..');
 const NEEDS: ComponentName[] = ['docker-registry', 'htpasswd', 'openssl'];
 const CREDS = { username: 'ci', password: 'resolve-pw-6d21' };
 
-interface Out {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
 
-async function cli(fn: typeof resolve, args: string[], stdinText = ''): Promise<Out> {
-  const stdin = new PassThrough();
-  stdin.end(stdinText);
-  let stdout = '';
-  let stderr = '';
-  const w = (f: (s: string) => void) => Object.assign(new PassThrough(), { write: (c: string | Buffer) => (f(String(c)), true) });
-  const code = await fn(args, { stdin, stdout: w((s) => (stdout += s)), stderr: w((s) => (stderr += s)) } as never);
-  return { code, stdout, stderr };
-}
-
-/** The command as shipped: the bundle (checked to be built from these sources), with the Node.js flags of its first line. */
-async function subprocess(args: string[], env: Record<string, string>): Promise<Out> {
-  const argv = argvFor(await bundledCli());
-  return new Promise((resolveP) => {
-    execFile(process.execPath, [...argv, ...args], { cwd: ROOT, env: { ...process.env, ...env }, timeout: 60_000 }, (err, stdout, stderr) => {
-      const code = err ? (typeof (err as { code?: unknown }).code === 'number' ? (err as { code: number }).code : -1) : 0;
-      resolveP({ code, stdout, stderr });
-    });
-  });
-}
 
 /** config + layers of a pushed manifest, read from the registry's raw JSON. */
 async function blobBytes(reg: Registry, repo: string, digest: string): Promise<{ total: number; digests: Map<string, number> }> {
@@ -120,7 +92,7 @@ status: {observedGeneration: 3}
     );
     const list = path.join(tmp, 'Edge Images.txt');
     await writeFile(list, `# what the edge runs\nprivate.test/team/secret:prod\n\nregistry.test/org/app:1.0   # twice\nregistry.test/org/app:1.0\n`);
-    const r = await cli(resolve, [...common(), sets, list]);
+    const r = await runCli(resolve, [...common(), sets, list]);
     assert.equal(r.code, 0, r.stderr);
     const docs = parseAllDocuments(r.stdout).map((d) => d.toJS());
     assert.equal(docs.length, 2);
@@ -138,12 +110,12 @@ status: {observedGeneration: 3}
 
   test('resolve --platform pins that platform\'s manifest; -o json prints one object per set', async (t) => {
     if (!requireComponents(t, NEEDS)) return;
-    const r = await cli(resolve, [...common(), '--platform', 'linux/arm64', '--name', 'arm', '-o', 'json', '-'], 'registry.test/org/multi:v2\n');
+    const r = await runCli(resolve, [...common(), '--platform', 'linux/arm64', '--name', 'arm', '-o', 'json', '-'], 'registry.test/org/multi:v2\n');
     assert.equal(r.code, 0, r.stderr);
     const set = JSON.parse(r.stdout);
     assert.equal(set.metadata.name, 'arm');
     assert.deepEqual(set.spec.pinnedImages, [{ name: `registry.test/org/multi@${multi.platforms['linux/arm64']!.manifestDigest}` }]);
-    const bad = await cli(resolve, [...common(), '--platform', 'linux/s390x', '-'], 'registry.test/org/multi:v2\n');
+    const bad = await runCli(resolve, [...common(), '--platform', 'linux/s390x', '-'], 'registry.test/org/multi:v2\n');
     assert.equal(bad.code, 1);
     assert.match(bad.stderr, /has no image for linux\/s390x \(it has linux\/amd64, linux\/arm64\)/);
   });
@@ -152,16 +124,16 @@ status: {observedGeneration: 3}
     if (!requireComponents(t, NEEDS)) return;
     const sets = path.join(tmp, 'broken.yaml');
     await writeFile(sets, `apiVersion: pinset.dev/v1alpha1\nkind: PinnedImageSet\nmetadata: {name: broken}\nspec:\n  pinnedImages:\n  - name: registry.test/org/app:1.0\n  - name: registry.test/org/app:missing\n  - name: nginx:latest\n`);
-    const r = await cli(resolve, [...common(), sets]);
+    const r = await runCli(resolve, [...common(), sets]);
     assert.equal(r.code, 1);
     assert.equal(r.stdout, '');
     assert.match(r.stderr, /broken\.yaml: document 1 \(set broken\): spec\.pinnedImages\[1\]\.name: registry\.test\/org\/app:missing: 127\.0\.0\.1:\d+ answered HTTP 404: the manifest is unknown/);
     assert.match(r.stderr, /spec\.pinnedImages\[2\]\.name: "nginx:latest" has no registry host .* docker\.io\/library\/nginx:latest/);
     // Without the credentials the private registry refuses, naming who asked.
-    const noAuth = await cli(resolve, ['--registries-conf', conf, '--registries-conf-dir', path.join(tmp, 'no.d'), '--auth-file', path.join(tmp, 'none.json'), '-'], 'private.test/team/secret:prod\n');
+    const noAuth = await runCli(resolve, ['--registries-conf', conf, '--registries-conf-dir', path.join(tmp, 'no.d'), '--auth-file', path.join(tmp, 'none.json'), '-'], 'private.test/team/secret:prod\n');
     assert.equal(noAuth.code, 1);
     assert.match(noAuth.stderr, /<stdin>:1: private\.test\/team\/secret:prod: 127\.0\.0\.1:\d+ refused anonymous access/);
-    const unreadable = await cli(resolve, [...common(), path.join(tmp, 'does-not-exist.yaml')]).catch((e: Error) => ({ code: 2, stdout: '', stderr: e.message }));
+    const unreadable = await runCli(resolve, [...common(), path.join(tmp, 'does-not-exist.yaml')]).catch((e: Error) => ({ code: 2, stdout: '', stderr: e.message }));
     assert.match(unreadable.stderr, /cannot read .*does-not-exist\.yaml: no such file/);
   });
 
@@ -188,7 +160,7 @@ status: {observedGeneration: 3}
       { name: 'release-manifests/release-metadata', data: Buffer.from('{"version":"4.99.1"}') },
     ]);
     const release = await pushLayers(reg, 'ocp/release', [baseLayer, manifests], { tag: '4.99.1-x86_64' });
-    const r = await cli(resolve, [...common(), '--release', 'registry.test/ocp/release:4.99.1-x86_64']);
+    const r = await runCli(resolve, [...common(), '--release', 'registry.test/ocp/release:4.99.1-x86_64']);
     assert.equal(r.code, 0, r.stderr);
     const set = parse(r.stdout);
     assert.equal(set.metadata.name, 'release-4.99.1');
@@ -197,13 +169,13 @@ status: {observedGeneration: 3}
       [`registry.test/ocp/release@${release.digest}`, `registry.test/org/app@${app.digest}`, `registry.test/org/multi@${multi.digest}`, `registry.test/org/a@${shared.a.digest}`],
     );
     // An image without the file is not a release image.
-    const notRelease = await cli(resolve, [...common(), '--release', 'registry.test/org/app:1.0']);
+    const notRelease = await runCli(resolve, [...common(), '--release', 'registry.test/org/app:1.0']);
     assert.equal(notRelease.code, 1);
     assert.match(notRelease.stderr, /has no release-manifests\/image-references: is it an OpenShift release image\?/);
     // A later layer that deletes the file hides it.
     const whiteout = layerOf([{ name: 'release-manifests/.wh.image-references', data: Buffer.alloc(0) }]);
     await pushLayers(reg, 'ocp/release', [baseLayer, manifests, whiteout], { tag: 'deleted' });
-    const deleted = await cli(resolve, [...common(), '--release', 'registry.test/ocp/release:deleted']);
+    const deleted = await runCli(resolve, [...common(), '--release', 'registry.test/ocp/release:deleted']);
     assert.equal(deleted.code, 1);
     assert.match(deleted.stderr, /has no release-manifests\/image-references/);
   });
@@ -212,7 +184,7 @@ status: {observedGeneration: 3}
     if (!requireComponents(t, NEEDS)) return;
     const list = path.join(tmp, 'size.txt');
     await writeFile(list, 'registry.test/org/a:1\nregistry.test/org/b:1\nregistry.test/org/multi:v2\n');
-    const r = await cli(size, [...common(), '-o', 'json', '--platform', 'linux/arm64', '--disk-estimate-factor', '3', list]);
+    const r = await runCli(size, [...common(), '-o', 'json', '--platform', 'linux/arm64', '--disk-estimate-factor', '3', list]);
     assert.equal(r.code, 0, r.stderr);
     const report = JSON.parse(r.stdout) as SizeReport;
     const a = await blobBytes(reg, 'org/a', shared.a.digest);
@@ -235,7 +207,7 @@ status: {observedGeneration: 3}
     assert.equal(report.total.distinctLayers, 4); // base, a, b, multi's arm64 layer
     assert.equal(report.total.estimatedDiskBytes, expected * 3);
 
-    const table = await cli(size, [...common(), list]);
+    const table = await runCli(size, [...common(), list]);
     assert.equal(table.code, 0, table.stderr);
     assert.match(table.stdout, /^IMAGE\s+LAYERS\s+DOWNLOAD\s+DISK \(x2\)$/m);
     assert.match(table.stdout, /^TOTAL: 3 image\(s\), 4 distinct layer\(s\), linux\/\w+/m);
@@ -244,7 +216,7 @@ status: {observedGeneration: 3}
   test('size: an image that cannot be sized is reported and fails the run; the others are still listed', async (t) => {
     if (!requireComponents(t, NEEDS)) return;
     const big = await pushRandom(reg, 'org/big', 300 * 1024, { tag: '1' });
-    const r = await cli(size, [...common(), '-o', 'yaml', '-'], `registry.test/org/big@${big.digest}\nregistry.test/org/nothing:1\n`);
+    const r = await runCli(size, [...common(), '-o', 'yaml', '-'], `registry.test/org/big@${big.digest}\nregistry.test/org/nothing:1\n`);
     assert.equal(r.code, 1);
     assert.match(r.stderr, /<stdin>:2: registry\.test\/org\/nothing:1: .* answered HTTP 404/);
     const report = parse(r.stdout) as SizeReport;
@@ -274,13 +246,13 @@ status: {observedGeneration: 3}
       const list = path.join(tmp, 'tls.txt');
       await writeFile(list, 'secure.test/tls/app:x\n');
       const env = { CONTAINERS_REGISTRIES_CONF: tlsConf, PINSET_REGISTRIES_CONF_DIR: path.join(tmp, 'no.d'), REGISTRY_AUTH_FILE: path.join(tmp, 'none.json') };
-      const trusted = await subprocess(['resolve', list], { ...env, NODE_EXTRA_CA_CERTS: cert });
+      const trusted = await runShipped(['resolve', list], { ...env, NODE_EXTRA_CA_CERTS: cert });
       assert.equal(trusted.code, 0, trusted.stderr);
       assert.equal(parse(trusted.stdout).spec.pinnedImages[0].name, `secure.test/tls/app@${img!.digest}`);
-      const untrusted = await subprocess(['resolve', list], { ...env, NODE_EXTRA_CA_CERTS: '' });
+      const untrusted = await runShipped(['resolve', list], { ...env, NODE_EXTRA_CA_CERTS: '' });
       assert.equal(untrusted.code, 1);
       assert.match(untrusted.stderr, /cannot be reached over TLS/);
-      const usage = await subprocess(['size', '--platform', 'amd64', list], env);
+      const usage = await runShipped(['size', '--platform', 'amd64', list], env);
       assert.equal(usage.code, 2);
       assert.match(usage.stderr, /--platform: "amd64" is not a platform/);
     } finally {
@@ -305,17 +277,17 @@ status: {observedGeneration: 3}
     for (const doc of [{ credHelpers: { [priv.host]: 'pinset-test' } }, { credsStore: 'pinset-test' }]) {
       const authFile = path.join(tmp, 'helper-auth.json');
       await writeFile(authFile, JSON.stringify(doc));
-      const resolved = await subprocess(['resolve', list], { ...env, REGISTRY_AUTH_FILE: authFile });
+      const resolved = await runShipped(['resolve', list], { ...env, REGISTRY_AUTH_FILE: authFile });
       assert.equal(resolved.code, 0, resolved.stderr);
       assert.equal(parse(resolved.stdout).spec.pinnedImages[0].name, `private.test/team/secret@${secret.digest}`);
-      const sized = await subprocess(['size', '-o', 'json', list], { ...env, REGISTRY_AUTH_FILE: authFile });
+      const sized = await runShipped(['size', '-o', 'json', list], { ...env, REGISTRY_AUTH_FILE: authFile });
       assert.equal(sized.code, 0, sized.stderr);
       for (const out of [resolved, sized]) assert.ok(!(out.stdout + out.stderr).includes(CREDS.password), 'the secret is printed nowhere');
     }
     assert.ok((await readFile(log, 'utf8')).split('\n').every((l) => l === '' || l === `get ${priv.host}`), 'run as `get` with the registry on stdin');
     // A helper that refuses: the registry's refusal says which helper failed.
     await writeFile(helper, '#!/bin/sh\necho "keychain locked" >&2\nexit 5\n');
-    const refused = await subprocess(['resolve', list], { ...env, REGISTRY_AUTH_FILE: path.join(tmp, 'helper-auth.json') });
+    const refused = await runShipped(['resolve', list], { ...env, REGISTRY_AUTH_FILE: path.join(tmp, 'helper-auth.json') });
     assert.equal(refused.code, 1);
     assert.match(refused.stderr, /refused anonymous access.*docker-credential-pinset-test get exited with status 5/);
   });
