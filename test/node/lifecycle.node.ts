@@ -4,12 +4,16 @@
 // CRI-O or containerd and a real kube-apiserver, with Kubernetes' own
 // controllers when given. An image pinned by a set is never removed by the
 // kubelet's image garbage collection, so its pods start with no registry in
-// reach; replacing the agent (an upgrade, or a crash) never unpins anything.
+// reach; replacing the agent (an upgrade, or a crash) never unpins anything;
+// private images are pinned with the credentials the node has, as the
+// kubelet gets them, and no credential leaks.
 //
 // The steps run in order on one node, on the kubelet's own clock: its image
 // GC runs every 5 minutes, the first real pass about 300 s after it starts
 // (facts/test-bed.md), so the suite takes about 11 minutes per runtime.
 //  1. deploy/ (CRI-O) or deploy/containerd/ applied with server-side apply,
+//     with the credential provider component of deploy/credential-providers/
+//     (the plugin folder the kubelet's own flags name, mounted read-only),
 //     the image replaced by the one scripts/build-image.sh built, pushed to
 //     a loopback registry. The DaemonSet's pod, made by the daemonset
 //     controller and placed by the scheduler (or, without them, made as they
@@ -21,6 +25,14 @@
 //  3. An administrator's hand pin (outside pinset), then three sets: their
 //     images pulled and pinned, each set Ready. An image no set names was
 //     pulled before (a workload's leftover).
+//  3b. Registry credentials (./real-node-credentials.ts): the runtime alone
+//     is refused by the private registries; a pod of a private image, with
+//     no pull secret, runs (the kubelet's plugin exec); a set of private
+//     images pinned and Ready (the agent's exec of the same plugin, in its
+//     pod); a set naming a pull secret in pinset-system pinned with it; the
+//     agent's RBAC for Secrets asked of the API server; no credential in the
+//     agents' logs, the Node, the Events or the sets. These sets join the
+//     GC passes and the agent's replacements below.
 //  4. The DaemonSet rolled to a second build of the image, the registry
 //     stopped: every pinned image reported pinned in every 100 ms sample,
 //     nothing pulled, no second drop-in (CRI-O) and no pin label removed
@@ -35,17 +47,20 @@
 //  8. The kubelet stopped, the agent SIGKILLed (its stop hook never runs),
 //     the DaemonSet rolled back, the kubelet started again: the new pod
 //     adopts the pins (every sample pinned; it unpins a set deleted after).
+//  9. Still no credential in any output, after the whole run.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { readdirSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fetch } from 'undici';
 import { STATUS_ANNOTATION } from '../../src/api/types.ts';
 import { readNodeStatus } from '../../src/api/node-status.ts';
+import { readPluginLog, TEST_PLUGIN_NAME } from '../support/credential-plugin.ts';
 import { freePort } from '../support/registry.ts';
 import { ensureNamespaceBasics, realNodeMissing, startRealNode, type RealNode } from '../support/real-node.ts';
-import { AGENT_NAMESPACE, AGENT_SELECTOR, CONTROLLER_SELECTOR, containerInitPid, ImitatedDaemonSet, podLogTail, writeDeployOverlay, type BedSpecifics } from '../support/real-node-deploy.ts';
-import { imageLayout, pushPinsetImage, pushRebuiltPinsetImage, pushWorkloadImage, type NodeImage } from '../support/real-node-images.ts';
+import { PLUGIN_ARGS, PROVIDER_COMPONENT, PULL_SECRET_NAME, secretsIn } from '../support/real-node-credentials.ts';
+import { AGENT_NAMESPACE, AGENT_SELECTOR, CONTROLLER_SELECTOR, containerInitPid, ImitatedDaemonSet, podLogDir, podLogTail, readPodLogDir, writeDeployOverlay, type BedSpecifics } from '../support/real-node-deploy.ts';
+import { imageLayout, pushPinsetImage, pushRebuiltPinsetImage, pushSmallImage, pushWorkloadImage, type NodeImage } from '../support/real-node-images.ts';
 import { canLowerOomScore, ContainerdNodeRuntime, CrioNodeRuntime, runtimeMissing, type PinWriteRecord, type RuntimeName } from '../support/real-node-runtime.ts';
 import { AgentPodWatch, PinSampler, type PinSamples, type WatchedPod } from '../support/real-node-watch.ts';
 
@@ -63,12 +78,12 @@ const controllersLabel = realControllers ? 'kube-controller-manager and kube-sch
 let node: RealNode | undefined;
 let bed: BedSpecifics | undefined;
 let imitated: ImitatedDaemonSet | undefined;
-type ImageName = 'pinset' | 'pinsetNext' | 'pinnedA' | 'pinnedB' | 'unpinned' | 'retired' | 'handPinned';
+type ImageName = 'pinset' | 'pinsetNext' | 'pinnedA' | 'pinnedB' | 'unpinned' | 'retired' | 'handPinned' | 'privatePod' | 'privateA' | 'privateB' | 'privateProbe' | 'secretA';
 const images: Record<ImageName, NodeImage> = {} as never;
 const figures: Record<string, unknown> = { runtime: runtimeName, controllers: realControllers ? 'kube-controller-manager, kube-scheduler' : 'imitated' };
 
-function setObject(name: string, refs: string[]) {
-  return { apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name }, spec: { pinnedImages: refs.map((r) => ({ name: r })) } };
+function setObject(name: string, refs: string[], pullSecrets?: string[]) {
+  return { apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name }, spec: { ...(pullSecrets ? { pullSecrets: pullSecrets.map((s) => ({ name: s })) } : {}), pinnedImages: refs.map((r) => ({ name: r })) } };
 }
 
 async function until<T>(what: string, timeoutMs: number, check: () => Promise<T | undefined | false | null>, context: () => Promise<string> | string = () => ''): Promise<T> {
@@ -175,16 +190,20 @@ function workloadPod(name: string, image: string) {
   };
 }
 
-/** Applies the install with the agent's image `image` (an upgrade when it changes), as an operator would. */
+/** Applies the install with the agent's image `image` (an upgrade when it changes), as an operator would, with the credential provider component. */
 async function applyDeploy(image: NodeImage): Promise<number> {
-  const overlay = await writeDeployOverlay(join(n().state, 'overlay'), { subdir: n().runtime.deploySubdir, image, bed: bed!, render: (d) => n().kubectl(['kustomize', d]) });
+  const overlay = await writeDeployOverlay(join(n().state, 'overlay'), { subdir: n().runtime.deploySubdir, components: [PROVIDER_COMPONENT], image, bed: bed!, render: (d) => n().kubectl(['kustomize', d]) });
   const applied = await n().kubectl(['apply', '--server-side', '--field-manager=pinset-node-suite', '-k', overlay]);
   return applied.trim().split('\n').length;
 }
 
+async function agentMetrics(): Promise<string> {
+  return (await fetch(`http://127.0.0.1:${bed!.agentMetricsPort}/metrics`, { signal: AbortSignal.timeout(5000) })).text();
+}
+
 /** The pinset_pulls_total of the agent serving metrics now (its pulls since it started), by `result`. */
 async function agentPulls(): Promise<Record<string, number>> {
-  const text = await (await fetch(`http://127.0.0.1:${bed!.agentMetricsPort}/metrics`, { signal: AbortSignal.timeout(5000) })).text();
+  const text = await agentMetrics();
   const out: Record<string, number> = {};
   for (const m of text.matchAll(/^pinset_pulls_total\{([^}]*)\} (\d+)/gm)) {
     const result = /result="([^"]+)"/.exec(m[1]!)?.[1] ?? '?';
@@ -202,6 +221,95 @@ function pinsetDropIns(): string[] {
 /** The images CRI reports pinned now, by image ID (the expected set of a sampler). */
 async function pinnedNow(): Promise<Array<{ ref: string; id: string }>> {
   return (await n().cri.listImages()).filter((i) => i.pinned).map((i) => ({ ref: i.repoDigests[0] ?? i.repoTags[0] ?? i.id, id: i.id }));
+}
+
+interface NewSet {
+  refs: string[];
+  pullSecrets?: string[];
+}
+
+/**
+ * Creates `sets` and waits until each one's images are all reported pinned,
+ * the set is Ready in the Node's status and (with the controller) in its own
+ * status; resolves to the seconds from creation to each, by set. Asserts
+ * each is Ready with every image pinned.
+ */
+async function createSetsUntilReady(sets: Record<string, NewSet>): Promise<{ pinned: Record<string, number>; ready: Record<string, number>; statusReady?: Record<string, number> }> {
+  const t0 = Date.now();
+  for (const [name, set] of Object.entries(sets)) await n().api.create(SETS_API, setObject(name, set.refs, set.pullSecrets));
+  const pinnedAt: Record<string, number> = {};
+  const readyAt: Record<string, number> = {};
+  const rolledUpAt: Record<string, number> = {};
+  await until(`every image of ${Object.keys(sets).join(', ')} pinned and each Ready`, 180_000, async () => {
+    for (const [name, set] of Object.entries(sets)) {
+      if (!pinnedAt[name] && (await Promise.all(set.refs.map(pinned))).every((p) => p === true)) pinnedAt[name] = Date.now();
+    }
+    const status = (await nodeStatus()).status;
+    for (const s of status?.sets ?? []) if (s.phase === 'Ready' && !readyAt[s.name] && s.name in sets) readyAt[s.name] = Date.now();
+    if (realControllers) {
+      for (const s of (await n().api.get(SETS_API)).items as any[]) {
+        if (s.metadata.name in sets && !rolledUpAt[s.metadata.name] && (s.status?.conditions ?? []).some((c: any) => c.type === 'Ready' && c.status === 'True')) rolledUpAt[s.metadata.name] = Date.now();
+      }
+    }
+    return Object.keys(sets).every((s) => pinnedAt[s] && readyAt[s] && (!realControllers || rolledUpAt[s]));
+  }, context);
+  const status = (await nodeStatus()).status!;
+  for (const [name, set] of Object.entries(sets)) {
+    const s = status.sets.find((x) => x.name === name)!;
+    assert.equal(s.phase, 'Ready', `${name}: ${JSON.stringify(s)}`);
+    assert.equal(s.images.pinned, set.refs.length);
+  }
+  const since = (m: Record<string, number>) => Object.fromEntries(Object.entries(m).map(([k, v]) => [k, sec(v - t0)]));
+  return { pinned: since(pinnedAt), ready: since(readyAt), ...(realControllers ? { statusReady: since(rolledUpAt) } : {}) };
+}
+
+/** The agent's execs of the test plugin and the failed ones, by its own metrics (since it started). */
+async function agentPluginExecs(): Promise<{ execs: number; errors: number }> {
+  const text = await agentMetrics();
+  const value = (metric: string) => Number(new RegExp(`^${metric}\\{plugin="${TEST_PLUGIN_NAME}"\\} (\\d+)`, 'm').exec(text)?.[1] ?? 0);
+  return { execs: value('pinset_credential_provider_plugin_duration_seconds_count'), errors: value('pinset_credential_provider_plugin_errors_total') };
+}
+
+/** `kubectl auth can-i <args>` as the admin, asked of the API server: "yes" or "no". */
+async function canI(args: string[]): Promise<string> {
+  try {
+    return (await n().kubectl(['auth', 'can-i', ...args])).trim();
+  } catch (err) {
+    // "no" exits 1.
+    const e = err as { code?: number; stdout?: string };
+    if (e.code === 1 && e.stdout?.trim() === 'no') return 'no';
+    throw err;
+  }
+}
+
+/**
+ * Where the bed's registry credentials appear in what pinset and the
+ * cluster report: every container log the kubelet keeps (the agents', the
+ * controller's, the workloads'), the Node, every Event, every set. Each
+ * finding names the secret, never prints it.
+ */
+async function credentialFindings(): Promise<{ findings: string[]; logFiles: number }> {
+  const secrets = n().credentials.secrets;
+  const findings: string[] = [];
+  const look = (where: string, text: string) => findings.push(...secretsIn(text, secrets).map((what) => `${what} in ${where}`));
+  const logs = readdirSync(podLogsDir(), { recursive: true, encoding: 'utf8' }).filter((f) => f.endsWith('.log'));
+  for (const f of logs) {
+    try {
+      look(`var/log/pods/${f}`, readFileSync(join(podLogsDir(), f), 'utf8'));
+    } catch {
+      // rotated or removed meanwhile
+    }
+  }
+  look('the Node', JSON.stringify(await n().api.get(`/api/v1/nodes/${n().nodeName}`)));
+  look('the Events', JSON.stringify(await n().api.get('/api/v1/events')));
+  look('the PinnedImageSets', JSON.stringify(await n().api.get(SETS_API)));
+  return { findings, logFiles: logs.length };
+}
+
+/** The same search in the kubelet's and the runtime's own logs: not pinset's output, reported for what it is. */
+function credentialsInNodeLogs(): string[] {
+  const secrets = n().credentials.secrets;
+  return [join(n().state, 'kubelet.log'), ...n().runtime.logFiles()].flatMap((f) => secretsIn(readFileSync(f, 'utf8'), secrets).map((w) => `${w} in ${f}`));
 }
 
 interface Replacement {
@@ -291,6 +399,11 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
     images.pinset = await pushPinsetImage(bins.skopeo, n().registry, layout);
     images.pinsetNext = await pushRebuiltPinsetImage(n().registry, layout, 'next');
     for (const name of ['pinnedA', 'pinnedB', 'unpinned', 'retired', 'handPinned'] as const) images[name] = await pushWorkloadImage(n().registry, layout, name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`));
+    // The private registries: a workload image to run as a pod (pinset's layers uploaded once more), and images of a single layer of their own for the sets.
+    const c = n().credentials;
+    images.privatePod = await pushWorkloadImage(c.pluginRegistry, layout, 'private-pod', { host: c.pluginHost });
+    for (const name of ['privateA', 'privateB', 'privateProbe'] as const) images[name] = await pushSmallImage(c.pluginRegistry, name.replace(/[A-Z]/g, (ch) => `-${ch.toLowerCase()}`), c.pluginHost);
+    images.secretA = await pushSmallImage(c.secretRegistry, 'secret-a', c.secretHost);
   });
 
   after(async () => {
@@ -376,43 +489,123 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
     await n().cri.pullImage(images.handPinned.ref);
     t.diagnostic(`hand pin: ${await n().runtime.handPin(images.handPinned.ref)}`);
     await until('the hand-pinned image reported pinned', 60_000, async () => (await pinned(images.handPinned.ref)) === true, context);
-    const sets: Record<string, string[]> = {
-      workloads: [images.pinnedA.ref, images.pinnedB.ref],
+    const sets: Record<string, NewSet> = {
+      workloads: { refs: [images.pinnedA.ref, images.pinnedB.ref] },
       // It lists the hand-pinned image too: deleting it must leave that pin.
-      retired: [images.retired.ref, images.handPinned.ref],
+      retired: { refs: [images.retired.ref, images.handPinned.ref] },
       // pinset's own release and the next one: an upgrade needs no registry.
-      release: [images.pinset.ref, images.pinsetNext.ref],
+      release: { refs: [images.pinset.ref, images.pinsetNext.ref] },
     };
-    const t0 = Date.now();
-    for (const [name, refs] of Object.entries(sets)) await n().api.create(SETS_API, setObject(name, refs));
-    const pinnedAt: Record<string, number> = {};
-    const readyAt: Record<string, number> = {};
-    const rolledUpAt: Record<string, number> = {};
-    await until('every image pinned and every set Ready', 180_000, async () => {
-      for (const [name, refs] of Object.entries(sets)) {
-        if (!pinnedAt[name] && (await Promise.all(refs.map(pinned))).every((p) => p === true)) pinnedAt[name] = Date.now();
-      }
-      const status = (await nodeStatus()).status;
-      for (const s of status?.sets ?? []) if (s.phase === 'Ready' && !readyAt[s.name] && s.name in sets) readyAt[s.name] = Date.now();
-      if (realControllers) {
-        for (const s of (await n().api.get(SETS_API)).items as any[]) {
-          if (!rolledUpAt[s.metadata.name] && (s.status?.conditions ?? []).some((c: any) => c.type === 'Ready' && c.status === 'True')) rolledUpAt[s.metadata.name] = Date.now();
-        }
-      }
-      return Object.keys(sets).every((s) => pinnedAt[s] && readyAt[s] && (!realControllers || rolledUpAt[s]));
-    }, context);
-    const since = (m: Record<string, number>) => Object.fromEntries(Object.entries(m).map(([k, v]) => [k, sec(v - t0)]));
-    figures.setCreatedToImagesPinnedSeconds = since(pinnedAt);
-    figures.setCreatedToReadySeconds = since(readyAt);
-    if (realControllers) figures.setCreatedToStatusReadySeconds = since(rolledUpAt);
-    t.diagnostic(`set created -> images pinned on the node: ${JSON.stringify(figures.setCreatedToImagesPinnedSeconds)} s; -> Ready in ${STATUS_ANNOTATION}: ${JSON.stringify(figures.setCreatedToReadySeconds)} s${realControllers ? `; -> the set's status Ready (the controller): ${JSON.stringify(figures.setCreatedToStatusReadySeconds)} s` : ''}`);
-    const status = (await nodeStatus()).status!;
-    for (const name of Object.keys(sets)) {
-      const s = status.sets.find((x) => x.name === name)!;
-      assert.equal(s.phase, 'Ready', `${name}: ${JSON.stringify(s)}`);
-      assert.equal(s.images.pinned, sets[name]!.length);
-    }
+    const took = await createSetsUntilReady(sets);
+    figures.setCreatedToImagesPinnedSeconds = took.pinned;
+    figures.setCreatedToReadySeconds = took.ready;
+    if (took.statusReady) figures.setCreatedToStatusReadySeconds = took.statusReady;
+    t.diagnostic(`set created -> images pinned on the node: ${JSON.stringify(took.pinned)} s; -> Ready in ${STATUS_ANNOTATION}: ${JSON.stringify(took.ready)} s${took.statusReady ? `; -> the set's status Ready (the controller): ${JSON.stringify(took.statusReady)} s` : ''}`);
     assert.equal(await pinned(images.unpinned.ref), false, 'the leftover is present and not pinned');
+  });
+
+  test('registry credentials as the node has them: the runtime alone is refused; the kubelet and the agent each get them from the same plugin; a pull secret in pinset-system; its RBAC on the API server; no credential in any output', async (t) => {
+    const c = n().credentials;
+    // The runtime has no credential of its own for either private registry.
+    const refusals: string[] = [];
+    for (const img of [images.privateProbe, images.secretA]) {
+      await assert.rejects(n().cri.pullImage(img.ref), (err: Error) => {
+        assert.match(err.message, /401|unauthori[sz]ed|authentication required|authorization failed/i, `${img.ref}: ${err.message}`);
+        refusals.push(err.message.slice(0, 160));
+        return true;
+      }, `${runtimeLabel} pulls ${img.ref} with no credential`);
+    }
+    t.diagnostic(`${runtimeLabel} alone: ${refusals.join(' | ')}`);
+
+    // The agent's pod has the plugin folder the kubelet's flags name, read-only, from the component.
+    const agentPod = await readyAgentPod(images.pinset);
+    assert.ok(agentPod, 'the agent pod runs');
+    const mount = (agentPod.spec.containers[0].volumeMounts as any[]).find((m) => m.mountPath === c.binDir);
+    assert.ok(mount?.readOnly, `the plugin folder ${c.binDir} mounted read-only (${JSON.stringify(mount)})`);
+    const configured = readPodLogDir(podLogDir(podLogsDir(), agentPod)).lines.find((l) => l.msg === 'credential provider plugins configured') as any;
+    assert.ok(configured, 'the agent read the credential provider config at start');
+    assert.equal(configured.config, c.configPath);
+    assert.deepEqual(configured.providers.map((p: any) => p.name), [TEST_PLUGIN_NAME]);
+
+    // The kubelet: a pod of a private image, no pull secret anywhere.
+    const t0 = Date.now();
+    const pod = workloadPod('private-workload', images.privatePod.ref);
+    await n().api.create('/api/v1/namespaces/default/pods', pod);
+    await until('the private image\'s pod Running', 120_000, async () => (await podState('default', 'private-workload')).running, context);
+    const privatePodRunningSeconds = sec(Date.now() - t0);
+    const created = (await podState('default', 'private-workload')).pod;
+    assert.equal(created.spec.imagePullSecrets, undefined, 'the pod names no pull secret');
+    const sa = await n().api.get('/api/v1/namespaces/default/serviceaccounts/default');
+    assert.equal(sa.imagePullSecrets, undefined, 'nor does its service account');
+    const podEvents = (await n().api.get('/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3Dprivate-workload')).items as any[];
+    assert.ok(podEvents.some((e) => e.reason === 'Pulled' && /Successfully pulled image/.test(e.message)), `the kubelet pulled it (${podEvents.map((e) => e.message).join(' | ')})`);
+    const kubeletExecs = await readPluginLog(c.kubeletExecLog);
+    assert.ok(kubeletExecs.length >= 1, 'the kubelet ran the plugin');
+    for (const e of kubeletExecs) {
+      assert.match(e.request.image ?? '', new RegExp(`^${`${c.pluginHost}/${images.privatePod.repo}`.replace(/\./g, '\\.')}(@sha256:[0-9a-f]{64})?$`), 'the kubelet asked for the pod\'s image');
+      assert.equal(e.request.apiVersion, 'credentialprovider.kubelet.k8s.io/v1');
+      assert.deepEqual(e.args, PLUGIN_ARGS, 'with the config\'s args');
+      assert.equal(e.env.TEST_PLUGIN_CACHE_KEY_TYPE, 'Registry', 'and the config\'s env');
+    }
+    t.diagnostic(`private-workload Running ${privatePodRunningSeconds} s after creation; the kubelet's plugin execs: ${kubeletExecs.length} (${kubeletExecs.map((e) => e.request.image).join(', ')})`);
+
+    // The agent: a set of private images, with the same plugin in its pod.
+    const execsBefore = await agentPluginExecs();
+    const pullsBefore = (await agentPulls()).success ?? 0;
+    const privateSet = await createSetsUntilReady({ private: { refs: [images.privateA.ref, images.privateB.ref] } });
+    const execsAfter = await agentPluginExecs();
+    assert.ok(execsAfter.execs > execsBefore.execs, `the agent ran the plugin (${JSON.stringify(execsBefore)} -> ${JSON.stringify(execsAfter)})`);
+    assert.equal(execsAfter.errors, execsBefore.errors, 'and it never failed');
+    assert.equal((await agentPulls()).success! - pullsBefore, 2, 'the agent pulled both images');
+    // Not the kubelet: its execs (the only ones with its environment's exec log) asked for the pod's image alone.
+    assert.equal((await readPluginLog(c.kubeletExecLog)).length, kubeletExecs.length, 'the kubelet ran the plugin no more');
+    t.diagnostic(`set of private images created -> pinned ${JSON.stringify(privateSet.pinned)} s, -> Ready ${JSON.stringify(privateSet.ready)} s${privateSet.statusReady ? `, -> its status Ready ${JSON.stringify(privateSet.statusReady)} s` : ''}; the agent's plugin execs: ${execsAfter.execs - execsBefore.execs}, failed: ${execsAfter.errors - execsBefore.errors}`);
+
+    // A pull secret in the agents' namespace: the only credential for its registry.
+    await n().api.create(`/api/v1/namespaces/${AGENT_NAMESPACE}/secrets`, c.pullSecret);
+    const secretSet = await createSetsUntilReady({ 'private-pull-secret': { refs: [images.secretA.ref], pullSecrets: [PULL_SECRET_NAME] } });
+    assert.equal((await agentPluginExecs()).execs, execsAfter.execs, `the plugin was not asked for ${c.secretHost} (its matchImages do not match it)`);
+    t.diagnostic(`set naming the pull secret created -> pinned ${JSON.stringify(secretSet.pinned)} s, -> Ready ${JSON.stringify(secretSet.ready)} s${secretSet.statusReady ? `, -> its status Ready ${JSON.stringify(secretSet.statusReady)} s` : ''}`);
+
+    // The agent's RBAC for Secrets, as the API server decides it.
+    const as = ['--as', `system:serviceaccount:${AGENT_NAMESPACE}:pinset-agent`];
+    const rbac: Record<string, string> = {};
+    for (const [what, args] of Object.entries({
+      'get secrets -n pinset-system': ['get', 'secrets', '-n', AGENT_NAMESPACE],
+      'list secrets -n pinset-system': ['list', 'secrets', '-n', AGENT_NAMESPACE],
+      'watch secrets -n pinset-system': ['watch', 'secrets', '-n', AGENT_NAMESPACE],
+      'get secrets --all-namespaces': ['get', 'secrets', '--all-namespaces'],
+      'get secrets -n default': ['get', 'secrets', '-n', 'default'],
+      'get secrets -n kube-system': ['get', 'secrets', '-n', 'kube-system'],
+      'create secrets -n pinset-system': ['create', 'secrets', '-n', AGENT_NAMESPACE],
+    })) rbac[what] = await canI([...args, ...as]);
+    t.diagnostic(`kubectl auth can-i ... ${as.join(' ')}: ${JSON.stringify(rbac)}`);
+    assert.deepEqual(rbac, {
+      'get secrets -n pinset-system': 'yes',
+      'list secrets -n pinset-system': 'yes',
+      'watch secrets -n pinset-system': 'yes',
+      'get secrets --all-namespaces': 'no',
+      'get secrets -n default': 'no',
+      'get secrets -n kube-system': 'no',
+      'create secrets -n pinset-system': 'no',
+    });
+
+    const found = await credentialFindings();
+    assert.deepEqual(found.findings, [], 'no credential in the pods\' logs, the Node, the Events or the sets');
+    t.diagnostic(`no credential in ${found.logFiles} container log file(s), the Node, the Events or the sets; the kubelet's and ${runtimeLabel}'s own logs: ${JSON.stringify(credentialsInNodeLogs())}`);
+    figures.credentials = {
+      runtimeAloneRefused: refusals.length,
+      privatePodCreatedToRunningSeconds: privatePodRunningSeconds,
+      kubeletPluginExecs: kubeletExecs.length,
+      privateSetCreatedToPinnedSeconds: privateSet.pinned.private,
+      privateSetCreatedToReadySeconds: privateSet.ready.private,
+      ...(privateSet.statusReady ? { privateSetCreatedToStatusReadySeconds: privateSet.statusReady.private } : {}),
+      agentPluginExecs: execsAfter.execs - execsBefore.execs,
+      agentPluginErrors: execsAfter.errors - execsBefore.errors,
+      pullSecretSetCreatedToPinnedSeconds: secretSet.pinned['private-pull-secret'],
+      pullSecretSetCreatedToReadySeconds: secretSet.ready['private-pull-secret'],
+      credentialFindings: 0,
+    };
   });
 
   test('an upgrade: the DaemonSet rolled to a second build with the registry stopped; every pin held at every instant, nothing pulled, the node lock taken within the grace period', async (t) => {
@@ -452,13 +645,14 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
     t.diagnostic(`GC pass ${pass.secondsAfterKubeletStart} s after the kubelet started: removed ${JSON.stringify(pass.removed)}, skipped as pinned ${JSON.stringify(pass.pinnedSkipped)}`);
     assert.ok(pass.ok, `the pass failed: ${pass.line}`);
     await until('the unpinned image removed', 30_000, async () => (await n().cri.imageStatus(images.unpinned.ref)) === null, context);
-    const kept = [images.pinnedA, images.pinnedB, images.retired, images.handPinned, images.pinset];
+    // The private sets' images among them: pulled with the plugin's credential and a pull secret.
+    const kept = [images.pinnedA, images.pinnedB, images.retired, images.handPinned, images.pinset, images.privateA, images.privateB, images.secretA];
     for (const img of kept) assert.equal(await pinned(img.ref), true, `${img.ref} still present and pinned`);
     const keptIds = kept.map((i) => i.id);
     assert.deepEqual(pass.removed.filter((id) => keptIds.includes(id)), [], 'no pinned image removed');
     assert.ok(pass.removed.includes(images.unpinned.id), `the kubelet removed the unpinned image (${images.unpinned.id})`);
     // pinset's previous build: pinned, no longer in use, not collected.
-    for (const id of [images.pinnedA, images.pinnedB, images.retired, images.handPinned, images.pinset].map((i) => i.id)) assert.ok(pass.pinnedSkipped.includes(id), `the kubelet skipped ${id} as pinned`);
+    for (const id of keptIds) assert.ok(pass.pinnedSkipped.includes(id), `the kubelet skipped ${id} as pinned`);
     figures.firstGcPass = { secondsAfterKubeletStart: pass.secondsAfterKubeletStart, removed: pass.removed.length, pinnedRemoved: 0, pinnedSkipped: pass.pinnedSkipped.length };
   });
 
@@ -491,12 +685,12 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
     assert.ok(pass.ok, `the pass failed: ${pass.line}`);
     await until('the deleted set\'s image removed', 30_000, async () => (await n().cri.imageStatus(images.retired.ref)) === null, context);
     assert.ok(pass.removed.includes(images.retired.id), 'the kubelet removed the deleted set\'s image');
-    for (const img of [images.pinnedA, images.pinnedB, images.handPinned, images.pinset]) {
+    for (const img of [images.pinnedA, images.pinnedB, images.handPinned, images.pinset, images.privateA, images.privateB, images.secretA]) {
       assert.equal(await pinned(img.ref), true, `${img.ref} pinned after the pass`);
       assert.ok(!pass.removed.includes(img.id), `${img.ref} not removed`);
     }
     const status = (await nodeStatus()).status!;
-    assert.equal(status.sets.find((s) => s.name === 'workloads')?.phase, 'Ready');
+    for (const name of ['workloads', 'private', 'private-pull-secret']) assert.equal(status.sets.find((s) => s.name === name)?.phase, 'Ready', name);
     figures.secondGcPass = { secondsAfterKubeletStart: pass.secondsAfterKubeletStart, removed: pass.removed.length, pinnedRemoved: 0, pinnedSkipped: pass.pinnedSkipped.length };
     figures.pinnedUnusedImageSurvivedGcPasses = 2;
   });
@@ -542,6 +736,7 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
     await until('the new agent unpins the deleted set\'s images', 60_000, async () => (await pinned(images.pinnedA.ref)) === false && (await pinned(images.pinnedB.ref)) === false, context);
     assert.equal(await pinned(images.handPinned.ref), true, 'the hand pin stays');
     assert.equal(await pinned(images.pinset.ref), true, 'the release set stays pinned');
+    for (const img of [images.privateA, images.privateB, images.secretA]) assert.equal(await pinned(img.ref), true, `${img.ref}: the private sets stay pinned`);
     figures.sigkill = {
       samples: r.samples.samples,
       lowestPinned: `${r.samples.lowestPinned}/${r.samples.expected}`,
@@ -550,5 +745,13 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
       deletedSetUnpinnedByNewAgentSeconds: sec(Date.now() - t0),
     };
     t.diagnostic(`SIGKILL: ${JSON.stringify(figures.sigkill)}`);
+  });
+
+  test('after the whole run (two agents replaced, a crash, the GC passes): no registry credential in the pods\' logs, the Node, the Events or the sets', async (t) => {
+    const found = await credentialFindings();
+    assert.deepEqual(found.findings, []);
+    const nodeLogs = credentialsInNodeLogs();
+    t.diagnostic(`searched ${found.logFiles} container log file(s), the Node, every Event and every set: none; the kubelet's and ${runtimeLabel}'s own logs: ${JSON.stringify(nodeLogs)}`);
+    figures.credentialsAtEnd = { findings: found.findings.length, logFiles: found.logFiles, inNodeLogs: nodeLogs.length };
   });
 });

@@ -1,7 +1,8 @@
 // The test credential provider plugin (./test-credential-provider.mjs)
 // installed as a kubelet would find it, `<bin-dir>/<name>`, with a shebang
-// naming this Node.js, and the CredentialProviderConfig that points at it.
-// The same files serve `pinset agent` and a real kubelet.
+// naming this Node.js (or, for a plugin that must also run in pinset's
+// image, `/usr/bin/env node`), and the CredentialProviderConfig that points
+// at it. The same files serve `pinset agent` and a real kubelet.
 import { readdirSync, readFileSync } from 'node:fs';
 import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
@@ -10,11 +11,16 @@ import { stringify as dumpYaml } from 'yaml';
 export const TEST_PLUGIN_SOURCE = path.join(import.meta.dirname, 'test-credential-provider.mjs');
 export const TEST_PLUGIN_NAME = 'test-credential-provider';
 
-/** Writes `<binDir>/<name>`, executable; resolves to its path. */
-export async function installTestPlugin(binDir: string, name = TEST_PLUGIN_NAME): Promise<string> {
+/**
+ * Writes `<binDir>/<name>`, executable; resolves to its path. `interpreter`
+ * is its shebang's command: this Node.js by default; `/usr/bin/env node`
+ * runs the `node` on the PATH of whoever execs the plugin (one that detects
+ * ES module syntax, 20.19 or 22.7 and later: the file has no .mjs name).
+ */
+export async function installTestPlugin(binDir: string, name = TEST_PLUGIN_NAME, interpreter = process.execPath): Promise<string> {
   await mkdir(binDir, { recursive: true });
   const file = path.join(binDir, name);
-  await writeFile(file, `#!${process.execPath}\n${await readFile(TEST_PLUGIN_SOURCE, 'utf8')}`);
+  await writeFile(file, `#!${interpreter}\n${await readFile(TEST_PLUGIN_SOURCE, 'utf8')}`);
   await chmod(file, 0o755);
   return file;
 }

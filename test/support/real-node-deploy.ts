@@ -1,8 +1,9 @@
 // pinset's install on the node suite's bed (./real-node.ts), as an operator
 // makes it: `kubectl apply --server-side -k` of a kustomization over deploy/
-// (CRI-O) or deploy/containerd/, with the image replaced by the one built
-// here. The kustomization also carries what differs on this bed, as one JSON
-// patch per workload, and only that:
+// (CRI-O) or deploy/containerd/, with kustomize components added (the
+// credential provider one of deploy/credential-providers/) and the image
+// replaced by the one built here. The kustomization also carries what
+// differs on this bed, as one JSON patch per workload, and only that:
 //  - the DaemonSet's hostPath volumes point at the same paths under the
 //    bed's host root;
 //  - the API server is on loopback, with no kube-proxy to answer for the
@@ -60,14 +61,27 @@ function containerOps(c: any, at: string, metricsEnv: string, port: number, apiS
 }
 
 /**
- * A kustomization in `dir` over deploy/`subdir` with the image replaced by
- * `image` (a digest reference) and the bed's differences patched in.
- * `render` runs `kubectl kustomize` (the base is read as kubectl renders it).
+ * A kustomization in `dir` over deploy/`subdir` with the kustomize
+ * `components` (folders) added, the image replaced by `image` (a digest
+ * reference) and the bed's differences patched in. `render` runs `kubectl
+ * kustomize`: the install is read as kubectl renders it, components
+ * included, and the bed's patches (applied after the components) are made
+ * from that.
  */
-export async function writeDeployOverlay(dir: string, o: { subdir: '' | 'containerd'; image: NodeImage; bed: BedSpecifics; render: (dir: string) => Promise<string> }): Promise<string> {
+export async function writeDeployOverlay(dir: string, o: { subdir: '' | 'containerd'; components?: string[]; image: NodeImage; bed: BedSpecifics; render: (dir: string) => Promise<string> }): Promise<string> {
   await mkdir(dir, { recursive: true });
   const base = join(DEPLOY_DIR, o.subdir);
-  const objects = parseAllDocuments(await o.render(base)).map((d) => d.toJS() as any);
+  const [name, digest] = o.image.ref.split('@');
+  const install = {
+    apiVersion: 'kustomize.config.k8s.io/v1beta1',
+    kind: 'Kustomization',
+    // kustomize takes bases and components by relative path only.
+    resources: [relative(dir, base)],
+    ...(o.components?.length ? { components: o.components.map((c) => relative(dir, c)) } : {}),
+    images: [{ name: 'ghcr.io/pinset/pinset', newName: name, digest }],
+  };
+  await writeFile(join(dir, 'kustomization.yaml'), JSON.stringify(install, null, 2));
+  const objects = parseAllDocuments(await o.render(dir)).map((d) => d.toJS() as any);
   const ds = objects.find((x) => x?.kind === 'DaemonSet' && x.metadata?.name === 'pinset-agent');
   const deploy = objects.find((x) => x?.kind === 'Deployment' && x.metadata?.name === 'pinset-controller');
   if (!ds || !deploy) throw new Error(`${base} renders no DaemonSet pinset-agent or no Deployment pinset-controller`);
@@ -89,13 +103,8 @@ export async function writeDeployOverlay(dir: string, o: { subdir: '' | 'contain
 
   await writeFile(join(dir, 'bed-agent.json'), JSON.stringify(dsOps, null, 2));
   await writeFile(join(dir, 'bed-controller.json'), JSON.stringify(deployOps, null, 2));
-  const [name, digest] = o.image.ref.split('@');
   const kustomization = {
-    apiVersion: 'kustomize.config.k8s.io/v1beta1',
-    kind: 'Kustomization',
-    // kustomize takes bases by relative path only.
-    resources: [relative(dir, base)],
-    images: [{ name: 'ghcr.io/pinset/pinset', newName: name, digest }],
+    ...install,
     patches: [
       { path: 'bed-agent.json', target: { kind: 'DaemonSet', name: 'pinset-agent' } },
       { path: 'bed-controller.json', target: { kind: 'Deployment', name: 'pinset-controller' } },

@@ -4,14 +4,15 @@
 // configuration with its own label: another image ID, another digest), and
 // workload images made from its layers with a long-running command and one
 // layer of their own, so each has its own image ID and runs as a pod (or as
-// containerd's pod sandbox).
+// containerd's pod sandbox), and small images of one layer. Pushes to an
+// authenticated registry carry its credentials.
 import { execFile } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { fetch } from 'undici';
-import { layerOf, MEDIA_TYPES, pushManifest, sha256, type Blob } from './images.ts';
+import { layerOf, MEDIA_TYPES, pushManifest, pushSingleLayer, sha256, type Blob } from './images.ts';
 import type { Registry } from './registry.ts';
 
 const run = promisify(execFile);
@@ -62,10 +63,17 @@ export async function pushPinsetImage(skopeo: string, registry: Registry, layout
   return { ref: `${REGISTRY_NAME}/${repo}@${oci.manifest.digest}`, repo, digest: oci.manifest.digest, id: oci.manifest.body.config.digest.replace(/^sha256:/, '') };
 }
 
+/** The registry's Authorization header (an authenticated registry), with `extra`. */
+function headers(registry: Registry, extra: Record<string, string> = {}): Record<string, string> {
+  const auth = registry.authorization();
+  return auth ? { ...extra, authorization: auth } : extra;
+}
+
 async function mountOrPush(registry: Registry, repo: string, from: string, blob: { digest: string; data: () => Promise<Buffer> }): Promise<void> {
-  const head = await fetch(`${registry.url}/v2/${repo}/blobs/${blob.digest}`, { method: 'HEAD' });
+  const head = await fetch(`${registry.url}/v2/${repo}/blobs/${blob.digest}`, { method: 'HEAD', headers: headers(registry) });
   if (head.ok) return;
-  const mount = await fetch(`${registry.url}/v2/${repo}/blobs/uploads/?mount=${blob.digest}&from=${from}`, { method: 'POST' });
+  // A repository `from` that does not hold the blob (or does not exist) answers 202: an upload.
+  const mount = await fetch(`${registry.url}/v2/${repo}/blobs/uploads/?mount=${blob.digest}&from=${from}`, { method: 'POST', headers: headers(registry) });
   await mount.body?.cancel();
   if (mount.status === 201) return;
   const location = mount.headers.get('location');
@@ -73,17 +81,19 @@ async function mountOrPush(registry: Registry, repo: string, from: string, blob:
   const url = new URL(location, registry.url);
   url.searchParams.set('digest', blob.digest);
   const data = await blob.data();
-  const put = await fetch(url, { method: 'PUT', headers: { 'content-type': 'application/octet-stream', 'content-length': String(data.length) }, body: data });
+  const put = await fetch(url, { method: 'PUT', headers: headers(registry, { 'content-type': 'application/octet-stream', 'content-length': String(data.length) }), body: data });
   await put.body?.cancel();
   if (put.status !== 201) throw new Error(`registry: upload of ${blob.digest} to ${repo} answered ${put.status}`);
 }
 
 /**
- * A workload image named `name`: the pinset image's layers (mounted from its
- * repository, not uploaded again) plus one small layer of its own, running
- * `node -e 'setInterval(...)'` until stopped.
+ * A workload image named `name`: the pinset image's layers (mounted from the
+ * repository `layersFrom` when it holds them, else uploaded) plus one small
+ * layer of its own, running `node -e 'setInterval(...)'` until stopped.
+ * `host` is the registry name its reference uses.
  */
-export async function pushWorkloadImage(registry: Registry, layout: { dir: string; tag: string }, name: string): Promise<NodeImage> {
+export async function pushWorkloadImage(registry: Registry, layout: { dir: string; tag: string }, name: string, opts: { host?: string; layersFrom?: string } = {}): Promise<NodeImage> {
+  const from = opts.layersFrom ?? 'pinset/pinset';
   const oci = await readLayout(layout.dir, layout.tag);
   const repo = `node-suite/${name}`;
   const own = layerOf([{ name: `pinset-node-suite/${name}`, data: Buffer.from(`${name}\n`) }]);
@@ -99,9 +109,9 @@ export async function pushWorkloadImage(registry: Registry, layout: { dir: strin
     return { digest: sha256(data), mediaType: MEDIA_TYPES.config, data };
   })();
   for (const layer of oci.manifest.body.layers as Array<{ digest: string }>) {
-    await mountOrPush(registry, repo, 'pinset/pinset', { digest: layer.digest, data: () => readFile(join(layout.dir, 'blobs', ...layer.digest.split(':'))) });
+    await mountOrPush(registry, repo, from, { digest: layer.digest, data: () => readFile(join(layout.dir, 'blobs', ...layer.digest.split(':'))) });
   }
-  for (const blob of [own, config]) await mountOrPush(registry, repo, 'pinset/pinset', { digest: blob.digest, data: async () => blob.data });
+  for (const blob of [own, config]) await mountOrPush(registry, repo, from, { digest: blob.digest, data: async () => blob.data });
   const manifestData = Buffer.from(
     JSON.stringify({
       schemaVersion: 2,
@@ -112,7 +122,13 @@ export async function pushWorkloadImage(registry: Registry, layout: { dir: strin
   );
   const manifest: Blob = { digest: sha256(manifestData), mediaType: MEDIA_TYPES.manifest, data: manifestData };
   await pushManifest(registry, repo, manifest);
-  return { ref: `${REGISTRY_NAME}/${repo}@${manifest.digest}`, repo, digest: manifest.digest, id: config.digest.replace(/^sha256:/, '') };
+  return { ref: `${opts.host ?? REGISTRY_NAME}/${repo}@${manifest.digest}`, repo, digest: manifest.digest, id: config.digest.replace(/^sha256:/, '') };
+}
+
+/** A one-layer image of its own (./images.ts pushSingleLayer) under the registry name `host`, as a NodeImage. */
+export async function pushSmallImage(registry: Registry, name: string, host: string): Promise<NodeImage> {
+  const img = await pushSingleLayer(registry, `node-suite/${name}`, { host });
+  return { ref: img.ref, repo: img.repo, digest: img.digest, id: img.id.replace(/^sha256:/, '') };
 }
 
 

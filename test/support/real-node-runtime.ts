@@ -88,6 +88,8 @@ export interface NodeRuntime {
   /** Stops the runtime and whatever it started for containers. */
   stop(): Promise<void>;
   logTail(lines?: number): string;
+  /** Every log file the runtime wrote in this bed (every start of it). */
+  logFiles(): string[];
   /** Writes the CNI network the runtime loads (it watches the folder). */
   installNetwork(): Promise<void>;
   /** Pins `ref` as an administrator would, outside pinset. */
@@ -210,6 +212,10 @@ export class CrioNodeRuntime implements NodeRuntime {
     return this.crio.log().split('\n').slice(-lines).join('\n');
   }
 
+  logFiles(): string[] {
+    return readdirSync(this.crio.dir).filter((f) => /^crio-\d+\.log$/.test(f)).map((f) => join(this.crio.dir, f));
+  }
+
   async installNetwork(): Promise<void> {
     await writeNetwork(this.#cniConfDir, join(this.#state, 'cni-ipam'));
   }
@@ -290,10 +296,14 @@ export class ContainerdNodeRuntime implements NodeRuntime {
 
   async #configure(): Promise<void> {
     const host = (p: string) => join(this.#hostRoot, p);
-    const certsDir = join(this.#dir, 'certs.d');
+    // containerd's registry hosts at the node's usual path, which
+    // deploy/containerd mounts into the agent's pod: its size estimate reads
+    // the same hosts.toml files containerd pulls through.
+    const certsDir = host('etc/containerd/certs.d');
     for (const d of [this.#dir, certsDir, this.#cniConfDir, join(this.#dir, 'opt'), host('var/lib/containerd'), host('run/containerd')]) await mkdir(d, { recursive: true });
     for (const [name, location] of Object.entries(this.#registries)) {
       await mkdir(join(certsDir, name), { recursive: true });
+      // No credential in it: a private registry's come from the pull's own (CRI AuthConfig).
       const url = `http://${location}`;
       await writeFile(join(certsDir, name, 'hosts.toml'), toToml({ server: url, host: { [url]: { capabilities: ['pull', 'resolve'] } } }));
     }
@@ -354,6 +364,10 @@ export class ContainerdNodeRuntime implements NodeRuntime {
 
   logTail(lines = 10): string {
     return this.#proc?.logTail(lines) ?? '';
+  }
+
+  logFiles(): string[] {
+    return [join(this.#dir, 'containerd.log')];
   }
 
   async installNetwork(): Promise<void> {

@@ -4,16 +4,20 @@
 // a container runtime (./real-node-runtime.ts: CRI-O from PINSET_CRIO_BIN,
 // or containerd), Kubernetes' own controllers when given
 // (./real-node-controllers.ts: kube-controller-manager and kube-scheduler),
-// and a loopback registry. Nothing here builds any of them; it only runs
-// binaries it is given, each stopped by its own PID.
+// a loopback registry, and the two private registries and the kubelet's
+// credential provider plugin of ./real-node-credentials.ts. Nothing here
+// builds any of them; it only runs binaries it is given, each stopped by its
+// own PID.
 //
 // The node's files sit under a "host root" in a temporary folder, at their
 // usual paths: <root>/etc/crio/crio.conf(.d), <root>/var/run/crio/crio.sock,
 // <root>/var/lib/containers/storage, <root>/run/dbus/system_bus_socket (on
 // CRI-O), <root>/run/containerd/containerd.sock, <root>/var/lib/containerd,
-// <root>/var/lib/pinset (on containerd), <root>/var/lib/kubelet (the
-// kubelet's --root-dir, with config.json), <root>/etc/containers,
-// <root>/etc/pinset/sets.d. The DaemonSet's hostPath volumes point there
+// <root>/etc/containerd/certs.d, <root>/var/lib/pinset (on containerd),
+// <root>/var/lib/kubelet (the kubelet's --root-dir, with config.json),
+// <root>/etc/containers, <root>/etc/pinset/sets.d, and the credential
+// provider folder <root>/etc/eks/image-credential-provider. The DaemonSet's
+// hostPath volumes point there
 // (./real-node-deploy.ts): the container sees exactly the mounts the shipped
 // DaemonSet gives it.
 //
@@ -37,6 +41,7 @@ import { CriClient } from './containerd.ts';
 import { pushSingleLayer } from './images.ts';
 import { makeKubePki, writeKubeconfig, type KubePki } from './kube-pki.ts';
 import { controllerBins, startControllers, type ControllerBins, type RunningControllers } from './real-node-controllers.ts';
+import { PLUGIN_REGISTRY, SECRET_REGISTRY, startNodeCredentials, type NodeCredentials } from './real-node-credentials.ts';
 import { imageLayout, pushWorkloadImage, REGISTRY_NAME } from './real-node-images.ts';
 import { containerdBinaryFor, ContainerdNodeRuntime, CrioNodeRuntime, runtimeMissing, type NodeRuntime, type RuntimeName } from './real-node-runtime.ts';
 import { freePort, Registry } from './registry.ts';
@@ -295,6 +300,8 @@ export interface RealNode {
   kubeconfig: string;
   apiServerPort: number;
   registry: Registry;
+  /** The private registries, the credential provider plugin the kubelet and the agent share, the pull secret. */
+  credentials: NodeCredentials;
   runtime: NodeRuntime;
   /** A CRI client on the runtime's socket, the suite's own view of the runtime. */
   cri: CriClient;
@@ -345,7 +352,9 @@ export async function startRealNode(bins: NodeBins, runtimeName: RuntimeName): P
     // DaemonSet's HostToContainer mounts need a shared or slave source.
     await run('mount', ['--bind', hostRoot, hostRoot]);
     await run('mount', ['--make-rshared', hostRoot]);
-    // No registry credentials on this node; the kubelet and the agent read the same file.
+    // No registry credentials in the node's auth file; the kubelet and the
+    // agent read the same file. Private registries' credentials come from the
+    // credential provider plugin and a pull secret only.
     await writeFile(host('var/lib/kubelet/config.json'), '{"auths": {}}\n');
 
     const hostState = await saveHostState(runtimeName, host('var/run/crio/crio.sock'));
@@ -400,10 +409,14 @@ export async function startRealNode(bins: NodeBins, runtimeName: RuntimeName): P
     const kubeconfig = await writeKubeconfig(join(state, 'admin.kubeconfig'), server, pki.ca.cert, pki.admin, 'admin');
     const kubeletKubeconfig = await writeKubeconfig(join(state, 'kubelet.kubeconfig'), server, pki.ca.cert, pki.kubelet, `system:node:${NODE_NAME}`);
 
-    // The loopback registry, mapped as registry.test in the runtime's configuration and the agent's registries.conf.
+    // The loopback registry, mapped as registry.test in the runtime's
+    // configuration (which the agent reads too, for its size estimate), and
+    // the private ones, mapped without any credential.
     const registry = await Registry.start();
     cleanups.push({ what: 'stop the registry', run: () => registry.stop() });
-    const registries = { [REGISTRY_NAME]: registry.host };
+    const credentials = await startNodeCredentials(hostRoot, state, runtimeName);
+    cleanups.push({ what: 'stop the private registries', run: () => credentials.stop() });
+    const registries = { [REGISTRY_NAME]: registry.host, [PLUGIN_REGISTRY]: credentials.pluginRegistry.host, [SECRET_REGISTRY]: credentials.secretRegistry.host };
 
     let runtime: NodeRuntime;
     if (runtimeName === 'crio') {
@@ -416,8 +429,6 @@ export async function startRealNode(bins: NodeBins, runtimeName: RuntimeName): P
       // containerd runs every pod sandbox's container: its image must run.
       const pause = await pushWorkloadImage(registry, imageLayout(), 'pause');
       runtime = new ContainerdNodeRuntime({ bin: containerdBinaryFor()!, hostRoot, state, registries, sandboxImage: pause.ref });
-      // The agent's registries.conf (for its size estimate) maps the name as containerd's certs.d does.
-      await writeFile(host('etc/containers/registries.conf'), `[[registry]]\nprefix = "${REGISTRY_NAME}"\nlocation = "${registry.host}"\ninsecure = true\n`);
     }
     cleanups.push({ what: `stop ${runtime.name} and what it started`, run: () => runtime.stop() });
     await runtime.start();
@@ -469,6 +480,8 @@ export async function startRealNode(bins: NodeBins, runtimeName: RuntimeName): P
       '--v', '2',
       // Image GC's decisions (pinned, removed) and each pass's end.
       '--vmodule', 'image_gc_manager=5,kubelet=4',
+      // The credential provider plugin the agent's pod mounts, the same files.
+      ...credentials.kubeletArgs,
     ];
     const kubeletLogFile = join(state, 'kubelet.log');
     const node: RealNode = {
@@ -480,6 +493,7 @@ export async function startRealNode(bins: NodeBins, runtimeName: RuntimeName): P
       kubeconfig,
       apiServerPort,
       registry,
+      credentials,
       runtime,
       cri,
       controllers,
@@ -491,7 +505,7 @@ export async function startRealNode(bins: NodeBins, runtimeName: RuntimeName): P
       stopKubelet: () => node.kubelet.stop(15_000),
       startKubelet: async () => {
         node.kubeletStartedAt = Date.now();
-        node.kubelet = new ServerProcess('kubelet', bins.kubelet, kubeletArgs, kubeletLogFile);
+        node.kubelet = new ServerProcess('kubelet', bins.kubelet, kubeletArgs, kubeletLogFile, { ...process.env, ...credentials.kubeletEnv });
         await waitUntilServing(node.kubelet, async () => (await api.find(`/api/v1/nodes/${NODE_NAME}`)) !== null, 60_000);
       },
       kubectl: async (args) => (await run(bins.kubectl, ['--kubeconfig', kubeconfig, ...args], { maxBuffer: 16 << 20 })).stdout,
