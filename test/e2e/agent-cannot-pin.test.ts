@@ -9,16 +9,16 @@
 // pre-loads, which `pinset status` shows.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
-import { stringify as dumpYaml } from 'yaml';
 import { parseNodeStatus } from '../../src/api/node-status.ts';
 import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus, type PinnedImageSet } from '../../src/api/types.ts';
 import { ApiServer } from '../support/apiserver.ts';
 import { argvFor, bundledCli, runAgentOnce, type OnceResult } from '../support/agent-process.ts';
+import { staticNode } from '../support/static-node.ts';
 import { missingComponents, requireComponents, type ComponentName } from '../support/components.ts';
 import { Containerd, containerdComponent, CriClient } from '../support/containerd.ts';
 import { pushMultiArch, pushRandom, pushSingleLayer, unknownRef, type PushedImage } from '../support/images.ts';
@@ -75,21 +75,8 @@ describe('pinset agent on containerd 1.6.20, which cannot pin', () => {
 
   /** A node of its own: a static folder, no CRI-O folder, no credentials; the size estimate reads containerd's own registry hosts. */
   async function node(name: string) {
-    const dir = path.join(work, name);
-    const staticDir = path.join(dir, 'sets.d');
-    await mkdir(staticDir, { recursive: true });
-    const flags = [
-      '--node-name', name,
-      '--static-dir', staticDir,
-      '--cri-endpoint', containerd.endpoint,
-      '--crio-dropin-dir', path.join(dir, 'no-crio', 'crio.conf.d'),
-      '--state-dir', path.join(dir, 'state'),
-      '--auth-file', path.join(dir, 'none.json'),
-      '--containerd-hosts-dir', containerd.certsDir,
-      '--metrics-addr', '',
-    ];
-    const writeSets = (...sets: PinnedImageSet[]) => writeFile(path.join(staticDir, 'sets.yaml'), sets.map((s) => dumpYaml(s)).join('---\n'));
-    return { dir, flags, writeSets, run: (extra: string[] = []) => runAgentOnce([...flags, ...extra], { cli }) };
+    const n = await staticNode(path.join(work, name), name, containerd.endpoint, { extra: ['--containerd-hosts-dir', containerd.certsDir] });
+    return { ...n, run: (extra: string[] = []) => runAgentOnce([...n.flags, ...extra], { cli }) };
   }
 
   async function held(img: PushedImage): Promise<boolean> {

@@ -5,11 +5,10 @@
 // Debian 12's containerd 1.6.20, which never reports pins, the images are
 // pre-loaded and every set says plainly that nothing pins them.
 import assert from 'node:assert/strict';
-import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { stringify as dumpYaml } from 'yaml';
 import type { PinnedImageSet } from '../../src/api/types.ts';
 import { ContainerdImages } from '../../src/containerd/images.ts';
 import { OWN_LABEL, PIN_LABEL } from '../../src/containerd/label-pins.ts';
@@ -18,6 +17,7 @@ import { Containerd, containerdComponent, CriClient } from '../support/container
 import { pushSingleLayer, type PushedImage } from '../support/images.ts';
 import { Registry } from '../support/registry.ts';
 import { bundledCli, runAgentOnce } from '../support/agent-process.ts';
+import { staticNode } from '../support/static-node.ts';
 
 const NEEDS_17: ComponentName[] = [containerdComponent('1.7'), 'runc', 'docker-registry'];
 const NEEDS_16: ComponentName[] = [containerdComponent('1.6'), 'runc', 'docker-registry'];
@@ -43,20 +43,8 @@ describe('pinset agent on containerd, --pin-backend auto', () => {
 
   /** A node of its own: a static folder, no CRI-O folder, a state folder for the lock. */
   async function node(name: string, containerd: Containerd) {
-    const dir = path.join(work, name);
-    const staticDir = path.join(dir, 'sets.d');
-    await mkdir(staticDir, { recursive: true });
-    const flags = [
-      '--node-name', name,
-      '--static-dir', staticDir,
-      '--cri-endpoint', containerd.endpoint,
-      '--crio-dropin-dir', path.join(dir, 'no-crio', 'crio.conf.d'),
-      '--state-dir', path.join(dir, 'state'),
-      '--auth-file', path.join(dir, 'none.json'),
-      '--metrics-addr', '',
-    ];
-    const writeSets = (...sets: PinnedImageSet[]) => writeFile(path.join(staticDir, 'sets.yaml'), sets.map((s) => dumpYaml(s)).join('---\n'));
-    return { dir, flags, writeSets, run: () => runAgentOnce(flags, { cli }) };
+    const n = await staticNode(path.join(work, name), name, containerd.endpoint);
+    return { ...n, run: () => runAgentOnce(n.flags, { cli }) };
   }
 
   test('containerd 1.7.24: pinned through image labels, Ready once CRI reports pinned; a set removed unpins; a hand pin stays', async (t) => {

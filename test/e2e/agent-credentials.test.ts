@@ -14,7 +14,6 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, afterEach, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { stringify as dumpYaml } from 'yaml';
 import { parseNodeStatus } from '../../src/api/node-status.ts';
 import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus, type PinnedImageSet, type PinnedImageSetSpec } from '../../src/api/types.ts';
 import { ApiServer, type KubeObject } from '../support/apiserver.ts';
@@ -24,6 +23,7 @@ import { alive, controlPlugin, groupMembers, installTestPlugin, readPluginLog, w
 import { pushSingleLayer, type PushedImage } from '../support/images.ts';
 import { Registry } from '../support/registry.ts';
 import { AgentProcess, bundledCli, eventually, runAgentOnce } from '../support/agent-process.ts';
+import { staticNode } from '../support/static-node.ts';
 
 const NEEDS: ComponentName[] = [containerdComponent('1.7'), 'runc', 'docker-registry', 'htpasswd'];
 const USER = 'robot';
@@ -80,25 +80,16 @@ describe('pinset agent: registry credentials from credential provider plugins, t
   /** A node of its own (static folder, state, auth file), and the test plugin configured as a kubelet would have it. */
   async function node(opts: { provider?: Partial<ProviderEntry> & { env?: Record<string, string> }; auths?: Record<string, { auth: string }>; extra?: string[] } = {}) {
     const dir = path.join(work, `node-${++n}`);
-    const staticDir = path.join(dir, 'sets.d');
-    await mkdir(staticDir, { recursive: true });
+    await mkdir(dir, { recursive: true });
     const authFile = path.join(dir, 'config.json');
     await writeFile(authFile, JSON.stringify({ auths: opts.auths ?? {} }), { mode: 0o600 });
     const pluginLog = path.join(dir, 'plugin-execs.log');
     const control = path.join(dir, 'plugin-control.json');
-    const flags = [
-      '--node-name', `creds-${n}`,
-      '--static-dir', staticDir,
-      '--cri-endpoint', containerd.endpoint,
-      '--pin-backend', 'containerd',
-      '--crio-dropin-dir', path.join(dir, 'no-crio', 'crio.conf.d'),
-      '--state-dir', path.join(dir, 'state'),
-      '--auth-file', authFile,
-      '--metrics-addr', '',
+    const { flags, writeSets } = await staticNode(dir, `creds-${n}`, containerd.endpoint, {
+      authFile,
       // The disk estimate reaches registry.test as containerd does, through its hosts.toml, with the same credentials.
-      '--containerd-hosts-dir', containerd.certsDir,
-      ...(opts.extra ?? []),
-    ];
+      extra: ['--pin-backend', 'containerd', '--containerd-hosts-dir', containerd.certsDir, ...(opts.extra ?? [])],
+    });
     if (opts.provider) {
       const config = path.join(dir, 'credential-provider-config.yaml');
       const { env, ...entry } = opts.provider;
@@ -113,7 +104,7 @@ describe('pinset agent: registry credentials from credential provider plugins, t
     }
     return {
       flags,
-      writeSets: (...sets: PinnedImageSet[]) => writeFile(path.join(staticDir, 'sets.yaml'), sets.map((s) => dumpYaml(s)).join('---\n')),
+      writeSets,
       writeAuths: (auths: Record<string, { auth: string }>) => writeFile(authFile, JSON.stringify({ auths }), { mode: 0o600 }),
       execs: () => readPluginLog(pluginLog),
       control: (s: Record<string, string>) => controlPlugin(control, s),

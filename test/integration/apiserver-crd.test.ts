@@ -12,6 +12,7 @@ import http from 'node:http';
 import { describe, test, type TestContext } from 'node:test';
 import { API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, VERSION } from '../../src/api/types.ts';
 import { ApiServer, CRD_CLEANUP_FINALIZER, type ApiServerOptions, type KubeObject } from '../support/apiserver.ts';
+import { onLines } from '../support/lines.ts';
 
 const SETS = `/apis/${GROUP}/${VERSION}/${PLURAL}`;
 const CRDS = '/apis/apiextensions.k8s.io/v1/customresourcedefinitions';
@@ -46,19 +47,10 @@ function watch(server: ApiServer, path: string, probeCrd = false): Promise<Watch
     const endedP = new Promise<void>((r) => (ended = r));
     const req = http.get(`${server.url}${path}?watch=true&resourceVersion=${server.resourceVersion}`, (res) => {
       assert.equal(res.statusCode, 200);
-      res.setEncoding('utf8');
-      let partial = '';
-      res.on('data', (chunk: string) => {
-        partial += chunk;
-        let nl: number;
-        while ((nl = partial.indexOf('\n')) >= 0) {
-          const line = partial.slice(0, nl);
-          partial = partial.slice(nl + 1);
-          if (!line) continue;
-          const ev = JSON.parse(line) as Watched['events'][number];
-          events.push(ev);
-          if (probeCrd && ev.type === 'DELETED') void call(server, 'GET', `${CRDS}/${CRD_NAME}`).then((r) => (ev.crdAtThatMoment = r));
-        }
+      onLines(res, (line) => {
+        const ev = JSON.parse(line) as Watched['events'][number];
+        events.push(ev);
+        if (probeCrd && ev.type === 'DELETED') void call(server, 'GET', `${CRDS}/${CRD_NAME}`).then((r) => (ev.crdAtThatMoment = r));
       });
       res.on('end', () => ended());
       res.on('close', () => ended());

@@ -9,6 +9,7 @@ import http from 'node:http';
 import { describe, test, type TestContext } from 'node:test';
 import { API_VERSION, GROUP, KIND, PLURAL, VERSION } from '../../src/api/types.ts';
 import { ApiServer, type KubeObject, type KubeStatus } from '../support/apiserver.ts';
+import { onLines } from '../support/lines.ts';
 
 const NODES = '/api/v1/nodes';
 const SETS = `/apis/${GROUP}/${VERSION}/${PLURAL}`;
@@ -68,16 +69,7 @@ function openWatch(server: ApiServer, query: string, accept?: string) {
   const opened = new Promise<void>((resolve, reject) => {
     req = http.get(`${server.url}${NODES}?watch=true&${query}`, { headers: accept ? { Accept: accept } : {} }, (res) => {
       assert.equal(res.statusCode, 200);
-      res.setEncoding('utf8');
-      let partial = '';
-      res.on('data', (chunk: string) => {
-        partial += chunk;
-        let nl: number;
-        while ((nl = partial.indexOf('\n')) >= 0) {
-          events.push(JSON.parse(partial.slice(0, nl)));
-          partial = partial.slice(nl + 1);
-        }
-      });
+      onLines(res, (line) => events.push(JSON.parse(line)));
       res.on('error', () => {});
       resolve();
     });
