@@ -3,7 +3,7 @@
 // it reads (API or static folder) and by `pinset validate`.
 import { parseReference, quote, type ParsedReference } from './reference.ts';
 import { selectorErrors } from './selector.ts';
-import { API_VERSION, KIND, MAX_PINNED_IMAGES, MAX_PULL_SECRETS, type PinnedImageSet } from './types.ts';
+import { API_VERSION, KIND, MAX_PINNED_IMAGES, MAX_PULL_SECRETS } from './types.ts';
 
 /** metadata.name of a cluster-scoped object: a DNS-1123 subdomain. */
 export const NAME_PATTERN = '^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$';
@@ -148,9 +148,4 @@ export function validateSet(obj: unknown): SetValidation {
 /** Human summary of every problem, one per line, each prefixed with the field. */
 export function describeProblems(v: SetValidation): string[] {
   return [...v.errors, ...v.imageProblems.map((p) => `${p.field}: ${p.error}`)];
-}
-
-/** Narrowing helper for callers that have validated the structure. */
-export function asSet(obj: unknown): PinnedImageSet {
-  return obj as PinnedImageSet;
 }
