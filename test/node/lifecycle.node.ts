@@ -54,12 +54,11 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fetch } from 'undici';
 import { STATUS_ANNOTATION } from '../../src/api/types.ts';
-import { readNodeStatus } from '../../src/api/node-status.ts';
 import { readPluginLog, TEST_PLUGIN_NAME } from '../support/credential-plugin.ts';
-import { freePort } from '../support/registry.ts';
 import { ensureNamespaceBasics, realNodeMissing, startRealNode, type RealNode } from '../support/real-node.ts';
-import { PLUGIN_ARGS, PROVIDER_COMPONENT, PULL_SECRET_NAME, secretsIn } from '../support/real-node-credentials.ts';
-import { AGENT_NAMESPACE, AGENT_SELECTOR, CONTROLLER_SELECTOR, containerInitPid, ImitatedDaemonSet, podLogDir, podLogTail, readPodLogDir, writeDeployOverlay, type BedSpecifics } from '../support/real-node-deploy.ts';
+import { PLUGIN_ARGS, PULL_SECRET_NAME, secretsIn } from '../support/real-node-credentials.ts';
+import { AGENT_NAMESPACE, AGENT_SELECTOR, CONTROLLER_SELECTOR, containerInitPid, podLogDir, readPodLogDir } from '../support/real-node-deploy.ts';
+import { sec, SuiteNode, until, workloadPod as podFor } from '../support/real-node-suite.ts';
 import { imageLayout, pushPinsetImage, pushRebuiltPinsetImage, pushSmallImage, pushWorkloadImage, type NodeImage } from '../support/real-node-images.ts';
 import { canLowerOomScore, ContainerdNodeRuntime, CrioNodeRuntime, runtimeMissing, type PinWriteRecord, type RuntimeName } from '../support/real-node-runtime.ts';
 import { AgentPodWatch, PinSampler, type PinSamples, type WatchedPod } from '../support/real-node-watch.ts';
@@ -76,8 +75,7 @@ const runtimeLabel = runtimeName === 'crio' ? 'CRI-O' : 'containerd';
 const controllersLabel = realControllers ? 'kube-controller-manager and kube-scheduler' : 'the daemonset controller imitated';
 
 let node: RealNode | undefined;
-let bed: BedSpecifics | undefined;
-let imitated: ImitatedDaemonSet | undefined;
+let suite: SuiteNode | undefined;
 type ImageName = 'pinset' | 'pinsetNext' | 'pinnedA' | 'pinnedB' | 'unpinned' | 'retired' | 'handPinned' | 'privatePod' | 'privateA' | 'privateB' | 'privateProbe' | 'secretA';
 const images: Record<ImageName, NodeImage> = {} as never;
 const figures: Record<string, unknown> = { runtime: runtimeName, controllers: realControllers ? 'kube-controller-manager, kube-scheduler' : 'imitated' };
@@ -86,53 +84,20 @@ function setObject(name: string, refs: string[], pullSecrets?: string[]) {
   return { apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name }, spec: { ...(pullSecrets ? { pullSecrets: pullSecrets.map((s) => ({ name: s })) } : {}), pinnedImages: refs.map((r) => ({ name: r })) } };
 }
 
-async function until<T>(what: string, timeoutMs: number, check: () => Promise<T | undefined | false | null>, context: () => Promise<string> | string = () => ''): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await check();
-    if (v !== undefined && v !== false && v !== null) return v;
-    if (Date.now() > deadline) throw new Error(`${what}: not within ${Math.round(timeoutMs / 1000)} s\n${await context()}`);
-    await sleep(200);
-  }
-}
-
 const n = () => node!;
-const sec = (ms: number) => Math.round(ms / 100) / 10;
-const podLogsDir = () => n().hostPath('var/log/pods');
-
-async function nodeStatus() {
-  const obj = await n().api.get(`/api/v1/nodes/${n().nodeName}`);
-  return readNodeStatus(obj.metadata.annotations ?? {});
-}
+const sn = () => suite!;
+const podLogsDir = () => sn().podLogsDir;
+const nodeStatus = () => sn().nodeStatus();
+const listPods = (ns: string, selector: string) => sn().listPods(ns, selector);
+const readyAgentPod = (image: NodeImage) => sn().readyAgentPod(image);
+const context = () => sn().context();
+const podState = (namespace: string, name: string) => sn().podState(namespace, name);
+const workloadPod = (name: string, image: string) => podFor(n().nodeName, name, image);
+const applyDeploy = (image: NodeImage) => sn().applyDeploy(image);
 
 async function pinned(ref: string): Promise<boolean | null> {
   const img = await n().cri.imageStatus(ref);
   return img ? img.pinned : null;
-}
-
-async function listPods(ns: string, selector: string): Promise<any[]> {
-  return (await n().api.get(`/api/v1/namespaces/${ns}/pods?labelSelector=${encodeURIComponent(selector)}`)).items;
-}
-
-/** The agent's one live pod, Running and Ready, running `image`. */
-async function readyAgentPod(image: NodeImage): Promise<any | undefined> {
-  const pods = (await listPods(AGENT_NAMESPACE, AGENT_SELECTOR)).filter((p) => !p.metadata.deletionTimestamp);
-  const p = pods.find((x) => x.spec.containers[0].image === image.ref);
-  const cs = p?.status?.containerStatuses?.[0];
-  return cs?.ready && cs.state?.running ? p : undefined;
-}
-
-/** What went on, for a failure message: the agent's pods, their logs, the kubelet's, the runtime's and the controllers' last lines. */
-async function context(): Promise<string> {
-  const out: string[] = [];
-  for (const pod of await listPods(AGENT_NAMESPACE, AGENT_SELECTOR).catch(() => [])) {
-    out.push(`agent pod ${pod.metadata.name}: ${JSON.stringify(pod.status?.containerStatuses ?? pod.status ?? null)}`);
-    out.push(`agent log:\n${podLogTail(podLogsDir(), AGENT_NAMESPACE, pod.metadata.name, 15)}`);
-  }
-  out.push(`node annotation: ${JSON.stringify((await nodeStatus().catch(() => null))?.status ?? null)}`);
-  out.push(`kubelet:\n${n().kubelet.logTail(15)}`, `${runtimeName}:\n${n().runtime.logTail(10)}`);
-  if (n().controllers) out.push(`kube-controller-manager:\n${n().controllers!.controllerManager.logTail(8)}`, `kube-scheduler:\n${n().controllers!.scheduler.logTail(5)}`);
-  return out.join('\n');
 }
 
 /** klog's line time (I1126 22:50:01.123456 ...) as epoch ms; the year is this one. */
@@ -168,37 +133,8 @@ async function nextGcPass(since: number, label: string) {
   };
 }
 
-async function podState(namespace: string, name: string) {
-  const pod = await n().api.get(`/api/v1/namespaces/${namespace}/pods/${name}`);
-  const cs = pod.status?.containerStatuses?.[0];
-  return { phase: pod.status?.phase as string, waiting: cs?.state?.waiting?.reason as string | undefined, running: Boolean(cs?.state?.running), ready: Boolean(cs?.ready), pod };
-}
-
-function workloadPod(name: string, image: string) {
-  return {
-    apiVersion: 'v1',
-    kind: 'Pod',
-    metadata: { name, namespace: 'default', labels: { 'app.kubernetes.io/name': name } },
-    spec: {
-      nodeName: n().nodeName,
-      // No pod network reaches anything here, and none is needed.
-      hostNetwork: true,
-      automountServiceAccountToken: false,
-      terminationGracePeriodSeconds: 1,
-      containers: [{ name: 'main', image, imagePullPolicy: 'IfNotPresent' }],
-    },
-  };
-}
-
-/** Applies the install with the agent's image `image` (an upgrade when it changes), as an operator would, with the credential provider component. */
-async function applyDeploy(image: NodeImage): Promise<number> {
-  const overlay = await writeDeployOverlay(join(n().state, 'overlay'), { subdir: n().runtime.deploySubdir, components: [PROVIDER_COMPONENT], image, bed: bed!, render: (d) => n().kubectl(['kustomize', d]) });
-  const applied = await n().kubectl(['apply', '--server-side', '--field-manager=pinset-node-suite', '-k', overlay]);
-  return applied.trim().split('\n').length;
-}
-
 async function agentMetrics(): Promise<string> {
-  return (await fetch(`http://127.0.0.1:${bed!.agentMetricsPort}/metrics`, { signal: AbortSignal.timeout(5000) })).text();
+  return (await fetch(`http://127.0.0.1:${sn().bed.agentMetricsPort}/metrics`, { signal: AbortSignal.timeout(5000) })).text();
 }
 
 /** The pinset_pulls_total of the agent serving metrics now (its pulls since it started), by `result`. */
@@ -348,7 +284,7 @@ async function replaceAgent(from: NodeImage, to: NodeImage, hooks: { between?: (
     await hooks.between?.(old);
     await applyDeploy(to);
     await hooks.beforeWait?.();
-    if (imitated) await imitated.sync();
+    await sn().imitated?.sync();
     await until(`the agent pod running ${to.ref} Ready`, 240_000, () => readyAgentPod(to), context);
     // A few samples with the new agent settled in: a late unpin would show.
     await sleep(3000);
@@ -393,8 +329,7 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
     const t0 = Date.now();
     node = await startRealNode(bins, runtimeName);
     figures.bedStartSeconds = sec(Date.now() - t0);
-    bed = { hostRoot: n().hostRoot, apiServerPort: n().apiServerPort, agentMetricsPort: await freePort(), controllerMetricsPort: await freePort(), lowerOomScore: canLowerOomScore() };
-    if (!n().controllers) imitated = new ImitatedDaemonSet(n().api, n().nodeName);
+    suite = await SuiteNode.on(n());
     const layout = imageLayout();
     images.pinset = await pushPinsetImage(bins.skopeo, n().registry, layout);
     images.pinsetNext = await pushRebuiltPinsetImage(n().registry, layout, 'next');
@@ -420,6 +355,7 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
     await until('the PinnedImageSet CRD served', 30_000, async () => (await n().api.request('GET', SETS_API)).status === 200);
     const ds = await n().api.get(`/apis/apps/v1/namespaces/${AGENT_NAMESPACE}/daemonsets/pinset-agent`);
     assert.equal(ds.spec.template.spec.containers[0].image, images.pinset.ref, 'the overlay replaced the image by the built one');
+    const imitated = sn().imitated;
     if (imitated) {
       // What kube-controller-manager would publish in the namespace.
       await ensureNamespaceBasics(n().api, AGENT_NAMESPACE, n().pki);

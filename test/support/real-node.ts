@@ -62,8 +62,8 @@ export interface NodeBins {
 /** Why this machine cannot run the node suite on any runtime, or the binaries when it can. */
 export function realNodeMissing(env: NodeJS.ProcessEnv = process.env): { why: string } | { bins: NodeBins } {
   const given: Array<[string, string | undefined, string]> = [
-    ['PINSET_KUBELET_BIN', env.PINSET_KUBELET_BIN, 'a kubelet v1.32 binary'],
-    ['PINSET_KUBE_APISERVER_BIN', env.PINSET_KUBE_APISERVER_BIN, 'a kube-apiserver v1.32 binary'],
+    ['PINSET_KUBELET_BIN', env.PINSET_KUBELET_BIN, 'a kubelet binary, v1.32 or v1.35'],
+    ['PINSET_KUBE_APISERVER_BIN', env.PINSET_KUBE_APISERVER_BIN, 'a kube-apiserver binary of the same version'],
   ];
   const unset = given.filter(([, v]) => !v);
   if (unset.length) return { why: `${unset.map(([k, , what]) => `${k} is not set (${what})`).join('; ')}` };
@@ -290,6 +290,22 @@ async function unmountUnder(dir: string): Promise<void> {
 // The node
 
 export const NODE_NAME = 'pinset-node';
+/** The kubelet's config file and drop-in folder on the bed's host root, at kubeadm's paths. */
+export const KUBELET_CONFIG_FILE = 'var/lib/kubelet/config.yaml';
+export const KUBELET_CONFIG_DIR = 'etc/kubernetes/kubelet.conf.d';
+
+/** What `<bin> --version` prints last: `Kubernetes v1.35.6` gives v1.35.6. */
+export async function binaryVersion(bin: string): Promise<string> {
+  const { stdout } = await run(bin, ['--version']);
+  const v = /v\d+\.\d+\.\d+\S*/.exec(stdout);
+  if (!v) throw new Error(`${bin} --version printed no version: ${stdout.trim()}`);
+  return v[0];
+}
+
+/** The minor version of a `v1.35.6` string. */
+export function minorOf(version: string): number {
+  return Number(/^v1\.(\d+)\./.exec(version)?.[1] ?? NaN);
+}
 
 export interface RealNode {
   hostRoot: string;
@@ -307,6 +323,11 @@ export interface RealNode {
   cri: CriClient;
   /** kube-controller-manager and kube-scheduler, or null when the suite imitates them. */
   controllers: RunningControllers | null;
+  /** The kubelet's own version (`kubelet --version`), e.g. v1.35.6. */
+  kubeletVersion: string;
+  /** The kubelet's config file and its drop-in folder (--config-dir), read at every start. */
+  kubeletConfigFile: string;
+  kubeletConfigDir: string;
   kubelet: ServerProcess;
   /** When the kubelet last started (its image GC period counts from here). */
   kubeletStartedAt: number;
@@ -344,7 +365,7 @@ export async function startRealNode(bins: NodeBins, runtimeName: RuntimeName): P
     cleanups.push({ what: 'remove the host root', run: () => rm(hostRoot, { recursive: true, force: true }) });
     cleanups.push({ what: 'unmount the host root', run: () => unmountUnder(hostRoot) });
     const host = (p: string) => join(hostRoot, p);
-    const folders = ['var/lib/kubelet', 'var/log/pods', 'etc/pinset/sets.d', 'etc/containers/registries.conf.d', 'bed/pki', 'bed/etcd', 'bed/apiserver', 'bed/kubelet'];
+    const folders = ['var/lib/kubelet', 'etc/kubernetes/kubelet.conf.d', 'var/log/pods', 'etc/pinset/sets.d', 'etc/containers/registries.conf.d', 'bed/pki', 'bed/etcd', 'bed/apiserver', 'bed/kubelet'];
     if (runtimeName === 'crio') folders.push('etc/crio/crio.conf.d', 'var/run/crio', 'var/lib/containers/storage', 'run/dbus', 'bed/crio', 'bed/dbus');
     else folders.push('run/containerd', 'var/lib/containerd', 'var/lib/pinset', 'bed/containerd');
     for (const d of folders) await mkdir(host(d), { recursive: true });
@@ -468,11 +489,18 @@ export async function startRealNode(bins: NodeBins, runtimeName: RuntimeName): P
       imageGCLowThresholdPercent: 99,
       imageMaximumGCAge: '1m',
       registerNode: true,
+      // 1.35 refuses a cgroup v1 host unless told otherwise; 1.32 accepts it either way.
+      failCgroupV1: false,
     };
-    const kubeletConfigFile = join(state, 'kubelet', 'config.json');
+    // Where kubeadm keeps them: the config file under the kubelet's root, and
+    // a drop-in folder (--config-dir) the suite writes to. The agent's pod
+    // reads both, read-only, as it would on a node.
+    const kubeletConfigFile = host(KUBELET_CONFIG_FILE);
+    const kubeletConfigDir = host(KUBELET_CONFIG_DIR);
     await writeFile(kubeletConfigFile, JSON.stringify(kubeletConfig, null, 2));
     const kubeletArgs = [
       '--config', kubeletConfigFile,
+      '--config-dir', kubeletConfigDir,
       '--kubeconfig', kubeletKubeconfig,
       '--hostname-override', NODE_NAME,
       '--root-dir', host('var/lib/kubelet'),
@@ -497,6 +525,9 @@ export async function startRealNode(bins: NodeBins, runtimeName: RuntimeName): P
       runtime,
       cri,
       controllers,
+      kubeletVersion: await binaryVersion(bins.kubelet),
+      kubeletConfigFile,
+      kubeletConfigDir,
       kubelet: undefined as unknown as ServerProcess,
       kubeletStartedAt: 0,
       etcd,

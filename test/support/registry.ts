@@ -151,6 +151,22 @@ export class Registry {
     return `Basic ${Buffer.from(`${this.auth.username}:${this.auth.password}`).toString('base64')}`;
   }
 
+  /**
+   * Sets `user`'s password in an htpasswd registry: a second user, or a new
+   * password for one it has (a rotation: the old one stops working). A
+   * running registry is restarted on the same port to read it.
+   */
+  async setUser(user: RegistryCredentials): Promise<void> {
+    if (!this.auth) throw new Error(`the registry on ${this.host} has no htpasswd authentication`);
+    const htpasswd = findBinary('htpasswd');
+    if (!htpasswd) throw new Error('htpasswd is not installed (apt-get install apache2-utils)');
+    await run(htpasswd, ['-Bb', path.join(this.dir, 'htpasswd'), user.username, user.password]);
+    if (this.running) {
+      await this.pause();
+      await this.resume();
+    }
+  }
+
   /** Stops the registry process; storage and port are kept for resume(). */
   async pause(): Promise<void> {
     await this.#process?.stop();
