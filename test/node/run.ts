@@ -8,8 +8,10 @@
 //  - containerd: PINSET_CONTAINERD_BIN, else the 1.7.24 .ci/containerd-1.7
 //    unpacks into .cache/containerd-1.7, and Debian's
 //    containernetworking-plugins.
-// PINSET_NODE_RUNTIMES (e.g. `crio,containerd`) names the runtimes to run;
-// unset, every one this machine has. PINSET_KUBE_CONTROLLER_MANAGER_BIN and
+// PINSET_NODE_RUNTIMES (e.g. `crio,containerd-2.1`) names the runtimes to
+// run: crio, containerd-1.7 and containerd-2.1 (unpacked by .ci/ into
+// .cache/), containerd (PINSET_CONTAINERD_BIN's); unset, every one this
+// machine has. PINSET_KUBE_CONTROLLER_MANAGER_BIN and
 // PINSET_KUBE_SCHEDULER_BIN, when both are given, let Kubernetes' own
 // controllers create and place pinset's pods; without them the suite makes
 // the agent's pod as the daemonset controller would, and says so.
@@ -38,16 +40,16 @@ if (runtimes.run.length === 0) {
   process.exit(0);
 }
 const controllers = 'why' in found.bins.controllers ? `the daemonset controller imitated (${found.bins.controllers.why})` : 'kube-controller-manager and kube-scheduler';
-process.stdout.write(`test:node on ${runtimes.run.join(', ')}, with ${controllers}\n`);
+process.stdout.write(`test:node on ${runtimes.run.map((r) => r.label).join(', ')}, with ${controllers}\n`);
 
 const here = dirname(fileURLToPath(import.meta.url));
 const files = readdirSync(here).filter((f) => f.endsWith('.node.ts')).sort().map((f) => join(here, f));
 const results: Array<{ runtime: string; status: number; seconds: number }> = [];
-for (const runtime of runtimes.run) {
+for (const choice of runtimes.run) {
   const t0 = Date.now();
-  process.stdout.write(`\n=== ${runtime} ===\n`);
-  const r = spawnSync(process.execPath, ['--test', '--test-concurrency=1', '--test-reporter=spec', ...files], { stdio: 'inherit', env: { ...process.env, PINSET_NODE_RUNTIME: runtime } });
-  results.push({ runtime, status: r.status ?? 1, seconds: Math.round((Date.now() - t0) / 1000) });
+  process.stdout.write(`\n=== ${choice.label} ===\n`);
+  const r = spawnSync(process.execPath, ['--test', '--test-concurrency=1', '--test-reporter=spec', ...files], { stdio: 'inherit', env: { ...process.env, ...choice.env, PINSET_NODE_RUNTIME: choice.runtime } });
+  results.push({ runtime: choice.label, status: r.status ?? 1, seconds: Math.round((Date.now() - t0) / 1000) });
 }
 process.stdout.write(`\ntest:node: ${results.map((r) => `${r.runtime} ${r.status === 0 ? 'passed' : 'FAILED'} (${r.seconds} s)`).join(', ')}\n`);
 process.exit(results.every((r) => r.status === 0) ? 0 : 1);

@@ -34,6 +34,7 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { mkdir, mkdtemp, readFile, rm, rmdir, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { Agent, fetch } from 'undici';
 import { findBinary, ServerProcess, waitUntilServing } from './components.ts';
@@ -87,28 +88,49 @@ export function realNodeMissing(env: NodeJS.ProcessEnv = process.env): { why: st
   };
 }
 
+/** A runtime the suite runs on: its label, the runtime, and the environment its run gets (which containerd). */
+export interface NodeRuntimeChoice {
+  label: string;
+  runtime: RuntimeName;
+  env: Record<string, string>;
+}
+
+/** The containerd releases the project unpacks into .cache/ (.ci/containerd-1.7, .ci/containerd-2.1), by label. */
+const CONTAINERD_RELEASES: Record<string, string> = {
+  'containerd-1.7': '.cache/containerd-1.7/usr/bin/containerd',
+  'containerd-2.1': '.cache/containerd-2.1/usr/bin/containerd',
+};
+const PROJECT_ROOT = fileURLToPath(new URL('../..', import.meta.url));
+
 /**
- * The runtimes to run the suite on: PINSET_NODE_RUNTIMES (comma-separated,
- * `crio`, `containerd`) or, unset, every runtime this machine has. A runtime
- * named there that cannot run is an error; one merely present or not is
- * reported as skipped.
+ * The runtimes to run the suite on: PINSET_NODE_RUNTIMES (comma-separated:
+ * `crio`; `containerd`, the one PINSET_CONTAINERD_BIN names; `containerd-1.7`
+ * and `containerd-2.1`, the ones .ci/ unpacks into .cache/) or, unset, every
+ * one this machine has (PINSET_CONTAINERD_BIN's containerd in place of the
+ * unpacked ones when it is set). A runtime named there that cannot run is an
+ * error; one merely present or not is reported as skipped.
  */
-export function nodeRuntimes(env: NodeJS.ProcessEnv = process.env): { run: RuntimeName[]; skipped: Array<{ runtime: RuntimeName; why: string }>; errors: string[] } {
+export function nodeRuntimes(env: NodeJS.ProcessEnv = process.env): { run: NodeRuntimeChoice[]; skipped: Array<{ runtime: string; why: string }>; errors: string[] } {
   const asked = env.PINSET_NODE_RUNTIMES?.split(',').map((s) => s.trim()).filter(Boolean);
   const errors: string[] = [];
-  const skipped: Array<{ runtime: RuntimeName; why: string }> = [];
-  const runNames: RuntimeName[] = [];
-  for (const name of asked ?? ['crio', 'containerd']) {
-    if (name !== 'crio' && name !== 'containerd') {
-      errors.push(`PINSET_NODE_RUNTIMES names "${name}": the runtimes are crio and containerd`);
+  const skipped: Array<{ runtime: string; why: string }> = [];
+  const runs: NodeRuntimeChoice[] = [];
+  const labels = asked ?? ['crio', ...(env.PINSET_CONTAINERD_BIN ? ['containerd'] : Object.keys(CONTAINERD_RELEASES))];
+  for (const label of labels) {
+    let choice: NodeRuntimeChoice;
+    if (label === 'crio') choice = { label, runtime: 'crio', env: {} };
+    else if (label === 'containerd') choice = { label, runtime: 'containerd', env: {} };
+    else if (label in CONTAINERD_RELEASES) choice = { label, runtime: 'containerd', env: { PINSET_CONTAINERD_BIN: join(PROJECT_ROOT, CONTAINERD_RELEASES[label]!) } };
+    else {
+      errors.push(`PINSET_NODE_RUNTIMES names "${label}": the runtimes are crio, containerd (PINSET_CONTAINERD_BIN), ${Object.keys(CONTAINERD_RELEASES).join(', ')}`);
       continue;
     }
-    const why = runtimeMissing(name, env);
-    if (!why) runNames.push(name);
-    else if (asked) errors.push(`${name}: ${why}`);
-    else skipped.push({ runtime: name, why });
+    const why = runtimeMissing(choice.runtime, { ...env, ...choice.env });
+    if (!why) runs.push(choice);
+    else if (asked) errors.push(`${label}: ${why}`);
+    else skipped.push({ runtime: label, why });
   }
-  return { run: runNames, skipped, errors };
+  return { run: runs, skipped, errors };
 }
 
 // ---------------------------------------------------------------------------
