@@ -16,7 +16,10 @@
 //  - none: no pull secret;
 //  - secret: the Secret that pulled first (user "puller");
 //  - other: another namespace, another valid Secret (user "other");
-//  - rotated: a namespace whose Secret pulled first and was then rotated.
+//  - rotated: a namespace whose Secret pulled first and was then rotated
+//    (a new password in the same Secret object);
+//  - recreated: the same, but the Secret deleted and made again (a new
+//    object, as some secret operators replace them).
 // What each pod came to (Running, or the kubelet's reason) is the table in
 // docs/kubelet-credential-verification.md, and the test fails when the
 // kubelet disagrees with it. The drop-in `pinset kubelet-config` prints for
@@ -48,10 +51,10 @@ export const TABLE_DOC = join(ROOT, 'docs', 'kubelet-credential-verification.md'
 /** The images: by who pulled first (pinset or the kubelet) and by where pinset's credential came from (the set's pull secret or the credential provider). */
 const IMAGES = ['secret-pinset', 'secret-kubelet', 'provider-pinset', 'provider-kubelet'] as const;
 type ImageKey = (typeof IMAGES)[number];
-const CASES = ['none', 'secret', 'other', 'rotated'] as const;
+const CASES = ['none', 'secret', 'other', 'rotated', 'recreated'] as const;
 type Case = (typeof CASES)[number];
 /** The namespaces of the cases, each with a Secret `kep-pull` (none has no secret). */
-const NAMESPACES: Record<Case, string> = { none: 'default', secret: 'default', other: 'kep-other', rotated: 'kep-rotated' };
+const NAMESPACES: Record<Case, string> = { none: 'default', secret: 'default', other: 'kep-other', rotated: 'kep-rotated', recreated: 'kep-recreated' };
 const SECRET = 'kep-pull';
 
 /** The kubelet configurations measured, in this order: a failed pull leaves no record, so none of them changes what the next one sees. */
@@ -160,12 +163,12 @@ async function podsUnder(config: ConfigName): Promise<Record<ImageKey, Record<Ca
   return result;
 }
 
-/** The table of docs/kubelet-credential-verification.md: its rows `| <config> | <image> | <none> | <secret> | <other> | <rotated> |`. */
+/** The table of docs/kubelet-credential-verification.md: its rows `| <config> | <image> | <none> | <secret> | <other> | <rotated> | <recreated> |`. */
 export function documentedOutcomes(text: string): Outcomes {
   const out: Outcomes = {};
   for (const line of text.split('\n')) {
     const cells = line.split('|').slice(1, -1).map((c) => c.trim().replace(/`/g, ''));
-    if (cells.length !== 6 || !(CONFIGS as readonly string[]).includes(cells[0]!) || !(IMAGES as readonly string[]).includes(cells[1]!)) continue;
+    if (cells.length !== CASES.length + 2 || !(CONFIGS as readonly string[]).includes(cells[0]!) || !(IMAGES as readonly string[]).includes(cells[1]!)) continue;
     const [config, image, ...rest] = cells as [string, ImageKey, ...string[]];
     ((out[config] ??= {} as Record<ImageKey, Record<Case, string>>)[image] = Object.fromEntries(CASES.map((c, i) => [c, rest[i]!])) as Record<Case, string>);
   }
@@ -197,10 +200,11 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
     users.other = { username: 'other', password: `Other-pw-${Date.now()}` };
     users.pullerRotated = { username: users.puller.username, password: `${users.puller.password}-rotated` };
     await c.secretRegistry.setUser(users.other);
-    for (const ns of ['kep-other', 'kep-rotated']) await n().api.create('/api/v1/namespaces', { apiVersion: 'v1', kind: 'Namespace', metadata: { name: ns } });
+    for (const ns of ['kep-other', 'kep-rotated', 'kep-recreated']) await n().api.create('/api/v1/namespaces', { apiVersion: 'v1', kind: 'Namespace', metadata: { name: ns } });
     await n().api.create('/api/v1/namespaces/default/secrets', dockerConfigSecret(c.secretHost, users.puller));
     await n().api.create('/api/v1/namespaces/kep-other/secrets', dockerConfigSecret(c.secretHost, users.other));
     await n().api.create('/api/v1/namespaces/kep-rotated/secrets', dockerConfigSecret(c.secretHost, users.puller));
+    await n().api.create('/api/v1/namespaces/kep-recreated/secrets', dockerConfigSecret(c.secretHost, users.puller));
     figures.bedSeconds = sec(Date.now() - t0);
   });
 
@@ -221,6 +225,7 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
     const seeds = [
       { ns: 'default', image: 'secret-kubelet' as const, secrets: [SECRET] },
       { ns: 'kep-rotated', image: 'secret-kubelet' as const, secrets: [SECRET] },
+      { ns: 'kep-recreated', image: 'secret-kubelet' as const, secrets: [SECRET] },
       { ns: 'default', image: 'provider-kubelet' as const, secrets: [] },
     ];
     for (const [i, s] of seeds.entries()) await n().api.create(`/api/v1/namespaces/${s.ns}/pods`, workloadPod(n().nodeName, `kep-seed-${i}`, images[s.image].ref, { namespace: s.ns, pullSecrets: s.secrets }));
@@ -242,7 +247,11 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
     // The rotation: a new password for the same user, in the registry (stopped) and in the one namespace's Secret.
     await n().credentials.secretRegistry.setUser(users.pullerRotated);
     const rotated = dockerConfigSecret(n().credentials.secretHost, users.pullerRotated);
-    await n().api.request('PUT', `/api/v1/namespaces/kep-rotated/secrets/${SECRET}`, rotated);
+    const put = await n().api.request('PUT', `/api/v1/namespaces/kep-rotated/secrets/${SECRET}`, rotated);
+    assert.equal(put.status, 200, `the Secret rotated: ${JSON.stringify(put.body).slice(0, 300)}`);
+    await n().api.delete(`/api/v1/namespaces/kep-recreated/secrets/${SECRET}`);
+    await until('the Secret gone', 30_000, async () => (await n().api.find(`/api/v1/namespaces/kep-recreated/secrets/${SECRET}`)) === null);
+    await n().api.create('/api/v1/namespaces/kep-recreated/secrets', rotated);
   });
 
   for (const config of CONFIGS) {

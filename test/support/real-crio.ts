@@ -33,6 +33,8 @@ export interface RealCrioOptions {
   paths?: { mainConfig?: string; socket?: string; storageRoot?: string; registriesConf?: string; registriesConfDir?: string };
   /** The OCI runtime; default crun when installed, else runc. */
   runtime?: 'crun' | 'runc';
+  /** containers/storage's driver; default vfs (no mounts of its own to clean up). */
+  storageDriver?: 'vfs' | 'overlay';
   /** CNI: the network folder (CRI-O watches it) and the plugins' folders; default empty folders in `<dir>/cni`. */
   cni?: { confDir: string; pluginDirs: string[] };
 }
@@ -62,6 +64,7 @@ export class RealCrio {
   readonly registriesConf: string;
   readonly registriesConfDir: string;
   readonly runtime: 'crun' | 'runc' | undefined;
+  readonly storageDriver: 'vfs' | 'overlay';
   readonly cni: { confDir: string; pluginDirs: string[] };
   proc: ServerProcess | undefined;
   #starts = 0;
@@ -76,6 +79,7 @@ export class RealCrio {
     this.registriesConf = opts.paths?.registriesConf ?? join(dir, 'registries.conf');
     this.registriesConfDir = opts.paths?.registriesConfDir ?? join(dir, 'registries.conf.d');
     this.runtime = opts.runtime;
+    this.storageDriver = opts.storageDriver ?? 'vfs';
     this.cni = opts.cni ?? { confDir: join(dir, 'cni/net.d'), pluginDirs: [join(dir, 'cni/bin')] };
     this.pauseImage = opts.pauseImage ?? `${Object.keys(opts.registries)[0] ?? 'registry.test'}/pause:3.10`;
   }
@@ -105,7 +109,7 @@ export class RealCrio {
       crio: {
         root: this.storageRoot,
         runroot: join(d, 'runroot'),
-        storage_driver: 'vfs',
+        storage_driver: this.storageDriver,
         log_dir: join(d, 'logs'),
         version_file: join(d, 'version'),
         version_file_persist: join(d, 'version-persist'),

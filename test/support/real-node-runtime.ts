@@ -181,6 +181,10 @@ export class CrioNodeRuntime implements NodeRuntime {
       cni: { confDir: this.#cniConfDir, pluginDirs: [CNI_PLUGIN_DIR] },
       // Debian 12's crun (1.8.1) refuses CRI-O 1.32's OCI spec version.
       runtime: 'runc',
+      // As on a node: every container of an image shares its layers (vfs
+      // copies the whole image for each one). The bed unmounts what is
+      // mounted under its host root.
+      storageDriver: 'overlay',
     });
     // The system bus, at the node's socket path, with systemd's reload of crio.service.
     this.bus = new PrivateBus(join(opts.state, 'dbus'), host('run/dbus/system_bus_socket'));
@@ -329,7 +333,9 @@ export class ContainerdNodeRuntime implements NodeRuntime {
           // root has it.
           restrict_oom_score_adj: !canLowerOomScore(),
           containerd: {
-            snapshotter: 'native',
+            // overlayfs, as on a node: every container of an image shares
+            // its layers (native copies the whole image for each one).
+            snapshotter: 'overlayfs',
             default_runtime_name: 'runc',
             // runc's state in the bed too (its default is /run/containerd/runc).
             runtimes: { runc: { runtime_type: 'io.containerd.runc.v2', options: { BinaryName: findBinary('runc')!, SystemdCgroup: false, Root: join(this.#dir, 'runc') } } },

@@ -499,7 +499,8 @@ export async function startRealNode(bins: NodeBins, runtimeName: RuntimeName): P
       containerRuntimeEndpoint: runtime.endpoint,
       cgroupDriver: 'cgroupfs',
       cgroupsPerQOS: false,
-      enforceNodeAllocatable: [],
+      // 'none': an empty list reads as unset in 1.35, whose default (pods) needs cgroupsPerQOS.
+      enforceNodeAllocatable: ['none'],
       failSwapOn: false,
       makeIPTablesUtilChains: false,
       podLogsDir: host('var/log/pods'),
