@@ -18,8 +18,9 @@
 //  - other: another namespace, another valid Secret (user "other");
 //  - rotated: a namespace whose Secret pulled first and was then rotated
 //    (a new password in the same Secret object);
-//  - recreated: the same, but the Secret deleted and made again (a new
-//    object, as some secret operators replace them).
+//  - recreated: the same, but the Secret deleted and made again with a
+//    newly issued credential (a new object, as some secret operators
+//    replace them).
 // What each pod came to (Running, or the kubelet's reason) is the table in
 // docs/kubelet-credential-verification.md, and the test fails when the
 // kubelet disagrees with it. The drop-in `pinset kubelet-config` prints for
@@ -66,7 +67,7 @@ let suite: SuiteNode | undefined;
 const n = () => node!;
 const sn = () => suite!;
 const images = {} as Record<ImageKey | 'pinset', NodeImage>;
-const users = {} as Record<'puller' | 'other' | 'pullerRotated', { username: string; password: string }>;
+const users = {} as Record<'puller' | 'other' | 'pullerRotated' | 'reissued', { username: string; password: string }>;
 /** What each pod came to, by configuration, image and case. */
 export type Outcomes = Record<string, Record<ImageKey, Record<Case, string>>>;
 const outcomes: Outcomes = {};
@@ -199,6 +200,7 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
     users.puller = c.secretRegistry.auth!;
     users.other = { username: 'other', password: `Other-pw-${Date.now()}` };
     users.pullerRotated = { username: users.puller.username, password: `${users.puller.password}-rotated` };
+    users.reissued = { username: 'reissued', password: `Reissued-pw-${Date.now()}` };
     await c.secretRegistry.setUser(users.other);
     for (const ns of ['kep-other', 'kep-rotated', 'kep-recreated']) await n().api.create('/api/v1/namespaces', { apiVersion: 'v1', kind: 'Namespace', metadata: { name: ns } });
     await n().api.create('/api/v1/namespaces/default/secrets', dockerConfigSecret(c.secretHost, users.puller));
@@ -251,7 +253,8 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
     assert.equal(put.status, 200, `the Secret rotated: ${JSON.stringify(put.body).slice(0, 300)}`);
     await n().api.delete(`/api/v1/namespaces/kep-recreated/secrets/${SECRET}`);
     await until('the Secret gone', 30_000, async () => (await n().api.find(`/api/v1/namespaces/kep-recreated/secrets/${SECRET}`)) === null);
-    await n().api.create('/api/v1/namespaces/kep-recreated/secrets', rotated);
+    await n().credentials.secretRegistry.setUser(users.reissued);
+    await n().api.create('/api/v1/namespaces/kep-recreated/secrets', dockerConfigSecret(n().credentials.secretHost, users.reissued));
   });
 
   for (const config of CONFIGS) {
