@@ -23,7 +23,7 @@
 //    replace them).
 // What each pod came to (Running, or the kubelet's reason) is the table in
 // docs/kubelet-credential-verification.md, and the test fails when the
-// kubelet disagrees with it. The drop-in `pinset kubelet-config` prints for
+// kubelet disagrees with it. The drop-in `pinset kubelet-allowlist` prints for
 // the node makes every pod run.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -109,9 +109,9 @@ async function dropInFor(config: ConfigName): Promise<string | null> {
   }
 }
 
-/** What `pinset kubelet-config` prints for the node, with the admin's kubeconfig. */
+/** What `pinset kubelet-allowlist` prints for the node, with the admin's kubeconfig. */
 async function pinsetDropIn(): Promise<string> {
-  const { stdout } = await run(process.execPath, [join(ROOT, 'src/cli/main.ts'), 'kubelet-config', '--node', n().nodeName], { env: { ...process.env, KUBECONFIG: n().kubeconfig } });
+  const { stdout } = await run(process.execPath, [join(ROOT, 'src/cli/main.ts'), 'kubelet-allowlist', '--node', n().nodeName], { env: { ...process.env, KUBECONFIG: n().kubeconfig } });
   return stdout;
 }
 
