@@ -388,8 +388,10 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
       const blocked = await until('the controller pod unschedulable for the not-ready taint', 60_000, async () => {
         const [p] = await listPods(AGENT_NAMESPACE, CONTROLLER_SELECTOR);
         const cond = (p?.status?.conditions ?? []).find((x: any) => x.type === 'PodScheduled');
-        return cond?.status === 'False' && /node\.kubernetes\.io\/not-ready/.test(cond.message) ? cond : undefined;
+        // 1.32's scheduler names the taint; 1.35's says "had untolerated taint(s)", and the Node's one taint is that one.
+        return cond?.status === 'False' && /node\.kubernetes\.io\/not-ready|untolerated taint\(s\)/.test(cond.message) ? cond : undefined;
       }, context);
+      assert.deepEqual((nodeObj.spec.taints ?? []).map((x: any) => x.key), ['node.kubernetes.io/not-ready'], 'the taint the controller pod does not tolerate is not-ready');
       t.diagnostic(`controller pod: ${blocked.reason}: ${blocked.message}`);
     } else {
       t.diagnostic('no kube-controller-manager and kube-scheduler: the pod was made as the daemonset controller would');
