@@ -39,8 +39,8 @@ export const UNINSTALL_FLAGS: readonly FlagSpec[] = [
     help: 'what pinset was installed with: a kustomization folder (deploy/, deploy/containerd/), a YAML file, or - for standard input (`kubectl kustomize DIR | pinset uninstall --manifests -`); default: the deploy/ shipped with this pinset',
   },
   { name: 'dry-run', env: 'PINSET_DRY_RUN', type: 'bool', default: false, help: 'print the plan (sets, nodes and their pins, objects) and change nothing' },
-  { name: 'keep-pins', env: 'PINSET_KEEP_PINS', type: 'bool', default: false, help: 'keep the sets\' pins on the nodes: do not delete the sets nor wait; the agents go first and the sets with their CRD' },
-  { name: 'wait-timeout', env: 'PINSET_WAIT_TIMEOUT', type: 'duration', default: '5m', help: 'how long to wait for every node\'s agent to report it holds no pins; a node that has not by then is named' },
+  { name: 'keep-pins', env: 'PINSET_KEEP_PINS', type: 'bool', default: false, help: 'keep the sets\' pins on the nodes: do not delete the sets nor wait for the nodes; the agents go first and the sets with their CRD' },
+  { name: 'wait-timeout', env: 'PINSET_WAIT_TIMEOUT', type: 'duration', default: '5m', help: 'how long to wait for every node\'s agent to report it holds no pins (a node that has not by then is named), and then for the agents\' and the controller\'s pods to go' },
   { name: 'request-timeout', env: 'PINSET_REQUEST_TIMEOUT', type: 'duration', default: '15s', help: 'give up on one API request after this long' },
 ];
 
@@ -127,6 +127,9 @@ function planText(f: Found, o: { keepPins: boolean; waitMs: number; server: stri
   for (const { o: obj, state } of f.objects) lines.push(`   ${describeObject(obj)}${state === 'present' ? '' : ` (${state})`}`);
   return `${lines.join('\n')}\n`;
 }
+
+/** The command's flags, for its --help and the reference (docs/reference.md; a test holds the two together). */
+export const flags = UNINSTALL_FLAGS;
 
 export async function run(argv: string[]): Promise<number> {
   const { values } = parseFlags(UNINSTALL_FLAGS, argv);
