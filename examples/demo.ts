@@ -168,7 +168,7 @@ async function main(): Promise<number> {
       say(`\nthe agent's log (stderr):\n${result.stderr.trimEnd()}`);
       return 1;
     }
-    say(`\nThe kubelet keeps pinned images through its garbage collection; on CRI-O the same sets pin through a drop-in (README, "Runtimes").`);
+    say(`\nThe kubelet keeps pinned images through its garbage collection; on CRI-O the same sets pin through a drop-in (docs/runtimes.md).`);
     return 0;
   } finally {
     await stopAll();

@@ -1,6 +1,6 @@
 // `pinset agent`'s flags: each with its environment-variable twin, a
-// default and one line of help (src/util/flags.ts reads them; the README's
-// table says the same).
+// default and one line of help (src/util/flags.ts reads them;
+// docs/reference.md's table says the same, and a test holds the two together).
 import { minWatchTimeoutFlag } from '../api/list-watch.ts';
 import { DEFAULT_SLOT_NAMESPACE } from '../rollout/slots.ts';
 import type { FlagSpec } from '../util/flags.ts';

@@ -40,22 +40,38 @@ import { RuntimeObserver } from './runtime-state.ts';
 /** Exit status when a running agent held the node lock for all of --lock-timeout. */
 export const EXIT_AGENT_RUNNING = 3;
 
+/** The agent's flags that --drop-pins reads. */
+const DROP_PINS_READS: ReadonlySet<string> = new Set(['node-name', 'cri-endpoint', 'pin-backend', 'state-dir', 'crio-dropin-dir', 'reload', 'crio-unit', 'reload-confirm-timeout', 'lock-timeout', 'log-level', 'drop-pins']);
+
 /** The agent's flags that --drop-pins reads; the node's name is the host's unless given. */
-export const DROP_PINS_FLAGS: readonly FlagSpec[] = AGENT_FLAGS.filter((s) =>
-  ['node-name', 'cri-endpoint', 'pin-backend', 'state-dir', 'crio-dropin-dir', 'reload', 'crio-unit', 'reload-confirm-timeout', 'lock-timeout', 'log-level', 'drop-pins'].includes(s.name),
-).map((s) => (s.name === 'node-name' ? { ...s, required: false, help: 'name of this node, for the node lock\'s record (default: the host name)' } : s));
+export const DROP_PINS_FLAGS: readonly FlagSpec[] = AGENT_FLAGS.filter((s) => DROP_PINS_READS.has(s.name)).map((s) =>
+  s.name === 'node-name' ? { ...s, required: false, help: 'name of this node, for the node lock\'s record (default: the host name)' } : s,
+);
+
+/**
+ * The agent's other flags, accepted so that the agent's own command line (a
+ * DaemonSet's args, a unit's) works as it is, and ignored: any value, no
+ * environment twin read.
+ */
+const IGNORED_AGENT_FLAGS: readonly FlagSpec[] = AGENT_FLAGS.filter((s) => !DROP_PINS_READS.has(s.name)).map((s) => ({
+  name: s.name,
+  type: s.type === 'bool' ? 'bool' : 'string',
+  allowEmpty: true,
+  help: 'accepted and ignored',
+}));
 
 const SUMMARY = `Removes pinset's pins from this node once, and exits: the agent's CRI-O drop-in
 (CRI-O reloaded), or pinset's labels on containerd's images. Pins that are not
 pinset's (other drop-ins, crio.conf, labels set by hand) stay. Confirms through
 CRI that the images are no longer pinned. Run it on a node whose agent is gone
-(after \`pinset uninstall\`), by hand or as the Job in deploy/drop-pins/.`;
+(after \`pinset uninstall\`), by hand or as the Job in deploy/drop-pins/. The agent's
+other flags are accepted and ignored, so its own command line works as it is.`;
 
 /** Why an image is still pinned once pinset's pins are gone: what pins it (not pinset's), or undefined. */
 type PinnedBy = (img: RuntimeImage) => string | undefined;
 
 export async function runDropPins(argv: string[]): Promise<number> {
-  const { values: f } = parseFlags(DROP_PINS_FLAGS, argv);
+  const { values: f } = parseFlags([...DROP_PINS_FLAGS, ...IGNORED_AGENT_FLAGS], argv);
   if (f.help) {
     process.stdout.write(helpText('pinset agent --drop-pins [flags]', SUMMARY, DROP_PINS_FLAGS));
     return 0;

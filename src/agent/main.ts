@@ -83,6 +83,9 @@ function wantsDropPins(argv: readonly string[], env = process.env): boolean {
   return ['true', '1', 'yes'].includes(raw);
 }
 
+/** The command's flags, for its --help and the reference (docs/reference.md; a test holds the two together). */
+export const flags = AGENT_FLAGS;
+
 export async function run(argv: string[]): Promise<number> {
   if (wantsDropPins(argv)) return (await import('./drop-pins.ts')).runDropPins(argv);
   const { values: f } = parseFlags(AGENT_FLAGS, argv);

@@ -24,7 +24,9 @@ export class NodeAnnotationSink implements StatusSink {
   }
 }
 
-export type EventReason = 'SetReady' | 'PullFailed' | 'ReloadFailed' | 'ReloadNotApplied' | 'CrioConfigRejected' | 'PinsOverridden' | 'ImageRemoved' | 'WaitingForNodeLock';
+/** The reasons of the Events the agent records on its Node (docs/reference.md lists them; a test holds the two together). */
+export const EVENT_REASONS = ['SetReady', 'PullFailed', 'ReloadFailed', 'ReloadNotApplied', 'CrioConfigRejected', 'PinsOverridden', 'ImageRemoved', 'WaitingForNodeLock'] as const;
+export type EventReason = (typeof EVENT_REASONS)[number];
 
 export interface EventRecorder {
   record(type: 'Normal' | 'Warning', reason: EventReason, message: string, key?: string): void;

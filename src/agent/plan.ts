@@ -90,7 +90,11 @@ export interface Plan {
    * alone (CRI-O: no pinset drop-in at all).
    */
   pins: string[];
-  /** Pins kept only because the observation was incomplete (API not listed, labels unknown, a static file never read). */
+  /**
+   * Pins kept only because the observation was incomplete (API not listed,
+   * labels unknown, a static file never read): the current pins that no set
+   * asks for, carried ones included. The node status's pinsKept counts these.
+   */
   retained: string[];
   /** Why pins were retained, for logs; empty when the observation was complete. */
   retainReasons: string[];
@@ -176,13 +180,15 @@ export function planReconcile(input: PlanInput): Plan {
 
   const pins = new Set<string>(input.carriedPins);
   for (const w of wanted.values()) pins.add(w.reference.reference);
+  // Kept: the current pins no set asks for, whatever the runtime carries
+  // besides (CRI-O's carried pins are in its file, and so in its `pins`
+  // count): one definition of what a node's pinsKept counts.
+  const asked = new Set([...wanted.values()].map((w) => w.reference.reference));
   const retained: string[] = [];
   if (retainReasons.length > 0) {
-    for (const p of input.currentPins) {
-      if (!pins.has(p)) {
-        pins.add(p);
-        retained.push(p);
-      }
+    for (const p of new Set(input.currentPins)) {
+      pins.add(p);
+      if (!asked.has(p)) retained.push(p);
     }
   }
   // Others' pins are carried only while the agent holds pins of its own:

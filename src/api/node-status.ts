@@ -46,6 +46,10 @@ export interface NodeStatusReading {
   droppedEntries?: string[];
 }
 
+/** The keys of the version-2 document, and of a set's entry in it: what the encoder may write (docs/status.md lists them; a test holds the two together). */
+export const STATUS_DOCUMENT_KEYS = ['version', 'pinFile', 'updatedAt', 'sets', 'imageFilesystemError', 'cannotPin', 'pins', 'pinsKept', 'truncated'] as const;
+export const STATUS_SET_KEYS = ['name', 'uid', 'source', 'gen', 'done', 'phase', 'reason', 'message', 'images', 'estimatedBytes', 'failedGen', 'error'] as const;
+
 const PHASES: ReadonlySet<string> = new Set<SetPhase>(['Progressing', 'Ready', 'Degraded']);
 /** The reason a Ready set has unless it says otherwise (version 2 leaves it out). */
 export const READY_REASON = 'AllImagesPinned';
@@ -76,8 +80,8 @@ function wholeSeconds(t: string): string {
   return /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z$/.test(t) ? t.replace(/\.\d+Z$/, 'Z') : t;
 }
 
-function encodeSet(s: NodeSetStatus): Record<string, unknown> {
-  const e: Record<string, unknown> = { name: s.name };
+function encodeSet(s: NodeSetStatus): Partial<Record<(typeof STATUS_SET_KEYS)[number], unknown>> {
+  const e: Partial<Record<(typeof STATUS_SET_KEYS)[number], unknown>> = { name: s.name };
   if (s.uid) e.uid = s.uid;
   if (s.source === 'static') e.source = 'static';
   e.gen = s.desiredGeneration;
@@ -99,7 +103,7 @@ function encodeSet(s: NodeSetStatus): Record<string, unknown> {
 
 /** The annotation's value for `status`, in the format agents write (version 2). */
 export function encodeNodeStatus(status: NodeStatus): string {
-  const doc: Record<string, unknown> = {
+  const doc: Partial<Record<(typeof STATUS_DOCUMENT_KEYS)[number], unknown>> = {
     version: STATUS_FORMAT_VERSION,
     pinFile: status.pinFile,
     updatedAt: wholeSeconds(status.updatedAt),

@@ -1,6 +1,6 @@
 // The reasons a set's status on a node can carry, in the order in which
 // they win: when several hold for one set at once, the first of them in
-// SET_REASONS is the set's reason and decides its phase. The README's table
+// SET_REASONS is the set's reason and decides its phase. docs/status.md's table
 // of reasons lists them in this order (a test holds the two together).
 //
 // Each reason is of one kind: what it keeps from the set. A set's message

@@ -100,3 +100,16 @@ export function parseLabelList(s: string): Record<string, string> {
   }
   return out;
 }
+
+/** A LabelSelector as the API's `labelSelector` query parameter writes it (metav1.FormatLabelSelector). */
+export function labelSelectorQuery(sel: LabelSelector): string {
+  const parts = Object.entries(sel.matchLabels ?? {}).map(([k, v]) => `${k}=${v}`);
+  for (const r of sel.matchExpressions ?? []) {
+    const values = `(${[...(r.values ?? [])].sort().join(',')})`;
+    if (r.operator === 'In') parts.push(`${r.key} in ${values}`);
+    else if (r.operator === 'NotIn') parts.push(`${r.key} notin ${values}`);
+    else if (r.operator === 'Exists') parts.push(r.key);
+    else parts.push(`!${r.key}`);
+  }
+  return parts.join(',');
+}

@@ -4,9 +4,15 @@
 //   0 success; 1 the work did not succeed (e.g. a set not Ready, a bad file);
 //   2 a usage or configuration error.
 // src/cli/kubectl-pinset.ts runs the same commands as a kubectl plugin.
-import { UsageError } from '../util/flags.ts';
+import { UsageError, type FlagSpec } from '../util/flags.ts';
 
-export const commands: Record<string, { summary: string; load: () => Promise<{ run(argv: string[]): Promise<number> }> }> = {
+/** A command's module: what it runs, and its flag table (its --help and the reference list them). */
+export interface CommandModule {
+  run(argv: string[]): Promise<number>;
+  flags: readonly FlagSpec[];
+}
+
+export const commands: Record<string, { summary: string; load: () => Promise<CommandModule> }> = {
   agent: { summary: 'pin and pre-load the images of the sets that select this node', load: () => import('../agent/main.ts') },
   controller: { summary: 'roll per-node results up into each set\'s status', load: () => import('../controller/main.ts') },
   status: { summary: 'show, per node and set, what the agents report', load: () => import('./status.ts') },

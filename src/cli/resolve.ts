@@ -87,6 +87,9 @@ function makeSet(name: string, images: string[]): Record<string, unknown> {
   return { apiVersion: API_VERSION, kind: KIND, metadata: { name }, spec: { pinnedImages: images.map((n) => ({ name: n })) } };
 }
 
+/** The command's flags, for its --help and the reference (docs/reference.md; a test holds the two together). */
+export const flags = RESOLVE_FLAGS;
+
 export async function run(argv: string[], io: CommandIO = stdio()): Promise<number> {
   const { values, positional } = parseFlags(RESOLVE_FLAGS, argv);
   if (values.help) {

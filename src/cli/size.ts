@@ -72,6 +72,9 @@ export function renderSizeTable(r: SizeReport): string {
   return rows.map(line).join('\n') + '\n';
 }
 
+/** The command's flags, for its --help and the reference (docs/reference.md; a test holds the two together). */
+export const flags = SIZE_FLAGS;
+
 export async function run(argv: string[], io: CommandIO = { stdin: process.stdin, stdout: process.stdout, stderr: process.stderr }): Promise<number> {
   const { values, positional } = parseFlags(SIZE_FLAGS, argv);
   if (values.help) {

@@ -121,6 +121,9 @@ async function listPods(api: CoreV1Api, namespace: string | undefined, labelSele
   return pods;
 }
 
+/** The command's flags, for its --help and the reference (docs/reference.md; a test holds the two together). */
+export const flags = SNAPSHOT_FLAGS;
+
 export async function run(argv: string[], io: CommandIO = { stdin: process.stdin, stdout: process.stdout, stderr: process.stderr }): Promise<number> {
   const { values } = parseFlags(SNAPSHOT_FLAGS, argv);
   if (values.help) {

@@ -294,6 +294,9 @@ function* terminated(lines: Iterable<string>): Generator<string> {
 
 const byName = <T extends { name: string }>(a: T, b: T) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
 
+/** The command's flags, for its --help and the reference (docs/reference.md; a test holds the two together). */
+export const flags = STATUS_FLAGS;
+
 export async function run(argv: string[]): Promise<number> {
   const { values } = parseFlags(STATUS_FLAGS, argv);
   if (values.help) {

@@ -7,7 +7,10 @@
 // 2. wait until every node's agent reports it holds no pins (./uninstall-wait.ts),
 //    naming the nodes that do not;
 // 3. remove what the manifests install (./manifests.ts), agents first, the
-//    CRD and the namespace last (./cluster-objects.ts).
+//    CRD and the namespace last (./cluster-objects.ts): the rest only once
+//    the agents' and the controller's pods are gone, since they need their
+//    RBAC, ServiceAccounts and CRD until they stop (a pod outlives its
+//    DaemonSet for its grace period).
 // --dry-run prints that plan and changes nothing. --keep-pins keeps the
 // sets and the pins: the agents are removed first and the sets go with
 // their CRD, which no agent takes as the sets' deletion. A CRD found
@@ -25,7 +28,7 @@ import { helpText, parseFlags, type FlagSpec } from '../util/flags.ts';
 import { createLogger } from '../util/log.ts';
 import { ClusterObjects, inRemovalOrder, type ObjectState } from './cluster-objects.ts';
 import { describeObject, readManifests, type ManifestObject } from './manifests.ts';
-import { nodePins, waitForNoPins, type NodePins } from './uninstall-wait.ts';
+import { dropPinsAdvice, nodePins, podNames, podsOf, waitForNoPins, waitForPodsGone, type NodePins } from './uninstall-wait.ts';
 
 export const UNINSTALL_FLAGS: readonly FlagSpec[] = [
   { name: 'kubeconfig', env: 'KUBECONFIG', type: 'string', help: 'kubeconfig file; the usual search (~/.kube/config, in-cluster) when unset' },
@@ -36,15 +39,15 @@ export const UNINSTALL_FLAGS: readonly FlagSpec[] = [
     help: 'what pinset was installed with: a kustomization folder (deploy/, deploy/containerd/), a YAML file, or - for standard input (`kubectl kustomize DIR | pinset uninstall --manifests -`); default: the deploy/ shipped with this pinset',
   },
   { name: 'dry-run', env: 'PINSET_DRY_RUN', type: 'bool', default: false, help: 'print the plan (sets, nodes and their pins, objects) and change nothing' },
-  { name: 'keep-pins', env: 'PINSET_KEEP_PINS', type: 'bool', default: false, help: 'keep the sets\' pins on the nodes: do not delete the sets nor wait; the agents go first and the sets with their CRD' },
-  { name: 'wait-timeout', env: 'PINSET_WAIT_TIMEOUT', type: 'duration', default: '5m', help: 'how long to wait for every node\'s agent to report it holds no pins; a node that has not by then is named' },
+  { name: 'keep-pins', env: 'PINSET_KEEP_PINS', type: 'bool', default: false, help: 'keep the sets\' pins on the nodes: do not delete the sets nor wait for the nodes; the agents go first and the sets with their CRD' },
+  { name: 'wait-timeout', env: 'PINSET_WAIT_TIMEOUT', type: 'duration', default: '5m', help: 'how long to wait for every node\'s agent to report it holds no pins (a node that has not by then is named), and then for the agents\' and the controller\'s pods to go' },
   { name: 'request-timeout', env: 'PINSET_REQUEST_TIMEOUT', type: 'duration', default: '15s', help: 'give up on one API request after this long' },
 ];
 
 const SETS_PATH = `/apis/${GROUP}/${VERSION}/${PLURAL}`;
 const CRD_REF: ManifestObject = { apiVersion: 'apiextensions.k8s.io/v1', kind: 'CustomResourceDefinition', name: CRD_NAME, doc: {} };
-const DROP_PINS_ADVICE =
-  'On each, run `pinset agent --drop-pins` once pinset is removed: by hand on the node (the same --cri-endpoint and --crio-dropin-dir as its agent), or as the Job in deploy/drop-pins/ (see README, "Uninstalling").';
+/** The kinds whose pods run pinset: removed first, and their pods waited for before what those need. */
+const WORKLOAD_KINDS: ReadonlySet<string> = new Set(['DaemonSet', 'Deployment']);
 
 const plural = (n: number, one: string, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
 
@@ -125,13 +128,16 @@ function planText(f: Found, o: { keepPins: boolean; waitMs: number; server: stri
   return `${lines.join('\n')}\n`;
 }
 
+/** The command's flags, for its --help and the reference (docs/reference.md; a test holds the two together). */
+export const flags = UNINSTALL_FLAGS;
+
 export async function run(argv: string[]): Promise<number> {
   const { values } = parseFlags(UNINSTALL_FLAGS, argv);
   if (values.help) {
     process.stdout.write(
       helpText(
-        'pinset uninstall [--dry-run] [--keep-pins] [--manifests DIR|FILE|-] [--kubeconfig FILE]',
-        'Removes pinset from the cluster: deletes every PinnedImageSet, waits until every node\'s agent reports it holds no pins, then removes what the manifests install.',
+        'pinset uninstall [--dry-run] [--keep-pins] [--manifests DIR|FILE|-] [--wait-timeout D] [--request-timeout D] [--kubeconfig FILE]',
+        'Removes pinset from the cluster: deletes every PinnedImageSet, waits until every node\'s agent reports it holds no pins, then removes what the manifests install: the agents and the controller first, the rest once their pods are gone.',
         UNINSTALL_FLAGS,
       ),
     );
@@ -207,19 +213,34 @@ export async function run(argv: string[]): Promise<number> {
       if (waited.silent.length > 0) say(`No pinset agent has reported from ${plural(waited.silent.length, 'node')}, so none is known to hold pins there: ${waited.silent.join(', ')}.`);
     }
     const failures: string[] = [];
-    for (const { o } of found.objects) {
-      try {
-        const was = await cluster.remove(o);
-        say(was === 'present' ? `Removed ${describeObject(o)}.` : `${describeObject(o)}: ${was === 'absent' ? 'already gone' : 'not served by this cluster'}.`);
-      } catch (err) {
-        failures.push(errText(err));
-        say(`Could not remove ${errText(err)}`);
+    const remove = async (objects: readonly { o: ManifestObject }[]) => {
+      for (const { o } of objects) {
+        try {
+          const was = await cluster.remove(o);
+          say(was === 'present' ? `Removed ${describeObject(o)}.` : `${describeObject(o)}: ${was === 'absent' ? 'already gone' : 'not served by this cluster'}.`);
+        } catch (err) {
+          failures.push(errText(err));
+          say(`Could not remove ${errText(err)}`);
+        }
       }
+    };
+    // The agents and the controller first; what they need (RBAC, ServiceAccounts, the CRD) once their pods are gone.
+    const workloads = found.objects.filter(({ o }) => WORKLOAD_KINDS.has(o.kind));
+    await remove(workloads);
+    const pods = await waitForPodsGone({ http, workloads: workloads.map(({ o }) => o), timeoutMs: waitMs, requestTimeoutMs: timeoutMs, out: process.stdout, tty: Boolean(process.stdout.isTTY) });
+    if (pods.left.length > 0 || pods.why) {
+      say(
+        `${pods.why ? `${pods.why}; ` : ''}${pods.left.length > 0 ? `${podsOf(pods.left)} ${pods.left.length === 1 ? 'is' : 'are'} still there after ${Math.round(waitMs / 1000)}s: ${podNames(pods.left)}. ` : ''}` +
+          `Nothing else was removed: the pods need their RBAC, ServiceAccounts and CRD until they stop. Run \`pinset uninstall${keepPins ? ' --keep-pins' : ''}\` again once they are gone.`,
+      );
+      return 1;
     }
+    if (workloads.length > 0) say(`The agents' and the controller's pods are gone (${(pods.elapsedMs / 1000).toFixed(1)}s).`);
+    await remove(found.objects.filter(({ o }) => !WORKLOAD_KINDS.has(o.kind)));
     if (left.length > 0) {
       say(`\n${plural(left.length, 'node')} may still hold pinset's pins, and no agent is left to remove them:`);
       for (const n of left) say(`  ${n.node}: ${n.state === 'holding' ? `${plural(n.pins, 'pin')}: ${n.why}` : n.state === 'unknown' ? n.why : ''}`);
-      say(DROP_PINS_ADVICE);
+      for (const line of dropPinsAdvice(left)) say(line);
     }
     if (failures.length > 0) say(`\n${plural(failures.length, 'object')} could not be removed; run \`pinset uninstall\` again once the cause is fixed.`);
     if (left.length === 0 && failures.length === 0) say(keepPins ? 'pinset is removed; the nodes keep their pins (see `pinset agent --drop-pins`).' : 'pinset is removed, and no node holds a pin of its.');

@@ -107,6 +107,9 @@ export interface ValidateIO {
   stdout: NodeJS.WritableStream;
 }
 
+/** The command's flags, for its --help and the reference (docs/reference.md; a test holds the two together). */
+export const flags = FLAGS;
+
 export async function run(argv: string[], io: ValidateIO = { stdin: process.stdin, stdout: process.stdout }): Promise<number> {
   const { values, positional } = parseFlags(FLAGS, argv);
   if (values.help) {

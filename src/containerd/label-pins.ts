@@ -45,6 +45,8 @@ import { containerdCanPin, PINNING_VERSIONS } from './versions.ts';
 /** The label containerd's CRI plugin reads (pkg/cri/labels), and the one value that pins. */
 export const PIN_LABEL = 'io.cri-containerd.pinned';
 export const PIN_VALUE = 'pinned';
+/** Where the node status says containerd's pins are (its `pinFile`). */
+export const PINS_WHERE = `containerd image label ${PIN_LABEL}`;
 /** pinset's own mark beside it: a pin the agent set, and may remove. */
 export const OWN_LABEL = 'pinset.dev/pinned';
 export const OWN_VALUE = 'agent';
@@ -178,7 +180,7 @@ export class ContainerdLabelPins implements PinBackend {
     const pinned = this.pinnedRecords;
     const problems = [this.labelProblem, this.notReported].filter((p): p is PinProblem & { records: Set<string> } => p !== undefined);
     return {
-      where: `containerd image label ${PIN_LABEL}`,
+      where: PINS_WHERE,
       wrote: this.changed,
       reloaded: false,
       held: this.ownRecords,

@@ -36,6 +36,9 @@ export const CONTROLLER_FLAGS: readonly FlagSpec[] = [
 /** Whole shutdown (stop leading, release the Lease, stop watches) within this. */
 const SHUTDOWN_BUDGET_MS = 5000;
 
+/** The command's flags, for its --help and the reference (docs/reference.md; a test holds the two together). */
+export const flags = CONTROLLER_FLAGS;
+
 export async function run(argv: string[]): Promise<number> {
   const { values } = parseFlags(CONTROLLER_FLAGS, argv);
   if (values.help) {

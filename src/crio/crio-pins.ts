@@ -256,7 +256,7 @@ export class CrioPins implements PinBackend {
   }
 }
 
-/** What CRI-O's pins say for the node status: the reasons and messages the README documents. */
+/** What CRI-O's pins say for the node status: the reasons and messages docs/status.md documents. */
 export function crioPinStatus(f: {
   pinFile: string;
   /** Pins the agent's file holds on disk after this reconcile. */

@@ -135,7 +135,34 @@ export function parseFlags(
   return { values, positional };
 }
 
-/** Help text: usage line, then one line per flag with its env twin and default. */
+/** Whether a usage line names the flag, by its long name or its one-letter alias. */
+export function usageNames(usage: string, spec: FlagSpec): boolean {
+  const named = (f: string) => new RegExp(`(^|[\\s\\[|(])${f.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}(?![\\w-])`).test(usage);
+  return named(`--${spec.name}`) || (spec.short !== undefined && named(`-${spec.short}`));
+}
+
+function flagOperand(s: FlagSpec): string {
+  const flag = s.type === 'bool' ? `--${s.name}` : `--${s.name} ${s.choices ? s.choices.join('|') : s.type.toUpperCase()}`;
+  return s.required ? flag : `[${flag}]`;
+}
+
+/** The usage line with every flag it does not name yet, in place of its "[flags]" (or at its end), wrapped. */
+export function usageLine(usage: string, specs: readonly FlagSpec[]): string {
+  const missing = specs.filter((s) => !usageNames(usage, s)).map(flagOperand).join(' ');
+  const whole = !missing ? usage : usage.includes('[flags]') ? usage.replace('[flags]', missing) : `${usage} ${missing}`;
+  const lines: string[] = [];
+  let line = '';
+  for (const word of whole.match(/\[[^\]]*\]|\S+/g) ?? []) {
+    if (line && line.length + word.length + 1 > 100) {
+      lines.push(line);
+      line = word;
+    } else line = line ? `${line} ${word}` : word;
+  }
+  lines.push(line);
+  return lines.join('\n       ');
+}
+
+/** Help text: a usage line naming every flag, then one line per flag with its env twin and default. */
 export function helpText(usage: string, summary: string, specs: readonly FlagSpec[]): string {
   const rows = specs.map((s) => {
     const left = `  ${s.short ? `-${s.short}, ` : ''}--${s.name}${s.type === 'bool' ? '' : ` ${s.choices ? s.choices.join('|') : s.type}`}`;
@@ -144,5 +171,5 @@ export function helpText(usage: string, summary: string, specs: readonly FlagSpe
       .join(', ');
     return `${left.padEnd(36)} ${s.help}${extra ? ` (${extra})` : ''}`;
   });
-  return `usage: ${usage}\n\n${summary}\n\nflags:\n${rows.join('\n')}\n`;
+  return `usage: ${usageLine(usage, specs)}\n\n${summary}\n\nflags:\n${rows.join('\n')}\n`;
 }

@@ -124,4 +124,25 @@ describe('pinset agent --drop-pins on containerd (the twin)', () => {
     assert.match(r.stdout, /^confirmed through CRI: 1 image\(s\) no longer pinned, 1 still pinned by a pin that is not pinset's \(kept\)$/m);
     assert.match(r.stdout, new RegExp(`still pinned by the label io\\.cri-containerd\\.pinned=pinned on ${B.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')} \\(not pinset's\\)`));
   });
+
+  test("the agent's own command line, as it is, with --drop-pins added: the flags it does not use are accepted and ignored", async () => {
+    const sets = join(dir, 'ctrd-sets-2.d');
+    const state = join(dir, 'ctrd-state-2');
+    await mkdir(sets);
+    await mkdir(state);
+    await writeFile(join(sets, 'local.yaml'), staticSet([A]));
+    // What a DaemonSet or a systemd unit gives the agent, flags --drop-pins has no use for among them.
+    const agentArgs = [
+      '--node-name', 'n3', '--static-dir', sets, '--auth-file', join(dir, 'none.json'), '--cri-endpoint', c.endpoint, '--pin-backend=containerd', '--state-dir', state,
+      '--metrics-addr', '', '--max-parallel-pulls', '2', '--image-fs-high-watermark=90', '--resync-interval', '10m', '--lease-namespace', 'pinset-system', '--once',
+    ];
+    const once = await runAgentOnce(agentArgs);
+    assert.equal(once.code, 0, once.stderr);
+    assert.equal(c.criPinned(A), true);
+
+    const r = await runPinset(['agent', ...agentArgs, '--drop-pins']);
+    assert.equal(r.code, 0, `the agent's flags are accepted: ${r.stdout}\n${r.stderr}`);
+    assert.doesNotMatch(r.stderr, /unknown flag/);
+    assert.equal(c.criPinned(A), false, "pinset's pin removed");
+  });
 });

@@ -112,8 +112,9 @@ describe('pinset uninstall', () => {
     assert.match(r.stdout, /^node-ctrd: no pins \(\d+\.\ds\)$/m);
     assert.match(r.stdout, /1 node still holds pins after 8s \(named below\); removing pinset all the same\./);
     assert.match(r.stdout, /No pinset agent has reported from 1 node, so none is known to hold pins there: node-silent\./);
-    assert.match(r.stdout, /1 node may still hold pinset's pins, and no agent is left to remove them:\n {2}node-gone: 3 pins: it still reports 1 set\(s\) \(report 10m old\)\nOn each, run `pinset agent --drop-pins` once pinset is removed/);
-    assert.match(r.stdout, /deploy\/drop-pins\//);
+    assert.match(r.stdout, /1 node may still hold pinset's pins, and no agent is left to remove them:\n {2}node-gone: 3 pins: it still reports 1 set\(s\) \(report 10m old\)\nOn node-gone: run `pinset agent --drop-pins` as root on the node, with its agent's --cri-endpoint, --crio-dropin-dir/);
+    assert.match(r.stdout, /deploy\/drop-pins\/crio\.yaml/);
+    assert.match(r.stdout, /The agents' and the controller's pods are gone \(\d+\.\ds\)\./);
 
     // What the runtimes report: nothing pinned any more.
     assert.equal(await readPinFile(crio.dropInDir), null, 'the CRI-O drop-in is gone');

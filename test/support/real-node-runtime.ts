@@ -49,7 +49,7 @@ export function runtimeMissing(name: RuntimeName, env: NodeJS.ProcessEnv = proce
   const v = /\bv?(\d+)\.(\d+)\.(\d+)/.exec(stdout);
   if (!v) return `cannot read the version of ${bin} (${stdout.trim()})`;
   const [maj, min, patch] = v.slice(1).map(Number) as [number, number, number];
-  // The versions whose CRI honours io.cri-containerd.pinned set after a pull (README, Runtimes).
+  // The versions whose CRI honours io.cri-containerd.pinned set after a pull (docs/runtimes.md).
   const pins = maj >= 2 || (maj === 1 && ((min === 6 && patch >= 25) || (min === 7 && patch >= 10)));
   if (!pins) return `${bin} is containerd ${v[0]}, which does not report pins to the kubelet (1.6.25+, 1.7.10+ or 2.x do)`;
   if (!existsSync(join(dirname(bin), 'containerd-shim-runc-v2')) && !findBinary('containerd-shim-runc-v2')) return `containerd-shim-runc-v2 is neither beside ${bin} nor on PATH`;
@@ -380,7 +380,7 @@ export class ContainerdNodeRuntime implements NodeRuntime {
     await writeNetwork(this.#cniConfDir, join(this.#dir, 'cni-ipam'));
   }
 
-  /** `ctr images label <ref> io.cri-containerd.pinned=pinned` on the reference's own record, as the README shows an administrator. */
+  /** `ctr images label <ref> io.cri-containerd.pinned=pinned` on the reference's own record, as docs/runtimes.md shows an administrator. */
   async handPin(ref: string): Promise<string> {
     await this.ctr(['images', 'label', ref, 'io.cri-containerd.pinned=pinned']);
     return `ctr -n k8s.io images label ${ref} io.cri-containerd.pinned=pinned`;

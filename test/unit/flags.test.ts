@@ -120,14 +120,28 @@ describe('parseDuration', () => {
 describe('helpText', () => {
   test('one line per flag with its environment twin and default', () => {
     const text = helpText('pinset agent [flags]', 'Runs the node agent.', specs);
-    assert.ok(text.startsWith('usage: pinset agent [flags]\n\nRuns the node agent.\n\nflags:\n'));
-    const lines = text.trimEnd().split('\n').slice(5);
+    const [usage, summary, flags] = text.split('\n\n');
+    assert.equal(summary, 'Runs the node agent.');
+    assert.match(usage!, /^usage: pinset agent --node-name STRING /, 'a required flag without brackets, in place of [flags]');
+    assert.match(usage!, /\[--reload dbus\|systemctl\|none\]/);
+    assert.match(usage!, /\[--once\]/);
+    const lines = flags!.trimEnd().split('\n').slice(1);
     assert.equal(lines.length, specs.length);
     const reload = lines.find((l) => l.includes('--reload'))!;
     assert.match(reload, /--reload dbus\|systemctl\|none/);
     assert.match(reload, /\(env PINSET_RELOAD, default "dbus"\)/);
     assert.match(lines.find((l) => l.includes('--node-name'))!, /\(env NODE_NAME, required\)/);
     assert.match(lines.find((l) => l.includes('--once'))!, /^ {2}--once {2,}one reconcile/);
+  });
+
+  test('the usage line names every flag: those it names already are kept as written, the others added, lines wrapped', () => {
+    const text = helpText('pinset agent [--once] [-o FORMAT] FILE...', 'x', [...specs, { name: 'output', short: 'o', type: 'string', help: 'y' }]);
+    const usage = text.split('\n\n')[0]!;
+    assert.equal((usage.match(/--once/g) ?? []).length, 1, 'named once');
+    assert.doesNotMatch(usage, /--output/, 'its alias names it');
+    for (const s of specs) assert.match(usage, new RegExp(`--${s.name}(?![\\w-])`));
+    assert.ok(usage.split('\n').every((l) => l.length <= 110), 'wrapped');
+    assert.ok(usage.split('\n').slice(1).every((l) => l.startsWith('       [') || l.startsWith('       -')), 'continued under the command, whole flags per line');
   });
 });
 

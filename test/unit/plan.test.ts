@@ -1,6 +1,7 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { planReconcile, wantedKey, type ObservedSet, type PlanInput } from '../../src/agent/plan.ts';
+import { pinsKeptMessage } from '../../src/agent/status.ts';
 import type { LabelSelector, SetSource } from '../../src/api/types.ts';
 
 const ref = (name: string, c: string) => `quay.io/org/${name}@sha256:${c.repeat(64)}`;
@@ -191,9 +192,26 @@ describe('planReconcile', () => {
   test('observation incomplete with current pins that are all carried: the carried list stays, it may be what pins them', () => {
     const p = planReconcile(input({ apiSets: null, carriedPins: [ADMIN], currentPins: [ADMIN] }));
     assert.deepEqual(p.pins, [ADMIN]);
-    assert.deepEqual(p.retained, [], 'nothing beyond the carried list');
+    assert.deepEqual(p.retained, [ADMIN], 'the file\'s one pin, which no set asks for, is the one kept (as its `pins` count says)');
     const empty = planReconcile(input({ apiSets: null, carriedPins: [ADMIN], currentPins: [] }));
     assert.deepEqual(empty.pins, [], 'no file before, none now');
+  });
+
+  test('pins kept that no set asks for are counted alike on every runtime: the pins the node reports (`pins`) that no set asks for', () => {
+    // Four images pinned for a set, D also pinned by hand; then the sets cannot be read.
+    // What each backend's observe() holds then (src/crio/crio-pins.ts, src/containerd/label-pins.ts):
+    // CRI-O's drop-in lists all four and carries D from the administrator's
+    // earlier file; containerd's own labels are on all four, and a hand pin is no pin of pinset's.
+    const why = 'the CustomResourceDefinition pinnedimagesets.pinset.dev is being deleted';
+    const crio = planReconcile(input({ apiSets: null, apiProblem: why, currentPins: [A, B, C, D], carriedPins: [D] }));
+    const containerd = planReconcile(input({ apiSets: null, apiProblem: why, currentPins: [A, B, C, D], carriedPins: [] }));
+    assert.equal(pinsKeptMessage(crio), `4 pin(s) kept that no set asks for now: ${why}`);
+    assert.equal(pinsKeptMessage(containerd), pinsKeptMessage(crio));
+    assert.deepEqual(crio.pins, [A, B, C, D], 'CRI-O keeps its file as it is');
+    // A set still asking for one of them: the other three are the ones kept, on both.
+    const partly = (carriedPins: string[]) => planReconcile(input({ apiSets: null, apiProblem: why, staticSets: [observed('boot', [A], { source: 'static' })], currentPins: [A, B, C, D], carriedPins }));
+    assert.match(pinsKeptMessage(partly([D]))!, /^3 pin\(s\) kept/);
+    assert.equal(pinsKeptMessage(partly([])), pinsKeptMessage(partly([D])));
   });
 
   test('why the API\'s sets are unknown (the CRD missing, say) is the reason pins are retained', () => {

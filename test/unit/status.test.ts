@@ -19,7 +19,6 @@ import type { PinProblem } from '../../src/pins/backend.ts';
 import { STATUS_MAX_BYTES, STATUS_MAX_MESSAGE_BYTES, type LabelSelector, type NodeSetStatus, type NodeStatus } from '../../src/api/types.ts';
 import type { FailureKind } from '../../src/cri/runtime.ts';
 import { silentLogger } from '../../src/util/log.ts';
-import { readFile } from 'node:fs/promises';
 import { SET_REASONS } from '../../src/api/reasons.ts';
 import { noSpaceMessage } from '../../src/agent/estimate.ts';
 import { PreloadOnly } from '../../src/pins/preload-only.ts';
@@ -384,7 +383,7 @@ const IMAGE_CASES: Case[] = [
 ];
 
 /**
- * Which wins, said as the README says it (and independently of the table in
+ * Which wins, said as docs/status.md says it (and independently of the table in
  * src/api/reasons.ts): the node's configuration voiding pins wins over
  * everything; otherwise what keeps images from being present wins over a
  * pin that failed to apply, unless it is only progress; RuntimeCannotPin
@@ -465,19 +464,6 @@ describe('computeSetStatuses: a pin problem and a pre-load problem at once', () 
 });
 
 describe('the order of reasons', () => {
-  test('the README\'s table of reasons lists every reason in the order in which they win, with its phase', async () => {
-    const readme = await readFile(new URL('../../README.md', import.meta.url), 'utf8');
-    const rows = [...readme.matchAll(/^\| (\d+) \| `(\w+)` \| (\w+) \|/gm)].map((m) => ({ n: Number(m[1]), reason: m[2], phase: m[3] }));
-    assert.deepEqual(
-      rows.map((r) => [r.reason, r.phase]),
-      SET_REASONS.map((r) => [r.reason, r.phase]),
-    );
-    assert.deepEqual(
-      rows.map((r) => r.n),
-      SET_REASONS.map((_, i) => i + 1),
-    );
-  });
-
   test('each reason once; what keeps images away, and progress, outrank RuntimeCannotPin; a drop-in voiding every pin outranks them all', () => {
     const reasons = SET_REASONS.map((r) => r.reason);
     assert.equal(new Set(reasons).size, reasons.length, 'no reason twice');

@@ -4,7 +4,7 @@
 // report at all.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { nodePins } from '../../src/cli/uninstall-wait.ts';
+import { dropPinsAdvice, nodePins } from '../../src/cli/uninstall-wait.ts';
 import { STATUS_ANNOTATION } from '../../src/api/types.ts';
 
 const NOW = new Date('2026-01-01T12:00:00Z');
@@ -25,7 +25,7 @@ describe('a node\'s report, as the uninstall wait reads it', () => {
     assert.equal(statics.state, 'holding');
     assert.match((statics as { why: string }).why, /sets from the node's static folder still select it \(boot\): remove their files, or run `pinset agent --drop-pins` once the agent is gone \(report 2m old\)/);
     const kept = nodePins('n', report({ pins: 3, pinsKept: '3 pin(s) kept that no set asks for now: the node labels are unknown' }), NOW);
-    assert.deepEqual(kept, { node: 'n', state: 'holding', pins: 3, why: '3 pin(s) kept that no set asks for now: the node labels are unknown (report 2m old)' });
+    assert.deepEqual(kept, { node: 'n', state: 'holding', pins: 3, runtime: undefined, why: '3 pin(s) kept that no set asks for now: the node labels are unknown (report 2m old)' });
     const late = nodePins('n', report({ pins: 1 }), NOW);
     assert.match((late as { why: string }).why, /its agent has not reported since the sets were deleted/);
   });
@@ -38,5 +38,17 @@ describe('a node\'s report, as the uninstall wait reads it', () => {
     const garbled = nodePins('n', { [STATUS_ANNOTATION]: '{not json' }, NOW);
     assert.equal(garbled.state, 'unknown');
     assert.match((garbled as { why: string }).why, /its report cannot be read/);
+  });
+
+  test('what to do on a node still holding pins: its runtime\'s flags and Job, as its report names its pins; both when it does not say', () => {
+    const ctrd = nodePins('a', report({ pins: 2, pinFile: 'containerd image label io.cri-containerd.pinned' }), NOW);
+    const crio = nodePins('b', report({ pins: 1, pinFile: '99-pinset-6f1c2a4e.conf' }), NOW);
+    const old = nodePins('c', report({ pinFile: 'none (pre-load only)' }), NOW);
+    const advice = dropPinsAdvice([ctrd, crio, old]);
+    assert.equal(advice.length, 3);
+    assert.match(advice[0]!, /^On a: run `pinset agent --drop-pins --cri-endpoint=unix:\/\/\/run\/containerd\/containerd\.sock --pin-backend=containerd` .*deploy\/drop-pins\/containerd\.yaml\.$/);
+    assert.match(advice[1]!, /^On b: .*--crio-dropin-dir.*deploy\/drop-pins\/crio\.yaml\.$/);
+    assert.doesNotMatch(advice[1]!, /containerd/);
+    assert.match(advice[2]!, /^On c: .*on containerd .*--pin-backend=containerd; on CRI-O its --crio-dropin-dir/);
   });
 });
