@@ -253,6 +253,7 @@ export function boundedNodeStatus(status: NodeStatus, maxBytes = STATUS_MAX_BYTE
     ...(status.imageFilesystemError ? { imageFilesystemError: cutBytes(status.imageFilesystemError, SHORT_MESSAGE_BYTES) } : {}),
     ...(status.cannotPin ? { cannotPin: cutBytes(status.cannotPin, SHORT_MESSAGE_BYTES) } : {}),
     ...(status.pinsKept ? { pinsKept: cutBytes(status.pinsKept, SHORT_MESSAGE_BYTES) } : {}),
+    ...(status.kubeletVerification ? { kubeletVerification: { ...status.kubeletVerification, source: cutBytes(status.kubeletVerification.source, SHORT_MESSAGE_BYTES) } } : {}),
   };
   if (size(short) <= maxBytes) return short;
   // Keep the sets an operator must look at: Degraded, then Progressing, then Ready.
