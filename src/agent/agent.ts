@@ -30,6 +30,7 @@ import { Cancelled } from '../util/cancel.ts';
 import { errMessage } from '../util/problem-log.ts';
 import { RetryGate, STEP_RETRY } from '../util/retry.ts';
 import type { DiskCheck } from './disk.ts';
+import type { KubeletConfigWatch } from './kubelet-config.ts';
 import type { SizeEstimator } from './estimate.ts';
 import type { KubeObserver } from './kube.ts';
 import { Lookahead } from './lookahead.ts';
@@ -82,6 +83,8 @@ export interface AgentOptions {
   metrics?: AgentMetrics | null;
   /** Pulls wait while the image filesystem is above its high watermark. */
   diskCheck?: DiskCheck | null;
+  /** The kubelet's configuration files: what its credential verification does to pinned images offline (./kubelet-config.ts). */
+  kubeletConfig?: KubeletConfigWatch | null;
   /** Sizes of images to download, so a batch that would not fit below the watermark is not started. */
   sizeEstimator?: SizeEstimator | null;
   /** Estimated disk = compressed download x this (default 2). */

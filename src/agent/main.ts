@@ -22,6 +22,7 @@ import type { PinBackendFlag } from './pin-choice.ts';
 import type { KubeObserver } from './kube.ts';
 import type { EventRecorder } from './node-sinks.ts';
 import { DiskCheck } from './disk.ts';
+import { KubeletConfigWatch } from './kubelet-config.ts';
 import { lazyRegistrySizeEstimator } from './estimate.ts';
 import { describeHolder, NodeLock } from './node-lock.ts';
 import { pinWiring } from './pin-wiring.ts';
@@ -38,6 +39,14 @@ async function loadKubeModules() {
     import('../rollout/lease-slots.ts'),
   ]);
   return { loadAgentKubeConfig, KubeObserver, AGENT_FIELD_MANAGER, NodeAnnotationSink, NodeEventRecorder, clientNodeLeaseApi, LeaseRolloutSlots };
+}
+
+/** The kubelet's configuration files, unless both flags are "" (then nothing is reported about the kubelet). */
+function kubeletConfigWatch(f: Record<string, unknown>, kube: KubeObserver | null): KubeletConfigWatch | null {
+  const configFile = String(f['kubelet-config'] ?? '') || undefined;
+  const configDir = String(f['kubelet-config-dir'] ?? '') || undefined;
+  if (!configFile && !configDir) return null;
+  return new KubeletConfigWatch({ configFile, configDir }, () => kube?.currentNode()?.status?.nodeInfo?.kubeletVersion);
 }
 
 /** Exit status of --once when another agent held the node lock for all of --lock-timeout. */
@@ -337,6 +346,7 @@ export async function run(argv: string[]): Promise<number> {
     events,
     metrics,
     diskCheck: new DiskCheck(runtime, { highWatermarkPercent: Number(f['image-fs-high-watermark']), logger }),
+    kubeletConfig: kubeletConfigWatch(f, kube),
     sizeEstimator,
     diskEstimateFactor: factor,
     rolloutGate,

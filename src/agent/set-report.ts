@@ -17,6 +17,7 @@ import type { RuntimeSnapshot } from './runtime-state.ts';
 import { computeSetStatuses, historyFromStatus, makeNodeStatus, pinsKeptMessage, type SetHistory } from './status.ts';
 import type { StatusReporter } from './status-reporter.ts';
 import type { DiskCheck } from './disk.ts';
+import type { KubeletConfigWatch } from './kubelet-config.ts';
 
 export interface SetReportOptions {
   nodeName: string;
@@ -25,6 +26,8 @@ export interface SetReportOptions {
   events?: EventRecorder | null;
   metrics?: AgentMetrics | null;
   diskCheck?: DiskCheck | null;
+  /** The kubelet's configuration files, when the agent is given them (--kubelet-config, --kubelet-config-dir). */
+  kubeletConfig?: KubeletConfigWatch | null;
   now: () => number;
 }
 
@@ -87,6 +90,7 @@ export class SetReport {
         cannotPin: pins.cannotPin,
         pins: pins.held,
         pinsKept: pinsKeptMessage(plan),
+        kubeletVerification: this.o.kubeletConfig?.status(plan),
       }),
     );
     this.recordEvents(sets, plan);

@@ -48,6 +48,7 @@ export function progressOnly(prev: NodeStatus | undefined, next: NodeStatus): bo
   // The pin count is progress while it grows on a pulling node; reaching 0
   // (or becoming known) is news: `pinset uninstall` waits for it.
   if ((prev.pins === 0) !== (next.pins === 0) || (prev.pins === undefined) !== (next.pins === undefined) || prev.pinsKept !== next.pinsKept) return false;
+  if (!sameJson(prev.kubeletVerification, next.kubeletVerification)) return false;
   if (Boolean(prev.truncated) !== Boolean(next.truncated) || prev.sets.length !== next.sets.length) return false;
   const key = (s: NodeSetStatus) => `${s.source}/${s.name}`;
   const before = new Map(prev.sets.map((s) => [key(s), s]));

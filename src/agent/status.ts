@@ -8,6 +8,7 @@ import {
   STATUS_MAX_ERROR_BYTES,
   STATUS_MAX_MESSAGE_BYTES,
   type NodeSetStatus,
+  type KubeletVerificationStatus,
   type NodeStatus,
   type SetPhase,
 } from '../api/types.ts';
@@ -252,6 +253,7 @@ export function boundedNodeStatus(status: NodeStatus, maxBytes = STATUS_MAX_BYTE
     ...(status.imageFilesystemError ? { imageFilesystemError: cutBytes(status.imageFilesystemError, SHORT_MESSAGE_BYTES) } : {}),
     ...(status.cannotPin ? { cannotPin: cutBytes(status.cannotPin, SHORT_MESSAGE_BYTES) } : {}),
     ...(status.pinsKept ? { pinsKept: cutBytes(status.pinsKept, SHORT_MESSAGE_BYTES) } : {}),
+    ...(status.kubeletVerification ? { kubeletVerification: { ...status.kubeletVerification, source: cutBytes(status.kubeletVerification.source, SHORT_MESSAGE_BYTES) } } : {}),
   };
   if (size(short) <= maxBytes) return short;
   // Keep the sets an operator must look at: Degraded, then Progressing, then Ready.
@@ -296,7 +298,7 @@ export function makeNodeStatus(
   pinFile: string,
   sets: NodeSetStatus[],
   updatedAt: string,
-  extra: { imageFilesystemError?: string | null; cannotPin?: string; pins?: number; pinsKept?: string } = {},
+  extra: { imageFilesystemError?: string | null; cannotPin?: string; pins?: number; pinsKept?: string; kubeletVerification?: KubeletVerificationStatus } = {},
 ): NodeStatus {
   const status: NodeStatus = { version: STATUS_FORMAT_VERSION, node, pinFile, updatedAt, sets };
   if (extra.imageFilesystemError) status.imageFilesystemError = cutBytes(extra.imageFilesystemError, STATUS_MAX_ERROR_BYTES);
@@ -304,5 +306,6 @@ export function makeNodeStatus(
   if (extra.cannotPin) status.cannotPin = cutBytes(extra.cannotPin, STATUS_MAX_ERROR_BYTES);
   if (extra.pins !== undefined) status.pins = extra.pins;
   if (extra.pinsKept) status.pinsKept = cutBytes(extra.pinsKept, STATUS_MAX_MESSAGE_BYTES);
+  if (extra.kubeletVerification) status.kubeletVerification = { ...extra.kubeletVerification, source: cutBytes(extra.kubeletVerification.source, STATUS_MAX_ERROR_BYTES) };
   return boundedNodeStatus(status);
 }

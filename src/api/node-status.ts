@@ -23,13 +23,15 @@
 //   failing now has), so a failing set does not carry its message twice.
 // The document: {"version": 2, "pinFile": …, "updatedAt": …, "sets": […],
 // "imageFilesystemError": …, "cannotPin": …, "pins": 12, "pinsKept": …,
-// "truncated": true}; updatedAt in whole seconds; no node name (the
+// "kubeletVerification": {"policy": …, "source": …, "refuses": […],
+// "refusesMore": 3}, "truncated": true}; updatedAt in whole seconds; no node name (the
 // annotation is on that Node). cannotPin, pins and pinsKept came after the
 // first version-2 agents: readers that predate them ignore them (unknown
 // keys are); no cannotPin means the node can pin, and a report without
 // `pins` is one whose pin count is unknown (an agent from before them).
 import {
   STATUS_ANNOTATION,
+  type KubeletVerificationStatus,
   STATUS_FORMAT_VERSION,
   type NodeSetStatus,
   type NodeStatus,
@@ -113,6 +115,7 @@ export function encodeNodeStatus(status: NodeStatus): string {
   if (status.cannotPin) doc.cannotPin = status.cannotPin;
   if (status.pins !== undefined) doc.pins = status.pins;
   if (status.pinsKept) doc.pinsKept = status.pinsKept;
+  if (status.kubeletVerification) doc.kubeletVerification = status.kubeletVerification;
   if (status.truncated) doc.truncated = true;
   return JSON.stringify(doc);
 }
@@ -259,8 +262,19 @@ export function parseNodeStatus(raw: string | undefined): NodeStatusReading {
   // A bad count is no count: the pins are then unknown, never taken for 0.
   if (isCount(doc.pins)) status.pins = doc.pins;
   if (typeof doc.pinsKept === 'string' && doc.pinsKept !== '') status.pinsKept = doc.pinsKept;
+  const kv = readKubeletVerification(doc.kubeletVerification);
+  if (kv) status.kubeletVerification = kv;
   if (doc.truncated === true) status.truncated = true;
   return dropped.length > 0 ? { status, droppedEntries: dropped } : { status };
+}
+
+/** The document's kubeletVerification; undefined when absent or malformed (a bad one is no verdict, never a wrong one). */
+function readKubeletVerification(v: unknown): KubeletVerificationStatus | undefined {
+  if (!isRecord(v) || typeof v.policy !== 'string' || v.policy === '' || typeof v.source !== 'string') return undefined;
+  const out: KubeletVerificationStatus = { policy: v.policy, source: v.source };
+  if (Array.isArray(v.refuses) && v.refuses.length > 0 && v.refuses.every((s) => typeof s === 'string')) out.refuses = v.refuses as string[];
+  if (isCount(v.refusesMore) && v.refusesMore > 0) out.refusesMore = v.refusesMore;
+  return out;
 }
 
 /** Read the annotation from a Node's metadata.annotations. Never throws. */

@@ -204,6 +204,29 @@ export interface NodeStatus {
    * unknown), at most STATUS_MAX_MESSAGE_BYTES; absent when none is kept.
    */
   pinsKept?: string;
+  /**
+   * What the kubelet's credential verification (KEP-2535) does to this
+   * node's pinned images when the registry is out of reach, as far as the
+   * agent can tell from the kubelet's configuration files; absent from an
+   * agent not asked to read them (or older than this field).
+   */
+  kubeletVerification?: KubeletVerificationStatus;
   /** True when sets were left out to keep the annotation under STATUS_MAX_BYTES. */
   truncated?: boolean;
+}
+
+/** The node status's `kubeletVerification`. */
+export interface KubeletVerificationStatus {
+  /** One of the four policies; "Off" (no verification), "Invalid" (the kubelet refuses its files) or "Unknown". */
+  policy: string;
+  /** The file the policy comes from, "the kubelet's default", or why the policy is Invalid or Unknown. */
+  source: string;
+  /**
+   * The sets (the first few by name, a static one as "name (static)") with
+   * pinned images the policy verifies: their pods need the registry unless
+   * their credentials match the kubelet's own record of a pull. Absent: none.
+   */
+  refuses?: string[];
+  /** How many more sets than `refuses` names; absent when none. */
+  refusesMore?: number;
 }

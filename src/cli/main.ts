@@ -19,6 +19,7 @@ export const commands: Record<string, { summary: string; load: () => Promise<Com
   validate: { summary: 'check PinnedImageSet YAML files offline', load: () => import('./validate.ts') },
   resolve: { summary: 'turn sets or image lists with tags (or a release image) into sets with digests', load: () => import('./resolve.ts') },
   size: { summary: 'download size and estimated disk of the images of sets or image lists', load: () => import('./size.ts') },
+  'kubelet-allowlist': { summary: "a kubelet config drop-in that keeps its credential verification from refusing the sets' images offline", load: () => import('./kubelet-allowlist.ts') },
   snapshot: { summary: 'a set of the images that pods run now', load: () => import('./snapshot.ts') },
   uninstall: { summary: 'remove pinset from the cluster, leaving no pin on any node', load: () => import('./uninstall.ts') },
 };
@@ -31,9 +32,9 @@ export interface CliOptions {
 }
 
 function usage(opts: CliOptions): string {
-  const rows = Object.entries(commands)
-    .filter(([name]) => !opts.exclude?.includes(name))
-    .map(([name, c]) => `  ${name.padEnd(12)} ${c.summary}`);
+  const offered = Object.entries(commands).filter(([name]) => !opts.exclude?.includes(name));
+  const width = offered.reduce((w, [name]) => Math.max(w, name.length), 11) + 1;
+  const rows = offered.map(([name, c]) => `  ${name.padEnd(width)} ${c.summary}`);
   return `usage: ${opts.prog} <command> [flags]\n\ncommands:\n${rows.join('\n')}\n\n'${opts.prog} <command> --help' lists a command's flags.\n`;
 }
 

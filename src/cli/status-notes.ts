@@ -52,3 +52,48 @@ export function pinsKeptLines(nodes: readonly { name: string; pinsKept?: string 
   if (rest > 0) lines.push(`  and ${rest} more ${rest === 1 ? 'node' : 'nodes'}`);
   return lines;
 }
+
+/** What `pinset status` keeps of a node's kubeletVerification. */
+export interface KubeletNote {
+  name: string;
+  kubeletVerification?: { policy: string; source: string; refuses?: string[]; refusesMore?: number };
+}
+
+/** The words for one node's verdict, shared by the nodes with the same; undefined when its pinned images start offline (or the agent cannot tell). */
+function kubeletVerdict(kv: NonNullable<KubeletNote['kubeletVerification']>): string | undefined {
+  const from = `policy ${kv.policy} (${kv.source})`;
+  if (kv.policy === 'Invalid') return `the kubelet refuses its configuration and does not start with it: ${kv.source}`;
+  if (kv.refuses && kv.refuses.length > 0) {
+    const more = kv.refusesMore ? ` and ${kv.refusesMore} more` : '';
+    return `${from}: pods of ${kv.refuses.join(', ')}${more} need the registry unless their credentials match the kubelet's own record of a pull`;
+  }
+  if (kv.policy === 'NeverVerifyPreloadedImages') return `${from}: holds only for images the kubelet never pulled itself`;
+  return undefined;
+}
+
+/**
+ * What follows the table when the kubelet's credential verification
+ * (KEP-2535) will refuse pinned images offline on some nodes, as their
+ * agents read the kubelets' configuration: once per distinct verdict, the
+ * first nodes by name, then what to do.
+ */
+export function kubeletVerificationLines(nodes: readonly KubeletNote[]): string[] {
+  const byVerdict = new Map<string, string[]>();
+  for (const n of nodes) {
+    const verdict = n.kubeletVerification && kubeletVerdict(n.kubeletVerification);
+    if (!verdict) continue;
+    const names = byVerdict.get(verdict);
+    if (names) names.push(n.name);
+    else byVerdict.set(verdict, [n.name]);
+  }
+  if (byVerdict.size === 0) return [];
+  const lines = [
+    '',
+    "Kubelet credential verification: pinned images may not start offline on these nodes (docs/kubelet-credential-verification.md; `pinset kubelet-allowlist --node NAME` prints the kubelet drop-in that exempts a node's sets):",
+  ];
+  for (const [verdict, names] of byVerdict) {
+    names.sort();
+    lines.push(`  ${named(names)}: ${oneLine(verdict)}`);
+  }
+  return lines;
+}

@@ -6,7 +6,9 @@
 // whole Nodes in one answer took 506 MB (BENCHMARKS.md, "Scale: 5000 Nodes").
 // A node whose runtime cannot pin is marked "(pre-load only)", and said once
 // after the table with why and the versions that pin; a node keeping pins
-// no set asks for is named after it too (./status-notes.ts).
+// no set asks for is named after it too, and so is a node whose kubelet's
+// credential verification will refuse pinned images offline
+// (./status-notes.ts).
 import type { KubeConfig } from '@kubernetes/client-node';
 import { KubeApiError, KubeHttp } from '../api/kube-http.ts';
 import { DEFAULT_PAGE_SIZE, listAll, METADATA_LIST_ACCEPT } from '../api/list-pages.ts';
@@ -16,7 +18,7 @@ import { loadClientKubeConfig } from '../api/kubeconfig.ts';
 import { readNodeStatus, type NodeStatusReading } from '../api/node-status.ts';
 import { formatBytes } from '../registry/size.ts';
 import { helpText, parseFlags, type FlagSpec } from '../util/flags.ts';
-import { oneLine, pinsKeptLines, preloadOnlyLines } from './status-notes.ts';
+import { kubeletVerificationLines, oneLine, pinsKeptLines, preloadOnlyLines, type KubeletNote } from './status-notes.ts';
 
 export const STATUS_FLAGS: readonly FlagSpec[] = [
   { name: 'set', type: 'string', help: 'show only this PinnedImageSet' },
@@ -292,6 +294,14 @@ function* terminated(lines: Iterable<string>): Generator<string> {
   for (const line of lines) yield `${line}\n`;
 }
 
+/** A node's kubeletVerification as the notes need it; with --set, the refusals of that set only. */
+export function kubeletNoteFor(kv: KubeletNote['kubeletVerification'], setName: string | undefined): KubeletNote['kubeletVerification'] {
+  if (!kv || !setName || !kv.refuses) return kv;
+  const refuses = kv.refuses.filter((s) => s === setName || s === `${setName} (static)`);
+  const { refusesMore: _more, ...rest } = kv;
+  return refuses.length > 0 ? { ...rest, refuses } : { policy: kv.policy, source: kv.source };
+}
+
 const byName = <T extends { name: string }>(a: T, b: T) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
 
 /** The command's flags, for its --help and the reference (docs/reference.md; a test holds the two together). */
@@ -320,7 +330,7 @@ export async function run(argv: string[]): Promise<number> {
   // What is kept of each node while the list is read: its rows of the
   // table (and why it cannot pin, one copy per distinct text), or its item
   // of the JSON; the Node itself goes with its page.
-  type Kept = { name: string; rows?: StatusRow[]; cannotPin?: string; pinsKept?: string; item?: JsonItem };
+  type Kept = { name: string; rows?: StatusRow[]; cannotPin?: string; pinsKept?: string; kubeletVerification?: KubeletNote['kubeletVerification']; item?: JsonItem };
   let kept: Kept[];
   const reasons = new Map<string, string>();
   const shared = (s: string) => reasons.get(s) ?? (reasons.set(s, s), s);
@@ -349,7 +359,8 @@ export async function run(argv: string[]): Promise<number> {
           const rows = statusRows([report], now, only);
           const cannotPin = rows.length > 0 ? report.reading.status?.cannotPin : undefined;
           const pinsKept = setName ? undefined : report.reading.status?.pinsKept;
-          return { name: report.name, rows, ...(cannotPin ? { cannotPin: shared(cannotPin) } : {}), ...(pinsKept ? { pinsKept } : {}) };
+          const kubeletVerification = rows.length > 0 ? kubeletNoteFor(report.reading.status?.kubeletVerification, setName) : undefined;
+          return { name: report.name, rows, ...(cannotPin ? { cannotPin: shared(cannotPin) } : {}), ...(pinsKept ? { pinsKept } : {}), ...(kubeletVerification ? { kubeletVerification } : {}) };
         },
       );
       kept = list.items;
@@ -368,6 +379,7 @@ export async function run(argv: string[]): Promise<number> {
     yield* terminated(tableLines(rows, terminalWidth(), values.output === 'wide'));
     yield* terminated(preloadOnlyLines(kept));
     yield* terminated(pinsKeptLines(kept));
+    yield* terminated(kubeletVerificationLines(kept));
   };
   const pieces = json ? jsonPieces(kept.map((k) => k.item!)) : rows.length === 0 ? [empty] : table();
   const err = await writePieces(pieces, process.stdout);

@@ -365,6 +365,49 @@ describe('pinset status: nodes that only pre-load', () => {
   });
 });
 
+describe('pinset status: the kubelet\'s credential verification', () => {
+  test('nodes whose kubelet policy will refuse pinned images offline are said once per verdict after the table; --set narrows it; -o json carries it', async () => {
+    const own = await ApiServer.start();
+    const ownDir = await mkdtemp(path.join(tmpdir(), 'pinset-status-kubelet-'));
+    try {
+      const file = await own.writeKubeconfig(ownDir);
+      const ready = (name: string): NodeSetStatus => ({ name, source: 'api', desiredGeneration: 1, currentGeneration: 1, images: { wanted: 1, present: 1, pinned: 1, failed: 0, invalid: 0 }, phase: 'Ready', reason: 'AllImagesPinned' });
+      const at = (name: string, kubeletVerification?: Record<string, unknown>) =>
+        own.create({ apiVersion: 'v1', kind: 'Node', metadata: { name, annotations: { [STATUS_ANNOTATION]: encodeNodeStatus({ version: 2, pinFile: 'x', updatedAt: new Date().toISOString(), sets: [ready('apps'), ready('db')], ...(kubeletVerification ? { kubeletVerification: kubeletVerification as never } : {}) }) } } });
+      const allow = { policy: 'NeverVerifyAllowlistedImages', source: '/etc/kubernetes/kubelet.conf.d/50-pinset.conf', refuses: ['db'] };
+      at('edge-1', allow);
+      at('edge-2', allow);
+      at('edge-3', { policy: 'NeverVerifyPreloadedImages', source: "the kubelet's default" });
+      at('edge-4', { policy: 'AlwaysVerify', source: '/var/lib/kubelet/config.yaml', refuses: ['apps', 'db'] });
+      at('edge-5', { policy: 'Invalid', source: 'preloadedImagesVerificationAllowlist: "nginx": not a normalized name: the kubelet does not start' });
+      at('fine-1', { policy: 'NeverVerifyAllowlistedImages', source: '/etc/kubernetes/kubelet.conf.d/50-pinset.conf' });
+      at('fine-2', { policy: 'NeverVerify', source: '/etc/kubernetes/kubelet.conf.d/50-pinset.conf' });
+      at('fine-3', { policy: 'Unknown', source: 'no kubelet configuration at /var/lib/kubelet/config.yaml' });
+      at('old-agent');
+      const { code, stdout, stderr } = await pinset(['--kubeconfig', file], { COLUMNS: '400' });
+      assert.equal(code, 0, stderr);
+      const lines = stdout.trimEnd().split('\n');
+      const after = lines.slice(lines.indexOf('') + 1);
+      assert.match(after[0]!, /^Kubelet credential verification: pinned images may not start offline on these nodes .*pinset kubelet-allowlist --node NAME/);
+      assert.deepEqual(after.slice(1).sort(), [
+        "  edge-1, edge-2: policy NeverVerifyAllowlistedImages (/etc/kubernetes/kubelet.conf.d/50-pinset.conf): pods of db need the registry unless their credentials match the kubelet's own record of a pull",
+        "  edge-3: policy NeverVerifyPreloadedImages (the kubelet's default): holds only for images the kubelet never pulled itself",
+        "  edge-4: policy AlwaysVerify (/var/lib/kubelet/config.yaml): pods of apps, db need the registry unless their credentials match the kubelet's own record of a pull",
+        '  edge-5: the kubelet refuses its configuration and does not start with it: preloadedImagesVerificationAllowlist: "nginx": not a normalized name: the kubelet does not start',
+      ]);
+      const one = await pinset(['--kubeconfig', file, '--set', 'apps'], { COLUMNS: '400' });
+      assert.ok(!one.stdout.includes('edge-1, edge-2'), one.stdout);
+      assert.match(one.stdout, /edge-4: policy AlwaysVerify \(\/var\/lib\/kubelet\/config\.yaml\): pods of apps need/);
+      const json = JSON.parse((await pinset(['--kubeconfig', file, '-o', 'json'])).stdout) as { nodes: { node: string; status: { kubeletVerification?: unknown } }[] };
+      assert.deepEqual(json.nodes.find((n) => n.node === 'edge-1')?.status.kubeletVerification, allow);
+      assert.equal(json.nodes.find((n) => n.node === 'old-agent')?.status.kubeletVerification, undefined);
+    } finally {
+      await own.stop();
+      await rm(ownDir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe('status table pieces', () => {
   test('ages read like kubectl\'s', () => {
     const s = 1000;

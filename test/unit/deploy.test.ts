@@ -521,6 +521,45 @@ describe('kubectl kustomize with deploy/credential-providers/<cloud>', { skip },
 });
 
 // ---------------------------------------------------------------------------
+// deploy/kubelet-config: components that give the agent the kubelet's
+// configuration files, for its credential verification policy.
+
+describe('kubectl kustomize with deploy/kubelet-config/<distribution>', { skip }, async () => {
+  const layouts: [string, string, { file: string; dir: string; mounts: [string, string][] }][] = [
+    ['kubeadm', 'deploy', { file: '/var/lib/kubelet/config.yaml', dir: '', mounts: [['/var/lib/kubelet/config.yaml', 'File']] }],
+    ['k3s', 'deploy/containerd', { file: '', dir: '/var/lib/rancher/k3s/agent/etc/kubelet.conf.d', mounts: [['/var/lib/rancher/k3s/agent/etc/kubelet.conf.d', 'Directory']] }],
+    ['rke2', 'deploy/containerd', { file: '', dir: '/var/lib/rancher/rke2/agent/etc/kubelet.conf.d', mounts: [['/var/lib/rancher/rke2/agent/etc/kubelet.conf.d', 'Directory']] }],
+    ['eks', 'deploy/containerd', { file: '/etc/kubernetes/kubelet/config.json', dir: '/etc/kubernetes/kubelet/config.json.d', mounts: [['/etc/kubernetes/kubelet', 'Directory']] }],
+  ];
+  const agentOf = (objs: Obj[]) => objs.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'pinset-agent')!;
+  for (const [name, resource, want] of layouts) {
+    test(`${name}: the kubelet's files read-only at their own paths, with a type that never creates them; the flags point at them; nothing else changed`, async () => {
+      const base = await build(resource);
+      const built = await buildOverlay([resource], [`deploy/kubelet-config/${name}`]);
+      const id = (o: Obj) => `${o.kind} ${o.metadata.namespace ?? '-'}/${o.metadata.name}`;
+      assert.deepEqual(built.map(id).sort(), base.map(id).sort());
+      for (const o of built) if (o.kind !== 'DaemonSet') assert.deepEqual(o, base.find((b) => id(b) === id(o)), id(o));
+      const pod = agentOf(built).spec.template.spec;
+      const c = pod.containers[0] as Obj;
+      const env = Object.fromEntries((c.env as Obj[]).map((e) => [e.name, e.value]));
+      assert.equal(env.PINSET_KUBELET_CONFIG, want.file);
+      assert.equal(env.PINSET_KUBELET_CONFIG_DIR, want.dir);
+      const help = await helpOf('agent');
+      for (const e of c.env as Obj[]) assert.ok(help.env.has(e.name), `pinset agent does not read ${e.name}`);
+      const volumes: Record<string, Obj> = Object.fromEntries((pod.volumes as Obj[]).map((v) => [v.name, v.hostPath]));
+      const before = agentOf(base).spec.template.spec.containers[0].volumeMounts as Obj[];
+      const added = (c.volumeMounts as Obj[]).filter((m) => !before.some((b) => b.mountPath === m.mountPath));
+      assert.deepEqual(added.map((m) => [m.mountPath, volumes[m.name]?.type]), want.mounts);
+      for (const m of added) {
+        assert.equal(m.readOnly, true, `${m.mountPath} is read-only`);
+        assert.equal(volumes[m.name]?.path, m.mountPath, `${m.mountPath} is the host's own path`);
+      }
+      for (const p of [want.file, want.dir].filter(Boolean)) assert.ok(added.some((m) => p === m.mountPath || p.startsWith(`${m.mountPath}/`)), `${p} is mounted`);
+    });
+  }
+});
+
+// ---------------------------------------------------------------------------
 
 const UNIT = path.join(ROOT, 'deploy/systemd/pinset-agent.service');
 

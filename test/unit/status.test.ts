@@ -544,6 +544,22 @@ describe('computeSetStatuses: generation history', () => {
     assert.equal(progressOnly({ ...st, cannotPin: undefined }, st), false);
   });
 
+  test('the kubelet\'s credential verification: in the node status, read back, a malformed one left out, a change written at once', () => {
+    const kv = { policy: 'NeverVerifyAllowlistedImages', source: '/etc/kubernetes/kubelet.conf.d/50-pinset.conf', refuses: ['db', 'web (static)'], refusesMore: 2 };
+    const st = makeNodeStatus('node-1', PIN_FILE, [], '2025-01-01T00:00:00Z', { kubeletVerification: kv });
+    assert.deepEqual(JSON.parse(encodeNodeStatus(st)).kubeletVerification, kv, 'one key on the document');
+    assert.deepEqual(readAnnotation(encodeNodeStatus(st)).status?.kubeletVerification, kv);
+    const doc = (v: unknown) => JSON.stringify({ version: 2, pinFile: '', updatedAt: '', sets: [], kubeletVerification: v });
+    for (const bad of [null, 'AlwaysVerify', { source: 'x' }, { policy: 7, source: 'x' }, { policy: 'AlwaysVerify' }]) {
+      assert.equal(readAnnotation(doc(bad)).status?.kubeletVerification, undefined, JSON.stringify(bad));
+    }
+    assert.deepEqual(readAnnotation(doc({ policy: 'AlwaysVerify', source: 's', refuses: [1], refusesMore: -1 })).status?.kubeletVerification, { policy: 'AlwaysVerify', source: 's' }, 'bad parts dropped alone');
+    assert.equal(progressOnly(st, makeNodeStatus('node-1', PIN_FILE, [], 'x', { kubeletVerification: { ...kv, refuses: ['db'] } })), false, 'news: written at once');
+    assert.equal(progressOnly(st, makeNodeStatus('node-1', PIN_FILE, [], 'x', { kubeletVerification: { ...kv } })), true);
+    const big = boundedNodeStatus({ ...st, kubeletVerification: { ...kv, source: 'z'.repeat(1000) }, sets: Array.from({ length: 60 }, (_, i) => entry(`set-${i}`, 'Degraded', 'y'.repeat(400))) });
+    assert.ok(Buffer.byteLength(big.kubeletVerification!.source) <= 163 && big.kubeletVerification!.policy === kv.policy, 'kept over the size bound, its source cut like the messages');
+  });
+
   test('the pin count and why pins are kept: in the node status, bounded, read back; unknown stays unknown', () => {
     const why = `3 pin(s) kept that no set asks for now: the CustomResourceDefinition pinnedimagesets.pinset.dev is being deleted ${'x'.repeat(2000)}`;
     const st = makeNodeStatus('node-1', PIN_FILE, [], '2025-01-01T00:00:00Z', { pins: 3, pinsKept: why });
