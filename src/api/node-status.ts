@@ -49,7 +49,7 @@ export interface NodeStatusReading {
 }
 
 /** The keys of the version-2 document, and of a set's entry in it: what the encoder may write (docs/status.md lists them; a test holds the two together). */
-export const STATUS_DOCUMENT_KEYS = ['version', 'pinFile', 'updatedAt', 'sets', 'imageFilesystemError', 'cannotPin', 'pins', 'pinsKept', 'truncated'] as const;
+export const STATUS_DOCUMENT_KEYS = ['version', 'pinFile', 'updatedAt', 'sets', 'imageFilesystemError', 'cannotPin', 'pins', 'pinsKept', 'kubeletVerification', 'truncated'] as const;
 export const STATUS_SET_KEYS = ['name', 'uid', 'source', 'gen', 'done', 'phase', 'reason', 'message', 'images', 'estimatedBytes', 'failedGen', 'error'] as const;
 
 const PHASES: ReadonlySet<string> = new Set<SetPhase>(['Progressing', 'Ready', 'Degraded']);

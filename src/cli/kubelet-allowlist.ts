@@ -33,7 +33,7 @@ const FLAGS: readonly FlagSpec[] = [
   { name: 'timeout', env: 'PINSET_KUBELET_ALLOWLIST_TIMEOUT', type: 'duration', default: '15s', help: 'give up on an API request after this long' },
 ];
 
-const USAGE = 'pinset kubelet-allowlist [--node NAME] [FILE|DIR...]';
+const USAGE = 'pinset kubelet-allowlist [--node NAME] [--kubeconfig FILE] [--timeout DURATION] [FILE|DIR...]';
 const SUMMARY =
   "Prints a kubelet configuration drop-in (for the kubelet's --config-dir) that keeps the kubelet's\n" +
   'credential verification (Kubernetes 1.35 and later) from refusing the images of the sets offline:\n' +
@@ -43,6 +43,8 @@ const SUMMARY =
   'With --node, the sets that select that node, from the API and the FILEs.\n' +
   'Exit status: 0 printed, 1 a set or the API could not be read (nothing printed), 2 usage error.\n' +
   'See docs/kubelet-credential-verification.md.';
+
+export const flags = FLAGS;
 
 /** A set as this command needs it. */
 export interface AllowlistSet {
