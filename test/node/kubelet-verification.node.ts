@@ -36,7 +36,7 @@ import { promisify } from 'node:util';
 import { Agent, fetch } from 'undici';
 import { minorOf, realNodeMissing, startRealNode, type RealNode } from '../support/real-node.ts';
 import { PULL_SECRET_NAME } from '../support/real-node-credentials.ts';
-import { AGENT_NAMESPACE } from '../support/real-node-deploy.ts';
+import { AGENT_NAMESPACE, DEPLOY_DIR } from '../support/real-node-deploy.ts';
 import { imageLayout, pushPinsetImage, pushWorkloadImage, type NodeImage } from '../support/real-node-images.ts';
 import { runtimeMissing, type RuntimeName } from '../support/real-node-runtime.ts';
 import { sec, SuiteNode, until, workloadPod } from '../support/real-node-suite.ts';
@@ -221,7 +221,8 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
 
   test('the kubelet pulls two images for pods first; pinset pins all four with the set\'s pull secret and the credential provider; the registries stop', async (t) => {
     if (kubeletSkip) return t.skip(kubeletSkip);
-    const live = await sn().deployAgent(images.pinset);
+    // The kubelet's files as on a kubeadm node whose kubelet runs with --config-dir (the bed's), read by the agent.
+    const live = await sn().deployAgent(images.pinset, ['kubeadm', 'kubeadm-config-dir'].map((c) => join(DEPLOY_DIR, 'kubelet-config', c)));
     t.diagnostic(`agent pod ${live.metadata.name} Ready`);
     // The kubelet's own pulls: with the Secret of two namespaces, and with its plugin.
     const seeds = [
@@ -268,6 +269,20 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
       t.diagnostic(`the kubelet runs with ${effective.imagePullCredentialsVerificationPolicy} ${JSON.stringify(effective.preloadedImagesVerificationAllowlist ?? [])}`);
       outcomes[config] = await podsUnder(config);
       t.diagnostic(JSON.stringify(outcomes[config]));
+      // What the agent tells from the kubelet's files (it reads them every minute), and `pinset status`'s note.
+      const expected = config === 'default' ? 'NeverVerifyPreloadedImages' : config === 'pinset' || config === 'allowlist-names' ? 'NeverVerifyAllowlistedImages' : config;
+      const told = await until(`the agent's status naming ${expected}`, 150_000, async () => {
+        const v = (await sn().nodeStatus()).status?.kubeletVerification;
+        return v?.policy === expected ? v : undefined;
+      }, () => sn().context());
+      figures[`agent:${config}`] = told;
+      t.diagnostic(`the agent's status: ${JSON.stringify(told)}`);
+      // The agent says a set is refused exactly when a pod of an image pinset alone pulled needs the registry.
+      const pinsetOnlyRefused = (['secret-pinset', 'provider-pinset'] as const).some((i) => CASES.some((c) => outcomes[config]![i][c] !== 'Running'));
+      assert.equal((told.refuses ?? []).includes('offline'), pinsetOnlyRefused, `refuses ${JSON.stringify(told.refuses ?? [])} against ${JSON.stringify(outcomes[config])}`);
+      const { stdout: statusText } = await run(process.execPath, [join(ROOT, 'src/cli/main.ts'), 'status'], { env: { ...process.env, KUBECONFIG: n().kubeconfig } });
+      t.diagnostic(`pinset status:\n${statusText}`);
+      if (pinsetOnlyRefused) assert.match(statusText, new RegExp(`${n().nodeName}[\\s\\S]*offline|offline[\\s\\S]*${n().nodeName}`), 'pinset status names the node and the refused set');
       if (config === 'pinset' || config === 'NeverVerify') {
         for (const image of IMAGES) for (const c of CASES) assert.equal(outcomes[config][image][c], 'Running', `${config}: ${image} ${c}`);
       }

@@ -95,16 +95,16 @@ export class SuiteNode {
     return cs?.ready && cs.state?.running ? p : undefined;
   }
 
-  /** Applies the install with the agent's image `image` (an upgrade when it changes), as an operator would, with the credential provider component; the number of objects applied. */
-  async applyDeploy(image: NodeImage): Promise<number> {
-    const overlay = await writeDeployOverlay(join(this.node.state, 'overlay'), { subdir: this.node.runtime.deploySubdir, components: [PROVIDER_COMPONENT], image, bed: this.bed, render: (d) => this.node.kubectl(['kustomize', d]) });
+  /** Applies the install with the agent's image `image` (an upgrade when it changes), as an operator would, with the credential provider component and `components` (folders); the number of objects applied. */
+  async applyDeploy(image: NodeImage, components: string[] = []): Promise<number> {
+    const overlay = await writeDeployOverlay(join(this.node.state, 'overlay'), { subdir: this.node.runtime.deploySubdir, components: [PROVIDER_COMPONENT, ...components], image, bed: this.bed, render: (d) => this.node.kubectl(['kustomize', d]) });
     const applied = await this.node.kubectl(['apply', '--server-side', '--field-manager=pinset-node-suite', '-k', overlay]);
     return applied.trim().split('\n').length;
   }
 
   /** Applies the install and waits for the agent's pod Running and Ready (making it as the daemonset controller would, without one). */
-  async deployAgent(image: NodeImage): Promise<any> {
-    await this.applyDeploy(image);
+  async deployAgent(image: NodeImage, components: string[] = []): Promise<any> {
+    await this.applyDeploy(image, components);
     if (this.imitated) {
       // What kube-controller-manager would publish in the namespace.
       await ensureNamespaceBasics(this.node.api, AGENT_NAMESPACE, this.node.pki);

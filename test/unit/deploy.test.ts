@@ -527,6 +527,7 @@ describe('kubectl kustomize with deploy/credential-providers/<cloud>', { skip },
 describe('kubectl kustomize with deploy/kubelet-config/<distribution>', { skip }, async () => {
   const layouts: [string, string, { file: string; dir: string; mounts: [string, string][] }][] = [
     ['kubeadm', 'deploy', { file: '/var/lib/kubelet/config.yaml', dir: '', mounts: [['/var/lib/kubelet/config.yaml', 'File']] }],
+    ['kubeadm,kubeadm-config-dir', 'deploy', { file: '/var/lib/kubelet/config.yaml', dir: '/etc/kubernetes/kubelet.conf.d', mounts: [['/etc/kubernetes/kubelet.conf.d', 'Directory'], ['/var/lib/kubelet/config.yaml', 'File']] }],
     ['k3s', 'deploy/containerd', { file: '', dir: '/var/lib/rancher/k3s/agent/etc/kubelet.conf.d', mounts: [['/var/lib/rancher/k3s/agent/etc/kubelet.conf.d', 'Directory']] }],
     ['rke2', 'deploy/containerd', { file: '', dir: '/var/lib/rancher/rke2/agent/etc/kubelet.conf.d', mounts: [['/var/lib/rancher/rke2/agent/etc/kubelet.conf.d', 'Directory']] }],
     ['eks', 'deploy/containerd', { file: '/etc/kubernetes/kubelet/config.json', dir: '/etc/kubernetes/kubelet/config.json.d', mounts: [['/etc/kubernetes/kubelet', 'Directory']] }],
@@ -535,7 +536,7 @@ describe('kubectl kustomize with deploy/kubelet-config/<distribution>', { skip }
   for (const [name, resource, want] of layouts) {
     test(`${name}: the kubelet's files read-only at their own paths, with a type that never creates them; the flags point at them; nothing else changed`, async () => {
       const base = await build(resource);
-      const built = await buildOverlay([resource], [`deploy/kubelet-config/${name}`]);
+      const built = await buildOverlay([resource], name.split(',').map((c) => `deploy/kubelet-config/${c}`));
       const id = (o: Obj) => `${o.kind} ${o.metadata.namespace ?? '-'}/${o.metadata.name}`;
       assert.deepEqual(built.map(id).sort(), base.map(id).sort());
       for (const o of built) if (o.kind !== 'DaemonSet') assert.deepEqual(o, base.find((b) => id(b) === id(o)), id(o));
