@@ -40,27 +40,16 @@ import { AGENT_NAMESPACE, DEPLOY_DIR } from '../support/real-node-deploy.ts';
 import { imageLayout, pushPinsetImage, pushWorkloadImage, type NodeImage } from '../support/real-node-images.ts';
 import { runtimeMissing, type RuntimeName } from '../support/real-node-runtime.ts';
 import { sec, SuiteNode, until, workloadPod } from '../support/real-node-suite.ts';
+import { CASES, CONFIGS, documentedOutcomes, IMAGES, NAMESPACES, TABLE_DOC, type Case, type ConfigName, type ImageKey, type Outcomes } from '../support/kubelet-verification-table.ts';
 
 const run = promisify(execFile);
+/** The Secret of each case's namespace (none has no secret). */
+const SECRET = 'kep-pull';
 const runtimeName = (process.env.PINSET_NODE_RUNTIME ?? 'crio') as RuntimeName;
 const found = realNodeMissing();
 const skip = 'why' in found ? found.why : (runtimeMissing(runtimeName) ?? undefined);
 const SETS_API = '/apis/pinset.dev/v1alpha1/pinnedimagesets';
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
-export const TABLE_DOC = join(ROOT, 'docs', 'kubelet-credential-verification.md');
-
-/** The images: by who pulled first (pinset or the kubelet) and by where pinset's credential came from (the set's pull secret or the credential provider). */
-const IMAGES = ['secret-pinset', 'secret-kubelet', 'provider-pinset', 'provider-kubelet'] as const;
-type ImageKey = (typeof IMAGES)[number];
-const CASES = ['none', 'secret', 'other', 'rotated', 'recreated'] as const;
-type Case = (typeof CASES)[number];
-/** The namespaces of the cases, each with a Secret `kep-pull` (none has no secret). */
-const NAMESPACES: Record<Case, string> = { none: 'default', secret: 'default', other: 'kep-other', rotated: 'kep-rotated', recreated: 'kep-recreated' };
-const SECRET = 'kep-pull';
-
-/** The kubelet configurations measured, in this order: a failed pull leaves no record, so none of them changes what the next one sees. */
-const CONFIGS = ['default', 'NeverVerify', 'pinset', 'allowlist-names', 'AlwaysVerify'] as const;
-type ConfigName = (typeof CONFIGS)[number];
 
 let node: RealNode | undefined;
 let suite: SuiteNode | undefined;
@@ -68,8 +57,6 @@ const n = () => node!;
 const sn = () => suite!;
 const images = {} as Record<ImageKey | 'pinset', NodeImage>;
 const users = {} as Record<'puller' | 'other' | 'pullerRotated' | 'reissued', { username: string; password: string }>;
-/** What each pod came to, by configuration, image and case. */
-export type Outcomes = Record<string, Record<ImageKey, Record<Case, string>>>;
 const outcomes: Outcomes = {};
 const figures: Record<string, unknown> = { runtime: runtimeName };
 let kubeletSkip: string | undefined;
@@ -162,18 +149,6 @@ async function podsUnder(config: ConfigName): Promise<Record<ImageKey, Record<Ca
     return true;
   });
   return result;
-}
-
-/** The table of docs/kubelet-credential-verification.md: its rows `| <config> | <image> | <none> | <secret> | <other> | <rotated> | <recreated> |`. */
-export function documentedOutcomes(text: string): Outcomes {
-  const out: Outcomes = {};
-  for (const line of text.split('\n')) {
-    const cells = line.split('|').slice(1, -1).map((c) => c.trim().replace(/`/g, ''));
-    if (cells.length !== CASES.length + 2 || !(CONFIGS as readonly string[]).includes(cells[0]!) || !(IMAGES as readonly string[]).includes(cells[1]!)) continue;
-    const [config, image, ...rest] = cells as [string, ImageKey, ...string[]];
-    ((out[config] ??= {} as Record<ImageKey, Record<Case, string>>)[image] = Object.fromEntries(CASES.map((c, i) => [c, rest[i]!])) as Record<Case, string>);
-  }
-  return out;
 }
 
 describe(`the kubelet's credential verification (KEP-2535) and pinned images, on a real kubelet and ${runtimeName}`, { skip }, () => {
