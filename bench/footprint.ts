@@ -72,17 +72,21 @@ const FIGURES: Record<'bare' | 'idleApi' | 'idleStatic' | 'peak' | 'after' | 'on
   once: { label: `\`--once\`, ${K} images present, spawn to exit`, unit: 'ms', target: 150, values: [] },
 };
 
+/** Where BENCHMARKS.md records this benchmark's figures (section 4). */
+export const RECORDED_UNDER = '### `npm run bench:footprint`';
+
 /**
- * The figure recorded in BENCHMARKS.md for a label: the table of section 4's
- * `npm run bench:footprint` part, row `| <label> (<unit>) | before | now |
- * target |`, its "now" column; null when not recorded yet.
+ * The figure recorded in BENCHMARKS.md for a label: under RECORDED_UNDER,
+ * the table row `| <label> (<unit>) | before | now | target |`, its "now"
+ * column; null when not recorded (or not a number there).
  */
 export function recordedFigure(markdown: string, label: string, unit: string): number | null {
-  const row = markdown.split('\n').find((l) => l.startsWith(`| ${label} (${unit}) |`));
+  const at = markdown.indexOf(RECORDED_UNDER);
+  if (at < 0) return null;
+  const row = markdown.slice(at).split('\n').find((l) => l.startsWith(`| ${label} (${unit}) |`));
   if (!row) return null;
-  const cells = row.split('|').slice(2, -1).map((c) => c.replace(/\*/g, '').trim());
-  const now = Number(cells[1]);
-  return cells[1] && Number.isFinite(now) ? now : null;
+  const now = row.split('|').slice(2, -1).map((c) => c.replace(/\*/g, '').trim())[1];
+  return now && Number.isFinite(Number(now)) ? Number(now) : null;
 }
 
 async function figures(registry: Registry, runner: AgentRunner, mirrors: Record<string, string>, present: string[], nRefs: string[]): Promise<void> {
