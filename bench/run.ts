@@ -25,24 +25,24 @@
 // Every measurement is the median of BENCH_RUNS (default 5) runs, agent and
 // baseline alternating in order. Results: printed as Markdown and written to
 // bench/results.json.
-import { execFile, spawn } from 'node:child_process';
-import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { execFile } from 'node:child_process';
+import { readFile, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { stringify as dumpYaml } from 'yaml';
-import type { PinnedImageSet } from '../src/api/types.ts';
 import { AgentProcess, bundledCli, readPinFile, runAgentOnce, SOURCE_CLI } from '../test/support/agent-process.ts';
 import { installCommand, missingComponents, type ComponentName } from '../test/support/components.ts';
 import { Containerd, CriClient } from '../test/support/containerd.ts';
 import { ApiServer, type KubeObject } from '../test/support/apiserver.ts';
 import { startCrioNode } from '../test/support/crio-node.ts';
-import { pushRandom, pushSingleLayer, type PushedImage } from '../test/support/images.ts';
+import { pushRandom, pushSingleLayer } from '../test/support/images.ts';
 import { Registry } from '../test/support/registry.ts';
 import { NODE_FLAGS } from '../scripts/build.ts';
 import { runScale } from './scale.ts';
 import { cpuMs, procStatus } from './proc.ts';
+import { agentFlags, apiSetRun, bareNodeRun, idleEmptyRun, logTime, median, onceAllPresentRun, parseLines, pushMany, scratch, setDoc, settle, sleep, type AgentRunner, type Scratch } from './footprint-runs.ts';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 5);
 const K = Number(process.env.BENCH_K ?? 16);
@@ -66,6 +66,8 @@ const AGENT_NODE_FLAGS: string[] = process.env.BENCH_AGENT_NODE_FLAGS !== undefi
 const AGENT_NODE_OPTIONS = process.env.BENCH_AGENT_NODE_OPTIONS ?? '';
 const AGENT_ENV: NodeJS.ProcessEnv = AGENT_NODE_OPTIONS ? { NODE_OPTIONS: AGENT_NODE_OPTIONS } : {};
 /** How Node.js runs the agent: its flags and NODE_OPTIONS, as a label. */
+/** The agent of a build, as section 4 runs it. */
+const runnerOf = (cli: string): AgentRunner => ({ cli, nodeArgs: AGENT_NODE_FLAGS, env: AGENT_ENV });
 const NODE_SETUP = [...AGENT_NODE_FLAGS, ...(AGENT_NODE_OPTIONS ? [`NODE_OPTIONS=${AGENT_NODE_OPTIONS}`] : [])].join(' ') || 'Node.js defaults';
 const ONLY = process.env.BENCH_ONLY ?? '';
 type AgentBuild = 'bundle' | 'sources';
@@ -79,81 +81,8 @@ const CLI_OF: Partial<Record<AgentBuild, string>> = {};
 let CLI = '';
 const RESULTS = fileURLToPath(new URL('./results.json', import.meta.url));
 
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
-}
-
 function say(line = ''): void {
   process.stdout.write(`${line}\n`);
-}
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-function logTime(line: Record<string, unknown>): number {
-  return Date.parse(String(line.time));
-}
-
-function parseLines(text: string): Record<string, unknown>[] {
-  const out: Record<string, unknown>[] = [];
-  for (const l of text.split('\n')) {
-    if (!l.startsWith('{')) continue;
-    try {
-      out.push(JSON.parse(l) as Record<string, unknown>);
-    } catch {
-      // partial line
-    }
-  }
-  return out;
-}
-
-function setDoc(name: string, refs: string[]): PinnedImageSet {
-  return { apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name }, spec: { pinnedImages: refs.map((name) => ({ name })) } };
-}
-
-/** Push `count` images with `workers` uploads at a time. */
-async function pushMany(count: number, workers: number, push: (i: number) => Promise<PushedImage>): Promise<PushedImage[]> {
-  const out: PushedImage[] = new Array(count);
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: workers }, async () => {
-      while (next < count) {
-        const i = next++;
-        out[i] = await push(i);
-      }
-    }),
-  );
-  return out;
-}
-
-interface Scratch {
-  dir: string;
-  staticDir: string;
-  dropinDir: string;
-}
-
-async function scratch(): Promise<Scratch> {
-  const dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-bench-'));
-  const s = { dir, staticDir: path.join(dir, 'sets.d'), dropinDir: path.join(dir, 'crio.conf.d') };
-  await mkdir(s.staticDir);
-  await mkdir(s.dropinDir);
-  return s;
-}
-
-function agentFlags(s: Scratch, endpoint: string, extra: string[] = []): string[] {
-  return [
-    '--node-name', 'bench-node',
-    '--static-dir', s.staticDir,
-    '--cri-endpoint', endpoint,
-    '--crio-dropin-dir', s.dropinDir,
-    '--reload', 'none',
-    '--pin-backend', 'crio',
-    '--auth-file', path.join(s.dir, 'no-auth.json'),
-    '--metrics-addr', '',
-    '--log-level', 'info',
-    ...extra,
-  ];
 }
 
 /**
@@ -195,15 +124,6 @@ interface PullRun {
   bareCpuMs?: number;
 }
 
-/**
- * Flush the page cache's dirty pages of the previous run (its containerd
- * root was just written and removed) so its write-back does not land in
- * the next run's measurement.
- */
-async function settle(): Promise<void> {
-  await execFileAsync('sync', []);
-  await sleep(200);
-}
 
 async function agentPullRun(mirrors: Record<string, string>, refs: string[], parallel: number): Promise<PullRun> {
   const c = await Containerd.start({ mirrors });
@@ -451,29 +371,6 @@ async function crioResyncRun(refs: string[]): Promise<ResyncRun> {
   }
 }
 
-/** RSS of an agent with no sets and metrics served, 5 s after its first reconcile; with `withApi`, watching an API server. */
-async function idleEmptyRun(mirrors: Record<string, string>, withApi: boolean, cli = CLI): Promise<number> {
-  const c = await Containerd.start({ mirrors });
-  const s = await scratch();
-  const api = withApi ? await ApiServer.start() : undefined;
-  api?.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'bench-node', labels: {} } });
-  const extra = api ? ['--kubeconfig', await api.writeKubeconfig(s.dir)] : [];
-  const agent = AgentProcess.start(agentFlags(s, c.endpoint, ['--metrics-addr', '127.0.0.1:0', ...extra]), { env: AGENT_ENV, cli, nodeArgs: AGENT_NODE_FLAGS });
-  try {
-    while (!agent.logs().some((l) => l.msg === 'reconcile finished')) {
-      if (!agent.running) throw new Error(`agent exited:\n${agent.output()}`);
-      await sleep(50);
-    }
-    await sleep(5000);
-    return procStatus(agent.child.pid!).rssKb / 1024;
-  } finally {
-    await agent.stop();
-    await api?.stop();
-    await c.stop();
-    await rm(s.dir, { recursive: true, force: true });
-  }
-}
-
 // ---------------------------------------------------------------------------
 
 async function benchPulls(registry: Registry, mirrors: Record<string, string>): Promise<Record<string, unknown>> {
@@ -599,90 +496,6 @@ async function benchResync(registry: Registry, mirrors: Record<string, string>):
 // ---------------------------------------------------------------------------
 // 5: footprint, per build (bundle, sources)
 
-/** RSS of Node.js itself with the agent's NODE_OPTIONS, running nothing but a timer: the floor under every figure. */
-async function bareNodeRun(): Promise<number> {
-  const child = spawn(process.execPath, [...AGENT_NODE_FLAGS, '-e', 'setInterval(() => {}, 1000)'], { env: { PATH: process.env.PATH, ...AGENT_ENV }, stdio: 'ignore' });
-  try {
-    await sleep(3000);
-    return procStatus(child.pid!).rssKb / 1024;
-  } finally {
-    child.kill('SIGTERM');
-  }
-}
-
-interface ApiSetRun {
-  peakMb: number;
-  idleMb: number;
-  readyMs: number;
-  /** The agent's CPU time over its whole run: start, the set's pulls, 3 no-op resyncs. */
-  cpuMs: number;
-}
-
-/**
- * An N-image set from the in-process API server on the CRI-O stand-in node
- * (D-Bus reload), as on a cluster node: VmHWM from start until the set is
- * Ready and 3 resyncs later, and VmRSS then. The images are in the loopback
- * registry too, reached through a registries.conf, so the agent's size
- * estimate before pulling gets real answers (the stand-in itself "pulls"
- * from its catalogue).
- */
-async function apiSetRun(refs: string[], cli: string, registry: Registry, extra: string[] = []): Promise<ApiSetRun> {
-  const node = await startCrioNode({ catalogue: Object.fromEntries(refs.map((r) => [r, { size: 1000 }])) });
-  const api = await ApiServer.start();
-  const s = await scratch();
-  api.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'bench-node', labels: {} } });
-  api.create(setDoc('bench-n', refs) as unknown as KubeObject);
-  const conf = path.join(s.dir, 'registries.conf');
-  await writeFile(conf, `[[registry]]\nprefix = "registry.test"\nlocation = "${registry.host}"\ninsecure = true\n`);
-  const flags = agentFlags({ ...s, dropinDir: node.dropInDir }, node.endpoint, [
-    '--reload', 'dbus', '--resync-interval', '2s', '--metrics-addr', '127.0.0.1:0', '--kubeconfig', await api.writeKubeconfig(s.dir),
-    '--registries-conf', conf, '--registries-conf-dir', path.join(s.dir, 'registries.conf.d'), ...extra,
-  ]);
-  const t0 = Date.now();
-  const agent = AgentProcess.start(flags, { env: { ...node.env, ...AGENT_ENV }, cli, nodeArgs: AGENT_NODE_FLAGS });
-  try {
-    const ready = await agent.waitForLog((l) => (l.phases as Record<string, number> | undefined)?.Ready === 1 && l.msg === 'reconcile finished', 5 * 60_000, 'the set Ready');
-    const readyMs = logTime(ready) - t0;
-    let from = agent.mark();
-    for (let i = 0; i < 3; i++) {
-      await agent.waitForReconcile(from, 60_000);
-      from = agent.mark();
-    }
-    const st = procStatus(agent.child.pid!);
-    return { peakMb: st.hwmKb / 1024, idleMb: st.rssKb / 1024, readyMs, cpuMs: cpuMs(agent.child.pid) };
-  } finally {
-    await agent.stop();
-    await api.stop();
-    await node.stop();
-    await rm(s.dir, { recursive: true, force: true });
-  }
-}
-
-/** `pinset agent --once` whole process, from spawn to exit, with every image of the set already in containerd. */
-async function onceAllPresentRun(mirrors: Record<string, string>, refs: string[], cli: string): Promise<number> {
-  const c = await Containerd.start({ mirrors });
-  const s = await scratch();
-  try {
-    const cri = new CriClient(c.endpoint);
-    try {
-      for (const ref of refs) await cri.pullImage(ref);
-    } finally {
-      cri.close();
-    }
-    await writeFile(path.join(s.staticDir, 'bench.yaml'), dumpYaml(setDoc('bench', refs)));
-    await settle();
-    const t0 = performance.now();
-    const r = await runAgentOnce(agentFlags(s, c.endpoint), { env: AGENT_ENV, cli, nodeArgs: AGENT_NODE_FLAGS });
-    const ms = performance.now() - t0;
-    if (r.code !== 0) throw new Error(`agent --once exited ${r.code}:\n${r.stderr.slice(-3000)}`);
-    if (parseLines(r.stderr).some((l) => l.msg === 'pulling image')) throw new Error('--once pulled although every image was present');
-    return ms;
-  } finally {
-    await c.stop();
-    await rm(s.dir, { recursive: true, force: true });
-  }
-}
-
 async function benchMemory(registry: Registry, mirrors: Record<string, string>): Promise<Record<string, unknown>> {
   say(`\npushing ${K} images of ${IMAGE_BYTES} random bytes and ${N} small images...`);
   const big = await pushMany(K, 4, (i) => pushRandom(registry, `bench/k${i}`, IMAGE_BYTES));
@@ -700,16 +513,16 @@ async function benchMemory(registry: Registry, mirrors: Record<string, string>):
     for (const b of order) {
       const cli = CLI_OF[b]!;
       const r = rows[b];
-      r.bareNode.push(await bareNodeRun());
-      r.idleStatic.push(await idleEmptyRun(mirrors, false, cli));
-      r.idleApi.push(await idleEmptyRun(mirrors, true, cli));
-      const set = await apiSetRun(nRefs, cli, registry);
+      r.bareNode.push(await bareNodeRun(runnerOf(cli)));
+      r.idleStatic.push(await idleEmptyRun(runnerOf(cli), mirrors, false));
+      r.idleApi.push(await idleEmptyRun(runnerOf(cli), mirrors, true));
+      const set = await apiSetRun(runnerOf(cli), nRefs, registry);
       r.setPeak.push(set.peakMb);
       r.setIdle.push(set.idleMb);
       r.setReadyMs.push(set.readyMs);
       r.setCpuMs.push(set.cpuMs);
-      r.setPeakNoEstimate.push((await apiSetRun(nRefs, cli, registry, ['--disk-estimate-factor', '0'])).peakMb);
-      r.onceMs.push(await onceAllPresentRun(mirrors, refs, cli));
+      r.setPeakNoEstimate.push((await apiSetRun(runnerOf(cli), nRefs, registry, ['--disk-estimate-factor', '0'])).peakMb);
+      r.onceMs.push(await onceAllPresentRun(runnerOf(cli), mirrors, refs));
       const pulls = await agentSteadyRun(mirrors, warm, refs, 4, cli);
       r.agentCpuMs.push(pulls.agentCpuMs!);
       r.containerdCpuMs.push(pulls.containerdCpuMs!);

@@ -1,7 +1,7 @@
 // `pinset agent`'s flags: each with its environment-variable twin, a
 // default and one line of help (src/util/flags.ts reads them;
 // docs/reference.md's table says the same, and a test holds the two together).
-import { minWatchTimeoutFlag } from '../api/list-watch.ts';
+import { minWatchTimeoutFlag } from '../api/watch-timeout.ts';
 import { DEFAULT_SLOT_NAMESPACE } from '../rollout/slots.ts';
 import type { FlagSpec } from '../util/flags.ts';
 import { DEFAULT_DISK_ESTIMATE_FACTOR } from './estimate.ts';

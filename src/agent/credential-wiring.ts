@@ -6,7 +6,6 @@
 import type { Logger } from 'pino';
 import type { AgentMetrics } from '../metrics/agent-metrics.ts';
 import { AuthFile } from '../registry/auth.ts';
-import { CredentialProviderConfigError, loadCredentialProviderConfig } from '../registry/credential-provider-config.ts';
 import { ExecCredentialProvider } from '../registry/credential-provider.ts';
 import { NodeCredentials } from '../registry/node-credentials.ts';
 import { UsageError } from '../util/flags.ts';
@@ -32,6 +31,8 @@ export async function credentialWiring(f: CredentialFlags, logger: Logger, metri
   const providers: ExecCredentialProvider[] = [];
   if (f.providerConfig || f.providerBinDir) {
     if (!f.providerConfig || !f.providerBinDir) throw new UsageError('--image-credential-provider-config and --image-credential-provider-bin-dir go together: give both, or neither');
+    // Loaded only here: a node without providers never loads the config reader and its YAML parser.
+    const { CredentialProviderConfigError, loadCredentialProviderConfig } = await import('../registry/credential-provider-config.ts');
     let specs;
     try {
       specs = await loadCredentialProviderConfig(f.providerConfig, f.providerBinDir);

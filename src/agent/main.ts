@@ -4,7 +4,7 @@ import { existsSync } from 'node:fs';
 import { hostname } from 'node:os';
 import * as path from 'node:path';
 import { parseLabelList } from '../api/selector.ts';
-import { minWatchTimeoutMs } from '../api/list-watch.ts';
+import { minWatchTimeoutMs } from '../api/watch-timeout.ts';
 import type { NodeSetStatus } from '../api/types.ts';
 import { helpText, parseFlags, UsageError } from '../util/flags.ts';
 import { AGENT_FLAGS } from './agent-flags.ts';

@@ -23,7 +23,7 @@ import { constants as fsc } from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
-import { parseYamlDocuments } from '../api/yaml.ts';
+import type { parseYamlDocuments } from '../api/yaml.ts';
 import type { ObservedSet, SourceProblem } from './plan.ts';
 
 const SET_FILE = /\.(ya?ml|json)$/i;
@@ -126,10 +126,18 @@ async function readSetFile(file: string): Promise<{ text: string } | { error: st
   }
 }
 
+type YamlReader = typeof parseYamlDocuments;
+let yamlReader: YamlReader | undefined;
+
+/** The YAML parser, loaded when the first set file is parsed: a node with no static sets never loads it. */
+async function loadYamlReader(): Promise<YamlReader> {
+  return (yamlReader ??= (await import('../api/yaml.ts')).parseYamlDocuments);
+}
+
 /** Every document of a file, or the file's first problem: a file is applied whole or not at all. */
-function parseSetFile(file: string, text: string): ParseResult {
+function parseSetFile(file: string, text: string, parseYaml: YamlReader): ParseResult {
   const sets: ObservedSet[] = [];
-  const docs = parseYamlDocuments(text);
+  const docs = parseYaml(text);
   for (const [i, d] of docs.entries()) {
     if ('error' in d) return { error: `document ${i + 1}: ${d.error}` };
     sets.push({ source: 'static', object: d.value, origin: `${file} (document ${i + 1}, line ${d.line})` });
@@ -160,10 +168,10 @@ export class StaticSource {
     this.log = logger;
   }
 
-  private parse(name: string, text: string): ParseResult {
+  private async parse(name: string, text: string): Promise<ParseResult> {
     const last = this.parsed.get(name);
     if (last?.text === text) return last.result;
-    const result = parseSetFile(path.join(this.dir, name), text);
+    const result = parseSetFile(path.join(this.dir, name), text, await loadYamlReader());
     this.parsed.set(name, { text, result });
     return result;
   }
@@ -182,7 +190,7 @@ export class StaticSource {
     for (const name of await this.list().catch(() => [])) {
       const raw = await readSetFile(path.join(this.dir, name));
       if (raw === 'gone' || 'error' in raw) continue;
-      const result = this.parse(name, raw.text);
+      const result = await this.parse(name, raw.text);
       if ('sets' in result) sets.push(...result.sets);
     }
     return sets;
@@ -226,7 +234,7 @@ export class StaticSource {
       out.files.push(file);
       const st = this.files.get(name) ?? { problem: '' };
       this.files.set(name, st);
-      const result: ParseResult = 'error' in raw ? raw : this.parse(name, raw.text);
+      const result: ParseResult = 'error' in raw ? raw : await this.parse(name, raw.text);
       if ('sets' in result) {
         if (st.problem) this.log?.info({ file, sets: setNames(result.sets) }, 'static set file readable again');
         st.problem = '';

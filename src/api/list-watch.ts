@@ -29,9 +29,11 @@
 //   managedFields (./list-pages.ts).
 import type { Logger } from '../util/log.ts';
 import { Backoff, type BackoffPolicy } from '../util/backoff.ts';
-import { UsageError, type FlagSpec, type FlagValues } from '../util/flags.ts';
 import { KubeApiError, type KubeHttp, type OpenStream } from './kube-http.ts';
 import { DEFAULT_PAGE_SIZE, listAll, METADATA_LIST_ACCEPT, METADATA_LIST_KIND, METADATA_WATCH_ACCEPT } from './list-pages.ts';
+import { DEFAULT_MIN_WATCH_TIMEOUT_MS } from './watch-timeout.ts';
+
+export { DEFAULT_MIN_WATCH_TIMEOUT_MS, minWatchTimeoutFlag, minWatchTimeoutMs } from './watch-timeout.ts';
 
 export interface KubeObjectLike {
   metadata?: { name?: string; namespace?: string; resourceVersion?: string };
@@ -42,25 +44,6 @@ interface WatchEvent {
   object: KubeObjectLike & { code?: number; message?: string; reason?: string };
 }
 
-export const DEFAULT_MIN_WATCH_TIMEOUT_MS = 10 * 60_000;
-
-/** --min-watch-timeout, as the agent and the controller take it; `note` ends its help. */
-export function minWatchTimeoutFlag(note = ''): FlagSpec {
-  return {
-    name: 'min-watch-timeout',
-    env: 'PINSET_MIN_WATCH_TIMEOUT',
-    type: 'duration',
-    default: '10m',
-    help: `each API watch asks the server to end it after a random time between this and twice this, then resumes${note}`,
-  };
-}
-
-/** The --min-watch-timeout given, in ms; less than 1 s is a usage error. */
-export function minWatchTimeoutMs(values: FlagValues): number {
-  const ms = Number(values['min-watch-timeout']);
-  if (ms < 1000) throw new UsageError('--min-watch-timeout must be at least 1s');
-  return ms;
-}
 export const WATCH_BACKOFF: BackoffPolicy = { baseMs: 1_000, capMs: 30_000 };
 
 export interface ListWatchOptions {

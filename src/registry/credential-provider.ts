@@ -25,7 +25,7 @@ import path from 'node:path';
 import type { PullAuth } from '../cri/runtime.ts';
 import { runBounded } from '../util/bounded-exec.ts';
 import type { CredentialProviderSpec } from './credential-provider-config.ts';
-import { parseGoDuration } from './credential-provider-config.ts';
+import { parseGoDuration } from './go-duration.ts';
 import { urlsMatch } from './keyring.ts';
 
 /** The kubelet's bound on one exec of a plugin. */
