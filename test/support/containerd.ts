@@ -5,9 +5,10 @@
 // keeps its root, so images and their labels survive.
 // `rootBytes` puts its root (content, snapshots: the image filesystem CRI
 // ImageFsInfo names) on a tmpfs of that size, for tests of a full disk.
-// Two versions: Debian 12's package (1.6.20, on PATH) and Debian trixie's
-// 1.7.24 unpacked into .cache/containerd-1.7 by .ci/containerd-1.7; both
-// read the same `version = 2` configuration.
+// Three versions: Debian 12's package (1.6.20, on PATH), Debian trixie's
+// 1.7.24 unpacked into .cache/containerd-1.7 by .ci/containerd-1.7, and
+// Debian sid's 2.1.9 unpacked into .cache/containerd-2.1 by
+// .ci/containerd-2.1; all read the same `version = 2` configuration.
 // Configuration: ../../../shared/facts/test-bed.md.
 import { execFile } from 'node:child_process';
 import { mkdir, mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
@@ -22,12 +23,15 @@ import { mountTmpfs, type ScratchFs } from './scratch-fs.ts';
 
 const run = promisify(execFile);
 
-/** Which containerd: '1.6' is the system's (Debian 12), '1.7' the project's copy of Debian trixie's. */
-export type ContainerdVersion = '1.6' | '1.7';
+/** Which containerd: '1.6' is the system's (Debian 12), '1.7' and '2.1' the project's copies of Debian trixie's and sid's. */
+export type ContainerdVersion = '1.6' | '1.7' | '2.1';
+
+/** The versions that honour the pin label, which every end-to-end test of pins runs on. */
+export const PINNING_CONTAINERD_VERSIONS: readonly ContainerdVersion[] = ['1.7', '2.1'];
 
 /** The component that provides a containerd version (for requireComponents). */
 export function containerdComponent(version: ContainerdVersion = '1.6'): ComponentName {
-  return version === '1.7' ? 'containerd-1.7' : 'containerd';
+  return version === '1.6' ? 'containerd' : `containerd-${version}`;
 }
 
 /** The containerd binary of a version, or an Error saying how to get it. */
