@@ -31,7 +31,8 @@ import { helpText, parseFlags, UsageError, type FlagSpec } from '../util/flags.t
 import { createLogger } from '../util/log.ts';
 import { errMessage } from '../util/problem-log.ts';
 import { RetryGate, STEP_RETRY } from '../util/retry.ts';
-import { AGENT_FLAGS } from './agent-flags.ts';
+import { AGENT_FLAGS, profileFlags } from './agent-flags.ts';
+import { nodeProfile } from './node-profile.ts';
 import { describeHolder, NodeLock } from './node-lock.ts';
 import type { PinBackendFlag } from './pin-choice.ts';
 import { pinWiring } from './pin-wiring.ts';
@@ -42,7 +43,7 @@ export const EXIT_AGENT_RUNNING = 3;
 
 /** The agent's flags that --drop-pins reads; the node's name is the host's unless given. */
 export const DROP_PINS_FLAGS: readonly FlagSpec[] = AGENT_FLAGS.filter((s) =>
-  ['node-name', 'cri-endpoint', 'pin-backend', 'state-dir', 'crio-dropin-dir', 'reload', 'crio-unit', 'reload-confirm-timeout', 'lock-timeout', 'log-level', 'drop-pins'].includes(s.name),
+  ['node-name', 'cri-endpoint', 'host-root', 'pin-backend', 'state-dir', 'crio-dropin-dir', 'reload', 'crio-unit', 'reload-confirm-timeout', 'lock-timeout', 'log-level', 'drop-pins'].includes(s.name),
 ).map((s) => (s.name === 'node-name' ? { ...s, required: false, help: 'name of this node, for the node lock\'s record (default: the host name)' } : s));
 
 const SUMMARY = `Removes pinset's pins from this node once, and exits: the agent's CRI-O drop-in
@@ -64,8 +65,14 @@ export async function runDropPins(argv: string[]): Promise<number> {
   // stdout carries the report; logs go to stderr.
   const logger = createLogger({ level: String(f['log-level']), base: { node: nodeName }, destination: process.stderr });
   const out = (line: string) => process.stdout.write(`${line}\n`);
-  const endpoint = String(f['cri-endpoint']);
-  const dropInDir = String(f['crio-dropin-dir']);
+  // The node's runtime as the agent finds it (or as the flags say).
+  const profile = await nodeProfile(profileFlags(f));
+  if (profile.problem) {
+    out(`${profile.problem}; nothing was changed`);
+    return 1;
+  }
+  const endpoint = profile.criEndpoint;
+  const dropInDir = profile.dropInDir;
   let reloader;
   try {
     reloader = createReloader(f.reload as ReloadMode, { unit: String(f['crio-unit']), logger });
@@ -86,7 +93,7 @@ export async function runDropPins(argv: string[]): Promise<number> {
     return 1;
   }
   const flag = f['pin-backend'] as PinBackendFlag;
-  const pins = pinWiring({ flag, dropInDir, stateDir: String(f['state-dir']), criEndpoint: endpoint, runtime, logger });
+  const pins = pinWiring({ profile, runtime, logger });
   const lock = new NodeLock(pins.lockPath, { pid: process.pid, host: hostname(), node: nodeName, runsIn: process.env.KUBERNETES_SERVICE_HOST ? 'pod' : 'host', startedAt: new Date().toISOString() });
   let locked: boolean;
   try {

@@ -3,7 +3,7 @@
 // its own pace), Events for changes of phase, and the agent's metrics. What
 // a set's generations were is remembered across reconciles and, through
 // the annotation, across restarts.
-import type { NodeSetStatus, SetPhase } from '../api/types.ts';
+import type { NodeRuntime, NodeSetStatus, SetPhase } from '../api/types.ts';
 import { readNodeStatus } from '../api/node-status.ts';
 import type { AgentMetrics } from '../metrics/agent-metrics.ts';
 import type { PinStatus } from '../pins/backend.ts';
@@ -25,6 +25,8 @@ export interface SetReportOptions {
   events?: EventRecorder | null;
   metrics?: AgentMetrics | null;
   diskCheck?: DiskCheck | null;
+  /** What the agent found on its node, with the pin backend in use, for the node status. */
+  nodeRuntime?: () => NodeRuntime | undefined;
   now: () => number;
 }
 
@@ -87,6 +89,7 @@ export class SetReport {
         cannotPin: pins.cannotPin,
         pins: pins.held,
         pinsKept: pinsKeptMessage(plan),
+        runtime: this.o.nodeRuntime?.(),
       }),
     );
     this.recordEvents(sets, plan);

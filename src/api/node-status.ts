@@ -23,14 +23,17 @@
 //   failing now has), so a failing set does not carry its message twice.
 // The document: {"version": 2, "pinFile": …, "updatedAt": …, "sets": […],
 // "imageFilesystemError": …, "cannotPin": …, "pins": 12, "pinsKept": …,
-// "truncated": true}; updatedAt in whole seconds; no node name (the
+// "truncated": true, "runtime": {…}}; updatedAt in whole seconds; no node name (the
 // annotation is on that Node). cannotPin, pins and pinsKept came after the
 // first version-2 agents: readers that predate them ignore them (unknown
 // keys are); no cannotPin means the node can pin, and a report without
 // `pins` is one whose pin count is unknown (an agent from before them).
+// runtime: what the agent found on its node (name, version, pin backend,
+// the host paths it uses; src/agent/node-profile.ts), absent from older agents.
 import {
   STATUS_ANNOTATION,
   STATUS_FORMAT_VERSION,
+  type NodeRuntime,
   type NodeSetStatus,
   type NodeStatus,
   type SetImageCounts,
@@ -97,6 +100,15 @@ function encodeSet(s: NodeSetStatus): Record<string, unknown> {
   return e;
 }
 
+/** The node's `runtime` as written; anything malformed is left out (an older or newer writer's shape), never guessed. */
+function readRuntime(v: unknown): NodeRuntime | undefined {
+  if (!isRecord(v) || typeof v.source !== 'string' || typeof v.pinBackend !== 'string' || typeof v.socket !== 'string' || typeof v.lock !== 'string') return undefined;
+  const r: NodeRuntime = { source: v.source, pinBackend: v.pinBackend, socket: v.socket, lock: v.lock };
+  for (const k of ['name', 'version', 'layout', 'dropInDir', 'hostsDir', 'problem'] as const) if (typeof v[k] === 'string') r[k] = v[k];
+  if (Array.isArray(v.imageFs) && v.imageFs.every((x) => typeof x === 'string')) r.imageFs = v.imageFs as string[];
+  return r;
+}
+
 /** The annotation's value for `status`, in the format agents write (version 2). */
 export function encodeNodeStatus(status: NodeStatus): string {
   const doc: Record<string, unknown> = {
@@ -110,6 +122,7 @@ export function encodeNodeStatus(status: NodeStatus): string {
   if (status.pins !== undefined) doc.pins = status.pins;
   if (status.pinsKept) doc.pinsKept = status.pinsKept;
   if (status.truncated) doc.truncated = true;
+  if (status.runtime) doc.runtime = status.runtime;
   return JSON.stringify(doc);
 }
 
@@ -256,6 +269,8 @@ export function parseNodeStatus(raw: string | undefined): NodeStatusReading {
   if (isCount(doc.pins)) status.pins = doc.pins;
   if (typeof doc.pinsKept === 'string' && doc.pinsKept !== '') status.pinsKept = doc.pinsKept;
   if (doc.truncated === true) status.truncated = true;
+  const runtime = readRuntime(doc.runtime);
+  if (runtime) status.runtime = runtime;
   return dropped.length > 0 ? { status, droppedEntries: dropped } : { status };
 }
 
