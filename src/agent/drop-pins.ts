@@ -24,15 +24,15 @@ import { PIN_LABEL, PIN_VALUE, OWN_LABEL } from '../containerd/label-pins.ts';
 import { CrioPins } from '../crio/crio-pins.ts';
 import { pinMatches } from '../crio/pin-match.ts';
 import { PinFile } from '../crio/pinfile.ts';
-import { createReloader } from '../crio/reload.ts';
-import type { ReloadMode } from '../crio/reloader.ts';
+import type { createReloader } from '../crio/reload.ts';
 import type { PinBackend } from '../pins/backend.ts';
-import { helpText, parseFlags, UsageError, type FlagSpec } from '../util/flags.ts';
+import { helpText, parseFlags, type FlagSpec } from '../util/flags.ts';
 import { createLogger } from '../util/log.ts';
 import { errMessage } from '../util/problem-log.ts';
 import { RetryGate, STEP_RETRY } from '../util/retry.ts';
 import { AGENT_FLAGS, profileFlags } from './agent-flags.ts';
 import { nodeProfile } from './node-profile.ts';
+import { reloaderFor } from './runtime-parts.ts';
 import { describeHolder, NodeLock } from './node-lock.ts';
 import type { PinBackendFlag } from './pin-choice.ts';
 import { pinWiring } from './pin-wiring.ts';
@@ -73,12 +73,7 @@ export async function runDropPins(argv: string[]): Promise<number> {
   }
   const endpoint = profile.criEndpoint;
   const dropInDir = profile.dropInDir;
-  let reloader;
-  try {
-    reloader = createReloader(f.reload as ReloadMode, { unit: String(f['crio-unit']), logger });
-  } catch (e) {
-    throw new UsageError(`--crio-unit: ${(e as Error).message}`);
-  }
+  const reloader = reloaderFor(f, logger);
   const runtime = new CriImageRuntime(endpoint);
   const close = () => {
     runtime.close();

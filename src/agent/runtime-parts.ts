@@ -15,6 +15,9 @@ import { hostPath, UnsettledRuntime, type NodeProfile } from './node-profile.ts'
 import { NodeLock } from './node-lock.ts';
 import { pinWiring, type PinWiring } from './pin-wiring.ts';
 
+/** systemd's system bus on the host. */
+const SYSTEM_BUS_SOCKET = '/run/dbus/system_bus_socket';
+
 export interface RuntimeParts {
   runtime: ImageRuntime;
   reloader: Reloader;
@@ -24,15 +27,22 @@ export interface RuntimeParts {
   close(): void;
 }
 
-export function runtimeParts(f: FlagValues, o: { profile: NodeProfile; logger: Logger; inCluster: boolean }): RuntimeParts {
-  const { profile, logger } = o;
-  const runtime: ImageRuntime = profile.problem ? new UnsettledRuntime(profile.problem) : new CriImageRuntime(profile.criEndpoint);
-  let reloader: Reloader;
+/** CRI-O's reloader as the flags say, on the system bus where the host's /run is seen (DBUS_SYSTEM_BUS_ADDRESS, when set, wins). */
+export function reloaderFor(f: FlagValues, logger: Logger): Reloader {
+  const hostRoot = String(f['host-root'] || '/');
+  const busAddress = hostRoot !== '/' && !process.env.DBUS_SYSTEM_BUS_ADDRESS ? `unix:path=${hostPath(hostRoot, SYSTEM_BUS_SOCKET)}` : undefined;
   try {
-    reloader = createReloader(f.reload as ReloadMode, { unit: String(f['crio-unit']), logger });
+    return createReloader(f.reload as ReloadMode, { unit: String(f['crio-unit']), logger, ...(busAddress ? { busAddress } : {}) });
   } catch (e) {
     throw new UsageError(`--crio-unit: ${(e as Error).message}`);
   }
+}
+
+export function runtimeParts(f: FlagValues, o: { profile: NodeProfile; logger: Logger; inCluster: boolean }): RuntimeParts {
+  const { profile, logger } = o;
+  const runtime: ImageRuntime = profile.problem ? new UnsettledRuntime(profile.problem) : new CriImageRuntime(profile.criEndpoint);
+  const hostRoot = String(f['host-root'] || '/');
+  const reloader = reloaderFor(f, logger);
   const pins = pinWiring({ profile, runtime, logger });
   const lock = new NodeLock(pins.lockPath, {
     pid: process.pid,
@@ -41,7 +51,6 @@ export function runtimeParts(f: FlagValues, o: { profile: NodeProfile; logger: L
     runsIn: o.inCluster ? 'pod' : 'host',
     startedAt: new Date(Date.now() - process.uptime() * 1000).toISOString(),
   });
-  const hostRoot = String(f['host-root'] || '/');
   // ImageFsInfo names host paths; they are measured where this process sees them.
   const diskCheck = new DiskCheck(runtime, {
     highWatermarkPercent: Number(f['image-fs-high-watermark']),
