@@ -53,6 +53,10 @@ export interface ContainerdOptions {
   root?: string;
   /** Its root on a tmpfs of this many bytes, made in the temporary folder (a small image filesystem); not with `root`. */
   rootBytes?: number;
+  /** Its socket (a node's /run/containerd/containerd.sock or /run/k3s/containerd/containerd.sock under a host root); default in its folder. */
+  socketPath?: string;
+  /** Its registry hosts folder (config_path); default <dir>/certs.d. */
+  certsDir?: string;
 }
 
 export class Containerd {
@@ -64,10 +68,13 @@ export class Containerd {
   #process: ServerProcess | undefined;
   #rootFs: ScratchFs | undefined;
 
-  private constructor(dir: string, binary: string) {
+  readonly certsDir: string;
+
+  private constructor(dir: string, binary: string, opts: ContainerdOptions = {}) {
     this.dir = dir;
     this.binary = binary;
-    this.socket = path.join(dir, 'containerd.sock');
+    this.socket = opts.socketPath ?? path.join(dir, 'containerd.sock');
+    this.certsDir = opts.certsDir ?? path.join(dir, 'certs.d');
     this.#configFile = path.join(dir, 'config.toml');
   }
 
@@ -76,7 +83,7 @@ export class Containerd {
     if (process.getuid?.() !== 0) throw new Error('containerd needs root here (mounts for the snapshotter, /run for its shims)');
     // Unix socket paths are limited to 107 bytes: keep the folder short.
     const dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-ctrd-'));
-    const c = new Containerd(dir, binary);
+    const c = new Containerd(dir, binary, opts);
     try {
       if (opts.rootBytes !== undefined && opts.root !== undefined) throw new Error('Containerd.start: give root or rootBytes, not both');
       if (opts.rootBytes !== undefined) {
@@ -106,10 +113,6 @@ export class Containerd {
     return this.#process?.running ?? false;
   }
 
-  get certsDir(): string {
-    return path.join(this.dir, 'certs.d');
-  }
-
   /** Maps a made-up host to a registry URL; containerd re-reads certs.d on every pull. */
   async mapHost(host: string, url: string): Promise<void> {
     const hostDir = path.join(this.certsDir, host);
@@ -121,7 +124,9 @@ export class Containerd {
   }
 
   private async writeConfig(opts: ContainerdOptions): Promise<void> {
-    for (const sub of ['root', 'state', 'opt', 'certs.d']) await mkdir(path.join(this.dir, sub), { recursive: true });
+    for (const sub of ['root', 'state', 'opt']) await mkdir(path.join(this.dir, sub), { recursive: true });
+    await mkdir(this.certsDir, { recursive: true });
+    await mkdir(path.dirname(this.socket), { recursive: true });
     for (const [host, url] of Object.entries(opts.mirrors ?? {})) await this.mapHost(host, url);
     const config = {
       version: 2,
