@@ -152,4 +152,37 @@ describe('the DaemonSet of kubectl kustomize deploy/, as rendered, on every runt
       }
     });
   }
+
+  test('no runtime at start: said plainly (the node status, each set RuntimeUnavailable, nothing pinned), no exit; containerd 2.1 coming up later is found and pinned on', async (t) => {
+    if (!requireComponents(t, NEEDS_CTRD)) return;
+    const root = path.join(work, 'later');
+    const img = await pushSingleLayer(registry!, 'ds-later/web');
+    await mkdir(path.join(root, 'etc/pinset/sets.d'), { recursive: true });
+    await writeFile(path.join(root, 'etc/pinset/sets.d/sets.yaml'), dumpYaml(set([img.ref])));
+    const env = { ...shippedEnv(shipped, root, { NODE_NAME: NODE, POD_NAMESPACE: 'pinset-system' }), PINSET_METRICS_ADDR: '' };
+    const agent = AgentProcess.start(shipped.args.slice(1), { cli, env });
+    let containerd: Containerd | undefined;
+    try {
+      const unsettled = await agent.waitForLog((l) => l.msg === 'node status' && Boolean((l.status as NodeStatus).runtime?.problem), 20_000, 'a status saying no runtime was settled on');
+      const status = unsettled.status as NodeStatus;
+      assert.match(status.runtime!.problem!, /^no container runtime answers on this node's CRI sockets/);
+      assert.equal(status.runtime!.pinBackend, 'none');
+      assert.deepEqual([status.sets[0]!.phase, status.sets[0]!.reason], ['Degraded', 'RuntimeUnavailable']);
+      assert.equal(status.sets[0]!.images.pinned, 0);
+      assert.match(status.sets[0]!.message ?? '', /no container runtime answers/);
+      containerd = await Containerd.start({ version: '2.1', socketPath: path.join(root, 'run/containerd/containerd.sock'), certsDir: path.join(root, 'etc/containerd/certs.d'), mirrors: { 'registry.test': registry!.url } });
+      await agent.waitForLog((l) => l.msg === "the node's runtime changed; the agent starts again on it", 30_000, 'the runtime found again');
+      const line = await agent.waitForLog(
+        (l) => l.msg === 'node status' && (l.status as NodeStatus).sets[0]?.phase === 'Ready' && (l.status as NodeStatus).sets[0]?.images.pinned === 1,
+        60_000,
+        'the set Ready and pinned on the runtime found later',
+      );
+      assert.equal((line.status as NodeStatus).runtime?.layout, 'containerd');
+      assert.equal(agent.running, true, 'the agent never exited');
+      assert.equal(await agent.stop(), 0);
+    } finally {
+      await agent.stop();
+      await containerd?.stop();
+    }
+  });
 });
