@@ -3,9 +3,10 @@
 // docs/reference.md's table says the same, and a test holds the two together).
 import { minWatchTimeoutFlag } from '../api/watch-timeout.ts';
 import { DEFAULT_SLOT_NAMESPACE } from '../rollout/slots.ts';
-import type { FlagSpec } from '../util/flags.ts';
 import { DEFAULT_DISK_ESTIMATE_FACTOR } from './estimate.ts';
-import { PIN_BACKEND_FLAGS } from './pin-choice.ts';
+import type { FlagSpec, FlagValues } from '../util/flags.ts';
+import type { ProfileFlags } from './node-profile.ts';
+import { PIN_BACKEND_FLAGS, type PinBackendFlag } from './pin-choice.ts';
 
 /**
  * Default pull parallelism. Measured on containerd with a loopback
@@ -25,7 +26,19 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
   },
   { name: 'static-dir', env: 'PINSET_STATIC_DIR', type: 'string', default: '/etc/pinset/sets.d', help: 'folder of YAML files of PinnedImageSet documents (missing = none)' },
   { name: 'node-labels', env: 'PINSET_NODE_LABELS', type: 'string', help: 'k=v,... labels for selector matching when the Node cannot be read' },
-  { name: 'cri-endpoint', env: 'PINSET_CRI_ENDPOINT', type: 'string', default: 'unix:///var/run/crio/crio.sock', help: 'CRI socket of the container runtime' },
+  {
+    name: 'cri-endpoint',
+    env: 'PINSET_CRI_ENDPOINT',
+    type: 'string',
+    help: 'CRI socket of the container runtime; default: found on the node (the one of /var/run/crio/crio.sock, /run/containerd/containerd.sock, /run/k3s/containerd/containerd.sock under --host-root that answers CRI Version)',
+  },
+  {
+    name: 'host-root',
+    env: 'PINSET_HOST_ROOT',
+    type: 'string',
+    default: '/',
+    help: 'where the host\'s /run, /etc and /var/lib are seen (the DaemonSet mounts them under /host): the runtime\'s socket, CRI-O\'s drop-in folder, containerd\'s registry hosts and image filesystem are looked for there',
+  },
   {
     name: 'pin-backend',
     env: 'PINSET_PIN_BACKEND',
@@ -35,7 +48,7 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
     help: 'how images are pinned: auto (from the runtime CRI Version names: CRI-O drop-in, containerd image labels, else pre-load only), crio, containerd, or none (pre-load only)',
   },
   { name: 'state-dir', env: 'PINSET_STATE_DIR', type: 'string', default: '/var/lib/pinset', help: 'where the node lock lives when CRI-O\'s drop-in folder is not used (containerd, pre-load only)' },
-  { name: 'crio-dropin-dir', env: 'PINSET_CRIO_DROPIN_DIR', type: 'string', default: '/etc/crio/crio.conf.d', help: 'CRI-O drop-in folder the pin file is written to' },
+  { name: 'crio-dropin-dir', env: 'PINSET_CRIO_DROPIN_DIR', type: 'string', help: 'CRI-O drop-in folder the pin file is written to (default /etc/crio/crio.conf.d under --host-root)' },
   { name: 'reload', env: 'PINSET_RELOAD', type: 'string', default: 'dbus', choices: ['dbus', 'systemctl', 'none'], help: 'how CRI-O is reloaded after the pin file changes' },
   { name: 'crio-unit', env: 'PINSET_CRIO_UNIT', type: 'string', default: 'crio.service', help: 'systemd unit of CRI-O' },
   { name: 'auth-file', env: 'PINSET_AUTH_FILE', type: 'string', default: '/var/lib/kubelet/config.json', help: 'registry credentials, docker config.json format (missing = anonymous pulls)' },
@@ -68,7 +81,7 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
   { name: 'disk-estimate-factor', env: 'PINSET_DISK_ESTIMATE_FACTOR', type: 'number', default: DEFAULT_DISK_ESTIMATE_FACTOR, help: 'before pulling, estimated disk = compressed size of the images to download (from the registry) x this; a batch that would not fit below the watermark waits; 0 disables the estimate' },
   { name: 'registries-conf', env: 'CONTAINERS_REGISTRIES_CONF', type: 'string', help: 'registries.conf with the node\'s mirrors, for the size estimate (default /etc/containers/registries.conf)' },
   { name: 'registries-conf-dir', env: 'PINSET_REGISTRIES_CONF_DIR', type: 'string', default: '/etc/containers/registries.conf.d', help: 'drop-in folder of registries.conf' },
-  { name: 'containerd-hosts-dir', env: 'PINSET_CONTAINERD_HOSTS_DIR', type: 'string', help: 'containerd\'s registry hosts folder (its config_path; several joined with ":"), for the size estimate; default /etc/containerd/certs.d when the runtime is containerd, where it replaces registries.conf' },
+  { name: 'containerd-hosts-dir', env: 'PINSET_CONTAINERD_HOSTS_DIR', type: 'string', help: 'containerd\'s registry hosts folder (its config_path; several joined with ":"), for the size estimate; default: the config_path of the runtime\'s containerd config (/etc/containerd/config.toml; k3s and RKE2: /var/lib/rancher/{k3s,rke2}/agent/etc/containerd/config.toml), else that layout\'s certs.d, where it replaces registries.conf' },
   { name: 'lease-namespace', env: 'POD_NAMESPACE', type: 'string', default: DEFAULT_SLOT_NAMESPACE, help: 'the agents\' namespace: rollout slot Leases (spec.rollout.maxConcurrentNodes) and the pull secrets sets name (spec.pullSecrets); the DaemonSet sets it to its own' },
   { name: 'rollout-lease-duration', env: 'PINSET_ROLLOUT_LEASE_DURATION', type: 'duration', default: '60s', help: 'a rollout slot not renewed for this long is free again (a node that died); renewed every third of it' },
   { name: 'status-progress-interval', env: 'PINSET_STATUS_PROGRESS_INTERVAL', type: 'duration', default: '1m', help: 'progress alone (image counts) is written to the Node this long after the last write, then twice as long each time up to 5m; a change of phase is written at once' },
@@ -88,3 +101,16 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
     help: "remove pinset's pins from this node (its CRI-O drop-in, or its labels on containerd), confirm through CRI, and exit; for a node whose agent is gone",
   },
 ];
+
+/** What the node's profile (./node-profile.ts) takes from the flags: those given win over what is found. */
+export function profileFlags(f: FlagValues): ProfileFlags {
+  const given = (name: string) => (f[name] ? String(f[name]) : undefined);
+  return {
+    hostRoot: String(f['host-root'] || '/'),
+    criEndpoint: given('cri-endpoint'),
+    pinBackend: f['pin-backend'] as PinBackendFlag,
+    dropInDir: given('crio-dropin-dir'),
+    containerdHostsDir: given('containerd-hosts-dir'),
+    stateDir: String(f['state-dir']),
+  };
+}

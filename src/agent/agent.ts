@@ -18,6 +18,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
 import type { Labels } from '../api/selector.ts';
+import type { NodeRuntime } from '../api/types.ts';
 import type { ImageRuntime, RuntimeInfo } from '../cri/runtime.ts';
 import { CrioPins } from '../crio/crio-pins.ts';
 import type { PinFile } from '../crio/pinfile.ts';
@@ -96,6 +97,8 @@ export interface AgentOptions {
   presenceCheckMs?: number;
   /** Settle time before a triggered reconcile starts, to batch bursts of events (default DEBOUNCE_MS). */
   debounceMs?: number;
+  /** The node's runtime for the node status, given the backend in use and the runtime's last answer (./node-profile.ts describeProfile). */
+  describeRuntime?: (pinBackend: string, info: RuntimeInfo | undefined) => NodeRuntime;
   /** Bound of the wait for CRI-O to apply a reload (tests shorten it). */
   pinWaitTimeoutMs?: number;
   /** Pace of every failing step (default STEP_RETRY: ~1 s doubling to ~1 min). */
@@ -166,7 +169,7 @@ export class Agent {
       rolloutGate: opts.rolloutGate,
       credentials: opts.credentials,
       presence: this.presence,
-      report: new SetReport({ ...opts, now: this.now }),
+      report: new SetReport({ ...opts, now: this.now, nodeRuntime: () => opts.describeRuntime?.(this.pins.for(this.runtime.info).name, this.runtime.info) }),
       now: this.now,
     };
     this.lookahead = new Lookahead(this.parts);

@@ -24,14 +24,15 @@ import { PIN_LABEL, PIN_VALUE, OWN_LABEL } from '../containerd/label-pins.ts';
 import { CrioPins } from '../crio/crio-pins.ts';
 import { pinMatches } from '../crio/pin-match.ts';
 import { PinFile } from '../crio/pinfile.ts';
-import { createReloader } from '../crio/reload.ts';
-import type { ReloadMode } from '../crio/reloader.ts';
+import type { createReloader } from '../crio/reload.ts';
 import type { PinBackend } from '../pins/backend.ts';
-import { helpText, parseFlags, UsageError, type FlagSpec } from '../util/flags.ts';
+import { helpText, parseFlags, type FlagSpec } from '../util/flags.ts';
 import { createLogger } from '../util/log.ts';
 import { errMessage } from '../util/problem-log.ts';
 import { RetryGate, STEP_RETRY } from '../util/retry.ts';
-import { AGENT_FLAGS } from './agent-flags.ts';
+import { AGENT_FLAGS, profileFlags } from './agent-flags.ts';
+import { nodeProfile } from './node-profile.ts';
+import { reloaderFor } from './runtime-parts.ts';
 import { describeHolder, NodeLock } from './node-lock.ts';
 import type { PinBackendFlag } from './pin-choice.ts';
 import { pinWiring } from './pin-wiring.ts';
@@ -41,7 +42,7 @@ import { RuntimeObserver } from './runtime-state.ts';
 export const EXIT_AGENT_RUNNING = 3;
 
 /** The agent's flags that --drop-pins reads. */
-const DROP_PINS_READS: ReadonlySet<string> = new Set(['node-name', 'cri-endpoint', 'pin-backend', 'state-dir', 'crio-dropin-dir', 'reload', 'crio-unit', 'reload-confirm-timeout', 'lock-timeout', 'log-level', 'drop-pins']);
+const DROP_PINS_READS: ReadonlySet<string> = new Set(['node-name', 'cri-endpoint', 'host-root', 'pin-backend', 'state-dir', 'crio-dropin-dir', 'reload', 'crio-unit', 'reload-confirm-timeout', 'lock-timeout', 'log-level', 'drop-pins']);
 
 /** The agent's flags that --drop-pins reads; the node's name is the host's unless given. */
 export const DROP_PINS_FLAGS: readonly FlagSpec[] = AGENT_FLAGS.filter((s) => DROP_PINS_READS.has(s.name)).map((s) =>
@@ -80,14 +81,15 @@ export async function runDropPins(argv: string[]): Promise<number> {
   // stdout carries the report; logs go to stderr.
   const logger = createLogger({ level: String(f['log-level']), base: { node: nodeName }, destination: process.stderr });
   const out = (line: string) => process.stdout.write(`${line}\n`);
-  const endpoint = String(f['cri-endpoint']);
-  const dropInDir = String(f['crio-dropin-dir']);
-  let reloader;
-  try {
-    reloader = createReloader(f.reload as ReloadMode, { unit: String(f['crio-unit']), logger });
-  } catch (e) {
-    throw new UsageError(`--crio-unit: ${(e as Error).message}`);
+  // The node's runtime as the agent finds it (or as the flags say).
+  const profile = await nodeProfile(profileFlags(f));
+  if (profile.problem) {
+    out(`${profile.problem}; nothing was changed`);
+    return 1;
   }
+  const endpoint = profile.criEndpoint;
+  const dropInDir = profile.dropInDir;
+  const reloader = reloaderFor(f, logger);
   const runtime = new CriImageRuntime(endpoint);
   const close = () => {
     runtime.close();
@@ -102,7 +104,7 @@ export async function runDropPins(argv: string[]): Promise<number> {
     return 1;
   }
   const flag = f['pin-backend'] as PinBackendFlag;
-  const pins = pinWiring({ flag, dropInDir, stateDir: String(f['state-dir']), criEndpoint: endpoint, runtime, logger });
+  const pins = pinWiring({ profile, runtime, logger });
   const lock = new NodeLock(pins.lockPath, { pid: process.pid, host: hostname(), node: nodeName, runsIn: process.env.KUBERNETES_SERVICE_HOST ? 'pod' : 'host', startedAt: new Date().toISOString() });
   let locked: boolean;
   try {

@@ -3,51 +3,29 @@
 import { existsSync } from 'node:fs';
 import { hostname } from 'node:os';
 import * as path from 'node:path';
+import type { Logger } from 'pino';
 import { parseLabelList } from '../api/selector.ts';
 import { minWatchTimeoutMs } from '../api/watch-timeout.ts';
 import type { NodeSetStatus } from '../api/types.ts';
-import { helpText, parseFlags, UsageError } from '../util/flags.ts';
-import { AGENT_FLAGS } from './agent-flags.ts';
-import { CriImageRuntime, unixSocketPath } from '../cri/client.ts';
+import { unixSocketPath } from '../cri/client.ts';
 import { PinFile, WRITE_STEPS, type PinFileHooks, type WriteStep } from '../crio/pinfile.ts';
-import { createReloader } from '../crio/reload.ts';
-import type { ReloadMode } from '../crio/reloader.ts';
 import type { AgentMetrics } from '../metrics/agent-metrics.ts';
 import { parseListenAddress } from '../metrics/server.ts';
+import { Backoff } from '../util/backoff.ts';
+import { helpText, parseFlags, UsageError, type FlagValues } from '../util/flags.ts';
 import { createLogger } from '../util/log.ts';
+import { STEP_RETRY } from '../util/retry.ts';
+import { AGENT_FLAGS, profileFlags } from './agent-flags.ts';
 import { Agent } from './agent.ts';
-import { credentialWiring } from './credential-wiring.ts';
+import { apiSide, type ApiSide } from './api-side.ts';
 import type { AgentCredentials } from './image-credentials.ts';
-import type { PinBackendFlag } from './pin-choice.ts';
 import type { KubeObserver } from './kube.ts';
-import type { EventRecorder } from './node-sinks.ts';
-import { DiskCheck } from './disk.ts';
 import { KubeletConfigWatch } from './kubelet-config.ts';
-import { lazyRegistrySizeEstimator } from './estimate.ts';
-import { describeHolder, NodeLock } from './node-lock.ts';
-import { pinWiring } from './pin-wiring.ts';
+import { describeProfile, nodeProfile, sameRuntime, type NodeProfile } from './node-profile.ts';
+import { describeHolder } from './node-lock.ts';
 import { ImagePuller } from './puller.ts';
-import { RolloutGate } from '../rollout/gate.ts';
-import { LogStatusSink, StatusReporter } from './status-reporter.ts';
-
-async function loadKubeModules() {
-  const [{ loadAgentKubeConfig }, { KubeObserver }, { AGENT_FIELD_MANAGER, NodeAnnotationSink, NodeEventRecorder }, { clientNodeLeaseApi }, { LeaseRolloutSlots }] = await Promise.all([
-    import('../api/kubeconfig.ts'),
-    import('./kube.ts'),
-    import('./node-sinks.ts'),
-    import('../rollout/lease-api.ts'),
-    import('../rollout/lease-slots.ts'),
-  ]);
-  return { loadAgentKubeConfig, KubeObserver, AGENT_FIELD_MANAGER, NodeAnnotationSink, NodeEventRecorder, clientNodeLeaseApi, LeaseRolloutSlots };
-}
-
-/** The kubelet's configuration files, unless both flags are "" (then nothing is reported about the kubelet). */
-function kubeletConfigWatch(f: Record<string, unknown>, kube: KubeObserver | null): KubeletConfigWatch | null {
-  const configFile = String(f['kubelet-config'] ?? '') || undefined;
-  const configDir = String(f['kubelet-config-dir'] ?? '') || undefined;
-  if (!configFile && !configDir) return null;
-  return new KubeletConfigWatch({ configFile, configDir }, () => kube?.currentNode()?.status?.nodeInfo?.kubeletVersion);
-}
+import { registryAccess } from './registry-access.ts';
+import { runtimeParts, type RuntimeParts } from './runtime-parts.ts';
 
 /** Exit status of --once when another agent held the node lock for all of --lock-timeout. */
 export const EXIT_LOCK_BUSY = 3;
@@ -92,6 +70,308 @@ function wantsDropPins(argv: readonly string[], env = process.env): boolean {
   return ['true', '1', 'yes'].includes(raw);
 }
 
+/** Checks of the flags that parseFlags cannot make; a bad value stops the agent with a usage error. */
+function checkFlags(f: FlagValues, once: boolean): void {
+  if (f['metrics-addr'] && !once) {
+    try {
+      parseListenAddress(String(f['metrics-addr']));
+    } catch (e) {
+      throw new UsageError(`--metrics-addr: ${(e as Error).message}`);
+    }
+  }
+  if (Number(f['max-parallel-pulls']) < 1) throw new UsageError('--max-parallel-pulls must be at least 1');
+  minWatchTimeoutMs(f);
+  // A Lease stores whole seconds, and the slot is renewed every third of it.
+  if (Number(f['rollout-lease-duration']) < 3_000) throw new UsageError('--rollout-lease-duration must be at least 3s');
+  if (Number(f['status-progress-interval']) < 1_000) throw new UsageError('--status-progress-interval must be at least 1s');
+  if (!String(f['lease-namespace'])) throw new UsageError('--lease-namespace (or POD_NAMESPACE) must not be empty');
+  const factor = Number(f['disk-estimate-factor']);
+  if (factor !== 0 && factor < 1) throw new UsageError('--disk-estimate-factor must be 0 (no estimate) or at least 1');
+}
+
+/** What lives as long as the process, across the node's profiles: the log, metrics and the health server's view of the current one. */
+interface Process {
+  f: FlagValues;
+  once: boolean;
+  logger: Logger;
+  metrics: AgentMetrics | null;
+  stopping: AbortController;
+  /** The current profile's agent and lock wait, for /healthz and /readyz. */
+  state: { agent?: Agent; waitingFor: string | null; lockPath?: string; problem?: string };
+}
+
+/** The node's profile, found (or from flags), logged with the time it took. */
+async function profile(p: Process): Promise<NodeProfile> {
+  const hostRoot = String(p.f['host-root'] || '/');
+  const found = await nodeProfile(profileFlags(p.f));
+  const said = describeProfile(found, hostRoot);
+  if (found.problem) p.logger.error({ runtime: said, detectionMs: found.detectionMs }, `no container runtime settled on: ${found.problem}; nothing is pinned until one is, and the agent looks again`);
+  else p.logger.info({ runtime: said, detectionMs: found.detectionMs }, found.source === 'detected' ? 'node runtime detected' : 'node runtime from flags');
+  return found;
+}
+
+/** Whether this node's runtime has changed since `current` was found: asked at a paced interval while the runtime is not reachable. */
+function watchProfile(p: Process, current: NodeProfile, agent: Agent, onChange: () => void): () => void {
+  if (current.source !== 'detected') return () => {};
+  const backoff = new Backoff(STEP_RETRY);
+  let timer: NodeJS.Timeout | undefined;
+  let stopped = false;
+  const next = (ms: number) => {
+    if (!stopped) timer = setTimeout(look, ms);
+  };
+  const look = async () => {
+    const reachable = !current.problem && agent.lastResult?.runtimeReachable !== false;
+    if (reachable) {
+      backoff.reset();
+      return next(STEP_RETRY.capMs);
+    }
+    const now = await nodeProfile(profileFlags(p.f));
+    if (stopped) return;
+    // A runtime that went away and is not back yet keeps the agent where it is (pins kept; it is reached again at its own pace).
+    if (!now.problem && !sameRuntime(current, now)) {
+      p.logger.info({ was: describeProfile(current, String(p.f['host-root'] || '/')), now: describeProfile(now, String(p.f['host-root'] || '/')) }, "the node's runtime changed; the agent starts again on it");
+      return onChange();
+    }
+    next(backoff.fail());
+  };
+  next(backoff.fail());
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
+}
+
+/** The kubelet's configuration files, unless both flags are "" (then nothing is reported about the kubelet). */
+function kubeletConfigWatch(f: FlagValues, kube: KubeObserver | null): KubeletConfigWatch | null {
+  const configFile = String(f['kubelet-config'] ?? '') || undefined;
+  const configDir = String(f['kubelet-config-dir'] ?? '') || undefined;
+  if (!configFile && !configDir) return null;
+  return new KubeletConfigWatch({ configFile, configDir }, () => kube?.currentNode()?.status?.nodeInfo?.kubeletVersion);
+}
+
+/** The agent of one profile, its parts wired together (the API side, registry access, the runtime's parts). */
+async function wireAgent(p: Process, prof: NodeProfile, api: ApiSide, rt: RuntimeParts, pinFile: PinFile | null) {
+  const { f, logger, metrics } = p;
+  let agent: Agent | undefined;
+  const access = await registryAccess(f, { profile: prof, secrets: api.kube?.secrets ?? null, runtimeInfo: () => agent?.runtimeInfo, logger, metrics });
+  const puller = new ImagePuller({
+    runtime: rt.runtime,
+    maxParallel: Number(f['max-parallel-pulls']),
+    logger,
+    credentials: access.credentials,
+    onResult: (r) => {
+      metrics?.pulls.inc({ result: r.ok ? 'success' : (r.failure?.kind ?? 'Other'), kind: r.kind });
+      if (r.ok) metrics?.pullDuration.observe(r.durationMs / 1000);
+    },
+  });
+  const hostRoot = String(f['host-root'] || '/');
+  agent = new Agent({
+    nodeName: String(f['node-name']),
+    runtime: rt.runtime,
+    criSocketPath: prof.problem ? null : unixSocketPath(prof.criEndpoint),
+    pinFile,
+    reloader: rt.reloader,
+    pinBackend: prof.pinBackend,
+    containerdPins: rt.pins.containerd,
+    puller,
+    reporter: api.reporter,
+    logger,
+    kube: api.kube,
+    staticDir: String(f['static-dir']),
+    flagLabels: f['node-labels'] ? parseLabelList(String(f['node-labels'])) : null,
+    authFile: access.authFile,
+    credentials: access.credentials,
+    events: api.events,
+    metrics,
+    diskCheck: rt.diskCheck,
+    kubeletConfig: kubeletConfigWatch(f, api.kube),
+    sizeEstimator: access.sizeEstimator,
+    diskEstimateFactor: access.diskEstimateFactor,
+    rolloutGate: api.rolloutGate,
+    resyncIntervalMs: Number(f['resync-interval']),
+    presenceCheckMs: Number(f['presence-check-interval']),
+    pinWaitTimeoutMs: Number(f['reload-confirm-timeout']),
+    describeRuntime: (backend, info) => describeProfile(prof, hostRoot, backend, info),
+  });
+  return { agent, puller, credentials: access.credentials };
+}
+
+/** Runs the agent on one profile until it stops (a signal, --once done) or the node's runtime changes ('again'). */
+async function runProfile(p: Process, prof: NodeProfile): Promise<number | 'again'> {
+  const { f, once, logger, metrics, stopping } = p;
+  let agent: Agent | undefined;
+  let credentials: AgentCredentials | undefined;
+  let puller: ImagePuller | undefined;
+  const api = await apiSide(f, logger, {
+    trigger: (why, cancel) => agent?.trigger(why, cancel),
+    secretChanged: (name) => {
+      if (!credentials || !puller) return;
+      puller.retryNow(credentials.imagesUsingSecret(name));
+      agent?.trigger('pull secret changed');
+    },
+  });
+  const rt = runtimeParts(f, { profile: prof, logger, inCluster: api.inCluster });
+  const { lock } = rt;
+  p.state.lockPath = lock.path;
+  p.state.problem = prof.problem;
+  const shutdown = async () => {
+    await agent?.stop();
+    // Free any rollout slot now rather than keep other nodes waiting for it to expire.
+    await Promise.race([api.rolloutGate?.close(), new Promise((r) => setTimeout(r, 2_000).unref())]);
+    await api.kube?.stop();
+    // The last status goes out if the API answers within 2 s; the timer must
+    // not hold the process open once it has.
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([api.reporter.flush(), new Promise((r) => (timer = setTimeout(r, 2_000)))]);
+    clearTimeout(timer);
+    api.reporter.close();
+    rt.close();
+  };
+  const dropInDir = prof.dropInDir;
+  logger.info({ dropInDir, criEndpoint: prof.criEndpoint, reload: f.reload, maxParallelPulls: Number(f['max-parallel-pulls']), host: hostname() }, 'pinset agent starting');
+  metrics?.nodeLockHeld.set(0);
+  const cannotStart = async (e: unknown): Promise<number> => {
+    logger.error(
+      { lock: lock.path, err: (e as Error).message },
+      rt.pins.usesDropIn
+        ? `cannot take the node lock or open the drop-in folder: the agent needs ${path.dirname(lock.path)} and ${dropInDir} writable, on one mount (the DaemonSet mounts the host's /etc read-write; the systemd unit has ReadWritePaths=/etc/crio)`
+        : `cannot take the node lock: the agent needs ${path.dirname(lock.path)} writable (--state-dir; the DaemonSet mounts /var/lib/pinset)`,
+    );
+    await shutdown();
+    lock.release();
+    return 2;
+  };
+
+  // One writer per node: nothing is written (pin file, Node status) before
+  // the node lock is held. /healthz, /readyz and /metrics answer meanwhile,
+  // so a waiting pod is alive, not ready, and says why.
+  let waited = false;
+  let locked: boolean;
+  try {
+    locked = await lock.acquire({
+      signal: stopping.signal,
+      timeoutMs: once ? Number(f['lock-timeout']) : undefined,
+      onWait: (holder) => {
+        waited = true;
+        p.state.waitingFor = describeHolder(holder);
+        logger.warn({ lock: lock.path, holder }, 'another pinset agent holds the node lock; waiting for it to exit before writing anything');
+        api.events?.record('Warning', 'WaitingForNodeLock', `${p.state.waitingFor} holds the node lock ${lock.path}; the agent pid ${process.pid} on ${hostname()} waits and takes over when it exits`);
+      },
+    });
+  } catch (e) {
+    return await cannotStart(e);
+  }
+  if (!locked) {
+    if (once) logger.error({ lock: lock.path, waitedMs: Number(f['lock-timeout']) }, `${p.state.waitingFor ?? 'another pinset agent'} held the node lock for all of --lock-timeout: it is pinning this node; nothing was written`);
+    await shutdown();
+    return once ? EXIT_LOCK_BUSY : 0;
+  }
+  p.state.waitingFor = null;
+  metrics?.nodeLockHeld.set(1);
+  let pinFile: PinFile | null = null;
+  try {
+    // With the lock held, no other agent is mid-write: open() may clean up after a killed one.
+    if (rt.pins.usesDropIn) pinFile = await PinFile.open(dropInDir, { hooks: crashHooks() });
+  } catch (e) {
+    return await cannotStart(e);
+  }
+  logger.info({ lock: lock.path, pinFile: pinFile?.path, ...(waited ? { tookOver: true } : {}) }, 'node lock held: this agent writes the pins of this node');
+  // crio.conf.d mounted alone: every write would fail with EXDEV. Said once
+  // here; each write then refuses with the same message, which the sets'
+  // status carries (PinFileWriteFailed), and the current pins stay.
+  const layout = await pinFile?.mountProblem();
+  if (layout && pinFile) logger.error({ dropInDir: pinFile.dir, stagingDir: pinFile.stagingDir }, layout);
+
+  const wired = await wireAgent(p, prof, api, rt, pinFile);
+  agent = p.state.agent = wired.agent;
+  credentials = wired.credentials;
+  puller = wired.puller;
+  if (api.awaitedKubeconfig) {
+    logger.warn(
+      { kubeconfig: api.awaitedKubeconfig },
+      once
+        ? 'the kubeconfig does not exist yet (the kubelet writes its own when the node joins); applying static sets only'
+        : 'the kubeconfig does not exist yet (the kubelet writes its own when the node joins); applying static sets only until it appears, then restarting to use it',
+    );
+  }
+  const code = once ? await reconcileOnce(api, agent, logger) : await runUntilStopped(p, prof, api, agent);
+  await shutdown();
+  lock.release();
+  return code;
+}
+
+/** --once: one full reconcile, its sets on stdout; 0 when every set is Ready. */
+async function reconcileOnce(api: ApiSide, agent: Agent, logger: Logger): Promise<number> {
+  const { kube } = api;
+  await kube?.start();
+  if (kube) {
+    const deadline = Date.now() + ONCE_SYNC_TIMEOUT_MS;
+    while (!kube.synced && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    if (!kube.synced) logger.warn('the API could not be listed; applying static sets and keeping current pins');
+  }
+  try {
+    const result = await agent.reconcile();
+    for (const s of result.sets) process.stdout.write(JSON.stringify(s satisfies NodeSetStatus) + '\n');
+    // A static file whose sets are unknown may hold sets that are not Ready.
+    if (result.plan.unknownStatic.length) logger.error({ files: result.plan.unknownStatic }, 'static set files could not be read: their sets are not applied');
+    return result.sets.every((s) => s.phase === 'Ready') && result.plan.unknownStatic.length === 0 ? 0 : 1;
+  } catch (e) {
+    logger.error({ err: (e as Error).message }, 'reconcile failed');
+    return 1;
+  }
+}
+
+/** The agent's loop until SIGTERM, the awaited kubeconfig appearing (exit 75) or the node's runtime changing ('again'). */
+async function runUntilStopped(p: Process, prof: NodeProfile, api: ApiSide, agent: Agent): Promise<number | 'again'> {
+  const { logger, stopping } = p;
+  if (stopping.signal.aborted) return 0;
+  await api.kube?.start();
+  agent.start();
+  let code: number | 'again' = 0;
+  const done = new AbortController();
+  const finish = (c: number | 'again') => {
+    code = c;
+    done.abort();
+  };
+  const unwatch = watchProfile(p, prof, agent, () => finish('again'));
+  let poll: NodeJS.Timeout | undefined;
+  const awaited = api.awaitedKubeconfig;
+  if (awaited) {
+    poll = setInterval(() => {
+      if (!existsSync(awaited)) return;
+      logger.info({ kubeconfig: awaited, exitCode: EXIT_RESTART_FOR_KUBECONFIG }, 'the kubeconfig appeared; exiting to be restarted with the API');
+      finish(EXIT_RESTART_FOR_KUBECONFIG);
+    }, KUBECONFIG_POLL_MS);
+    poll.unref();
+  }
+  await new Promise<void>((resolve) => {
+    stopping.signal.addEventListener('abort', () => resolve(), { once: true });
+    done.signal.addEventListener('abort', () => resolve(), { once: true });
+  });
+  clearInterval(poll);
+  unwatch();
+  return code;
+}
+
+/** /healthz, /readyz and /metrics, for as long as the process runs (across profiles). */
+async function healthServer(p: Process) {
+  const { f, metrics, once, state } = p;
+  if (!metrics || once) return null;
+  return (await import('../metrics/server.ts')).startHealthServer(String(f['metrics-addr']), metrics.registry, {
+    live: () => {
+      const a = state.agent;
+      return !a || a.lastLoopAt === 0 || Date.now() - a.lastLoopAt < Number(f['resync-interval']) * 3 + 60_000 ? null : 'reconcile loop stalled';
+    },
+    ready: () => {
+      if (state.waitingFor) return `waiting for the node lock ${state.lockPath}: ${state.waitingFor} holds it and writes the pins of this node`;
+      if (state.problem) return state.problem;
+      if (!state.agent?.firstSyncDone) return 'waiting for the first reconcile that reaches the runtime';
+      if (state.agent.lastResult && !state.agent.lastResult.runtimeReachable) return 'the container runtime is not reachable';
+      return null;
+    },
+  });
+}
+
 /** The command's flags, for its --help and the reference (docs/reference.md; a test holds the two together). */
 export const flags = AGENT_FLAGS;
 
@@ -103,310 +383,29 @@ export async function run(argv: string[]): Promise<number> {
     return 0;
   }
   const once = f.once === true;
-  const nodeName = String(f['node-name']);
+  checkFlags(f, once);
+  crashHooks();
   // With --once, stdout carries the results; logs go to stderr.
-  const logger = createLogger({ level: String(f['log-level']), base: { node: nodeName }, ...(once ? { destination: process.stderr } : {}) });
-  if (f['metrics-addr'] && !once) {
-    try {
-      parseListenAddress(String(f['metrics-addr']));
-    } catch (e) {
-      throw new UsageError(`--metrics-addr: ${(e as Error).message}`);
-    }
-  }
-  const maxParallel = Number(f['max-parallel-pulls']);
-  if (maxParallel < 1) throw new UsageError('--max-parallel-pulls must be at least 1');
-  const minWatchTimeout = minWatchTimeoutMs(f);
-  const slotLeaseMs = Number(f['rollout-lease-duration']);
-  // A Lease stores whole seconds, and the slot is renewed every third of it.
-  if (slotLeaseMs < 3_000) throw new UsageError('--rollout-lease-duration must be at least 3s');
-  const progressIntervalMs = Number(f['status-progress-interval']);
-  if (progressIntervalMs < 1_000) throw new UsageError('--status-progress-interval must be at least 1s');
-  const leaseNamespace = String(f['lease-namespace']);
-  if (!leaseNamespace) throw new UsageError('--lease-namespace (or POD_NAMESPACE) must not be empty');
-
-  // The Kubernetes client is large (about 80 MB resident): a node that runs on
-  // static sets alone never loads it.
-  // A kubeconfig that does not exist yet is the kubelet's before the node
-  // has joined (deploy/systemd): until it appears the agent applies static
-  // sets only; then it exits so that its service manager starts it again
-  // with the API.
-  const configured = f.kubeconfig as string | undefined;
-  const awaitedKubeconfig = configured && !existsSync(configured) ? configured : undefined;
-  const kubeconfig = awaitedKubeconfig ? undefined : configured;
-  const inCluster = !awaitedKubeconfig && Boolean(process.env.KUBERNETES_SERVICE_HOST && process.env.KUBERNETES_SERVICE_PORT);
-  const kubeModules = kubeconfig || inCluster ? await loadKubeModules() : null;
-  let kc = null;
-  try {
-    kc = kubeModules?.loadAgentKubeConfig(kubeconfig) ?? null;
-  } catch (e) {
-    throw new UsageError(`cannot load kubeconfig: ${(e as Error).message}`);
-  }
-  const flagLabels = f['node-labels'] ? parseLabelList(String(f['node-labels'])) : null;
-
+  const logger = createLogger({ level: String(f['log-level']), base: { node: String(f['node-name']) }, ...(once ? { destination: process.stderr } : {}) });
   // Metrics exist only where something serves them (prom-client is ~20 MB resident).
   const serveMetrics = !once && Boolean(f['metrics-addr']);
   const metrics: AgentMetrics | null = serveMetrics ? new (await import('../metrics/agent-metrics.ts')).AgentMetrics({ defaultMetrics: true, resyncIntervalSeconds: Number(f['resync-interval']) / 1000 }) : null;
-  const runtime = new CriImageRuntime(String(f['cri-endpoint']));
-  const dropInDir = String(f['crio-dropin-dir']);
-  const hooks = crashHooks();
-  let reloader;
-  try {
-    reloader = createReloader(f.reload as ReloadMode, { unit: String(f['crio-unit']), logger });
-  } catch (e) {
-    throw new UsageError(`--crio-unit: ${(e as Error).message}`);
-  }
-  const creds = await credentialWiring(
-    {
-      authFile: String(f['auth-file']),
-      providerConfig: (f['image-credential-provider-config'] as string | undefined) || undefined,
-      providerBinDir: (f['image-credential-provider-bin-dir'] as string | undefined) || undefined,
-      providerTimeoutMs: Number(f['image-credential-provider-timeout']),
-    },
-    logger,
-    metrics,
-  );
-  const authFile = creds.authFile;
-  // Set once the API is known (pull secrets are read from it); the puller asks it on every pull.
-  let credentials: AgentCredentials | undefined;
-  const puller = new ImagePuller({
-    runtime,
-    maxParallel,
-    logger,
-    credentials: { credentialsFor: (image, signal) => credentials!.credentialsFor(image, signal), scrub: (t) => credentials!.scrub(t) },
-    onResult: (r) => {
-      metrics?.pulls.inc({ result: r.ok ? 'success' : (r.failure?.kind ?? 'Other'), kind: r.kind });
-      if (r.ok) metrics?.pullDuration.observe(r.durationMs / 1000);
-    },
-  });
-
-  let agent: Agent | undefined;
-  let kube: KubeObserver | null = null;
-  let events: EventRecorder | null = null;
-  let reporter: StatusReporter;
-  let rolloutGate: RolloutGate | null = null;
-  if (kc && kubeModules) {
-    const { KubeObserver, AGENT_FIELD_MANAGER, NodeAnnotationSink, NodeEventRecorder, clientNodeLeaseApi, LeaseRolloutSlots } = kubeModules;
-    const observer = new KubeObserver(kc, nodeName, logger, (why) => agent?.trigger(why, true), {
-      minWatchTimeoutMs: minWatchTimeout,
-      secretNamespace: leaseNamespace,
-      // A changed pull secret: the images of the sets naming it are tried again now, not at their backoff.
-      onSecretChange: (name) => {
-        if (!credentials) return;
-        puller.retryNow(credentials.imagesUsingSecret(name));
-        agent?.trigger('pull secret changed');
-      },
-    });
-    kube = observer;
-    reporter = new StatusReporter(new NodeAnnotationSink(kc, nodeName), { logger, progressIntervalMs });
-    events = new NodeEventRecorder(kc, nodeName, () => observer.currentNode()?.metadata?.uid, logger);
-    const slots = new LeaseRolloutSlots({ api: clientNodeLeaseApi(kc), namespace: leaseNamespace, identity: nodeName, fieldManager: AGENT_FIELD_MANAGER, leaseDurationMs: slotLeaseMs });
-    rolloutGate = new RolloutGate({ slots, logger, onLost: () => agent?.trigger('rollout slot lost') });
-  } else {
-    reporter = new StatusReporter(new LogStatusSink(logger), { logger, progressIntervalMs });
-  }
-  credentials = creds.withSecrets(kube?.secrets ?? null);
-  const factor = Number(f['disk-estimate-factor']);
-  if (factor !== 0 && factor < 1) throw new UsageError('--disk-estimate-factor must be 0 (no estimate) or at least 1');
-  // The registry client is loaded on the first reconcile that has images to download.
-  const sizeEstimator =
-    factor > 0 && Number(f['image-fs-high-watermark']) > 0
-      ? lazyRegistrySizeEstimator({
-          credentials,
-          file: f['registries-conf'] as string | undefined,
-          dir: String(f['registries-conf-dir']),
-          containerdHostsDir: f['containerd-hosts-dir'] as string | undefined,
-          runtime: () => {
-            const info = agent?.runtimeInfo;
-            return info ? { name: info.runtimeName, version: info.runtimeVersion } : { name: f['pin-backend'] === 'containerd' ? 'containerd' : undefined };
-          },
-          logger,
-        })
-      : null;
-  const shutdown = async () => {
-    await agent?.stop();
-    // Free any rollout slot now rather than keep other nodes waiting for it to expire.
-    await Promise.race([rolloutGate?.close(), new Promise((r) => setTimeout(r, 2_000).unref())]);
-    await kube?.stop();
-    // The last status goes out if the API answers within 2 s; the timer must
-    // not hold the process open once it has.
-    let timer: NodeJS.Timeout | undefined;
-    await Promise.race([reporter.flush(), new Promise((r) => (timer = setTimeout(r, 2_000)))]);
-    clearTimeout(timer);
-    reporter.close();
-    runtime.close();
-    reloader.close();
-  };
-
-  // One writer per node: nothing is written (pin file, Node status) before
-  // the node lock is held. /healthz, /readyz and /metrics answer meanwhile,
-  // so a waiting pod is alive, not ready, and says why.
-  const pinBackend = f['pin-backend'] as PinBackendFlag;
-  const pins = pinWiring({ flag: pinBackend, dropInDir, stateDir: String(f['state-dir']), criEndpoint: String(f['cri-endpoint']), runtime, logger });
-  const lock = new NodeLock(pins.lockPath, {
-    pid: process.pid,
-    host: hostname(),
-    node: nodeName,
-    runsIn: inCluster ? 'pod' : 'host',
-    startedAt: new Date(Date.now() - process.uptime() * 1000).toISOString(),
-  });
-  let waitingFor: string | null = null;
-  const health =
-    metrics && !once
-      ? await (await import('../metrics/server.ts')).startHealthServer(String(f['metrics-addr']), metrics.registry, {
-          live: () => (!agent || agent.lastLoopAt === 0 || Date.now() - agent.lastLoopAt < Number(f['resync-interval']) * 3 + 60_000 ? null : 'reconcile loop stalled'),
-          ready: () => {
-            if (waitingFor) return `waiting for the node lock ${lock.path}: ${waitingFor} holds it and writes the pins of this node`;
-            if (!agent?.firstSyncDone) return 'waiting for the first reconcile that reaches the runtime';
-            if (agent.lastResult && !agent.lastResult.runtimeReachable) return 'the container runtime is not reachable';
-            return null;
-          },
-        })
-      : null;
+  const p: Process = { f, once, logger, metrics, stopping: new AbortController(), state: { waitingFor: null } };
+  const health = await healthServer(p);
   if (health) logger.info({ url: health.url }, 'health and metrics listening');
-
-  const stopping = new AbortController();
   if (!once) {
     for (const sig of ['SIGTERM', 'SIGINT'] as const) {
       process.once(sig, () => {
         logger.info({ signal: sig }, 'stopping');
-        stopping.abort();
+        p.stopping.abort();
       });
     }
   }
-  logger.info({ dropInDir, criEndpoint: f['cri-endpoint'], reload: f.reload, maxParallelPulls: maxParallel, host: hostname() }, 'pinset agent starting');
-  metrics?.nodeLockHeld.set(0);
-  const cannotStart = async (e: unknown): Promise<number> => {
-    logger.error(
-      { lock: lock.path, err: (e as Error).message },
-      pins.usesDropIn
-        ? `cannot take the node lock or open the drop-in folder: the agent needs ${path.dirname(lock.path)} and ${dropInDir} writable, on one mount (the DaemonSet mounts /etc/crio read-write; the systemd unit has ReadWritePaths=/etc/crio)`
-        : `cannot take the node lock: the agent needs ${path.dirname(lock.path)} writable (--state-dir; deploy/containerd mounts /var/lib/pinset)`,
-    );
-    await shutdown();
-    await health?.close();
-    lock.release();
-    return 2;
-  };
-  let waited = false;
-  let locked: boolean;
-  try {
-    locked = await lock.acquire({
-      signal: stopping.signal,
-      timeoutMs: once ? Number(f['lock-timeout']) : undefined,
-      onWait: (holder) => {
-        waited = true;
-        waitingFor = describeHolder(holder);
-        logger.warn({ lock: lock.path, holder }, 'another pinset agent holds the node lock; waiting for it to exit before writing anything');
-        events?.record('Warning', 'WaitingForNodeLock', `${waitingFor} holds the node lock ${lock.path}; the agent pid ${process.pid} on ${hostname()} waits and takes over when it exits`);
-      },
-    });
-  } catch (e) {
-    return await cannotStart(e);
-  }
-  if (!locked) {
-    if (once) {
-      logger.error({ lock: lock.path, waitedMs: Number(f['lock-timeout']) }, `${waitingFor ?? 'another pinset agent'} held the node lock for all of --lock-timeout: it is pinning this node; nothing was written`);
-    }
-    await shutdown();
-    await health?.close();
-    return once ? EXIT_LOCK_BUSY : 0;
-  }
-  waitingFor = null;
-  metrics?.nodeLockHeld.set(1);
-  let pinFile: PinFile | null = null;
-  try {
-    // With the lock held, no other agent is mid-write: open() may clean up after a killed one.
-    if (pins.usesDropIn) pinFile = await PinFile.open(dropInDir, { hooks });
-  } catch (e) {
-    return await cannotStart(e);
-  }
-  logger.info({ lock: lock.path, pinFile: pinFile?.path, ...(waited ? { tookOver: true } : {}) }, 'node lock held: this agent writes the pins of this node');
-  // crio.conf.d mounted alone: every write would fail with EXDEV. Said once
-  // here; each write then refuses with the same message, which the sets'
-  // status carries (PinFileWriteFailed), and the current pins stay.
-  const layout = await pinFile?.mountProblem();
-  if (layout && pinFile) logger.error({ dropInDir: pinFile.dir, stagingDir: pinFile.stagingDir }, layout);
-
-  agent = new Agent({
-    nodeName,
-    runtime,
-    criSocketPath: unixSocketPath(String(f['cri-endpoint'])),
-    pinFile,
-    reloader,
-    pinBackend,
-    containerdPins: pins.containerd,
-    puller,
-    reporter,
-    logger,
-    kube,
-    staticDir: String(f['static-dir']),
-    flagLabels,
-    authFile,
-    credentials,
-    events,
-    metrics,
-    diskCheck: new DiskCheck(runtime, { highWatermarkPercent: Number(f['image-fs-high-watermark']), logger }),
-    kubeletConfig: kubeletConfigWatch(f, kube),
-    sizeEstimator,
-    diskEstimateFactor: factor,
-    rolloutGate,
-    resyncIntervalMs: Number(f['resync-interval']),
-    presenceCheckMs: Number(f['presence-check-interval']),
-    pinWaitTimeoutMs: Number(f['reload-confirm-timeout']),
-  });
-
-  if (awaitedKubeconfig) {
-    logger.warn(
-      { kubeconfig: awaitedKubeconfig },
-      once
-        ? 'the kubeconfig does not exist yet (the kubelet writes its own when the node joins); applying static sets only'
-        : 'the kubeconfig does not exist yet (the kubelet writes its own when the node joins); applying static sets only until it appears, then restarting to use it',
-    );
-  }
-
-  if (once) {
-    await kube?.start();
-    if (kube) {
-      const deadline = Date.now() + ONCE_SYNC_TIMEOUT_MS;
-      while (!kube.synced && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
-      if (!kube.synced) logger.warn('the API could not be listed; applying static sets and keeping current pins');
-    }
-    let code = 0;
-    try {
-      const result = await agent.reconcile();
-      for (const s of result.sets) process.stdout.write(JSON.stringify(s satisfies NodeSetStatus) + '\n');
-      // A static file whose sets are unknown may hold sets that are not Ready.
-      if (result.plan.unknownStatic.length) logger.error({ files: result.plan.unknownStatic }, 'static set files could not be read: their sets are not applied');
-      code = result.sets.every((s) => s.phase === 'Ready') && result.plan.unknownStatic.length === 0 ? 0 : 1;
-    } catch (e) {
-      logger.error({ err: (e as Error).message }, 'reconcile failed');
-      code = 1;
-    }
-    await shutdown();
-    lock.release();
-    return code;
-  }
-
-  let code = 0;
-  if (!stopping.signal.aborted) {
-    await kube?.start();
-    agent.start();
-    if (awaitedKubeconfig) {
-      const poll = setInterval(() => {
-        if (!existsSync(awaitedKubeconfig)) return;
-        clearInterval(poll);
-        logger.info({ kubeconfig: awaitedKubeconfig, exitCode: EXIT_RESTART_FOR_KUBECONFIG }, 'the kubeconfig appeared; exiting to be restarted with the API');
-        code = EXIT_RESTART_FOR_KUBECONFIG;
-        stopping.abort();
-      }, KUBECONFIG_POLL_MS);
-      poll.unref();
-      stopping.signal.addEventListener('abort', () => clearInterval(poll), { once: true });
-    }
-    await new Promise<void>((resolve) => stopping.signal.addEventListener('abort', () => resolve(), { once: true }));
-  }
-  await shutdown();
+  let code: number | 'again';
+  do {
+    code = await runProfile(p, await profile(p));
+  } while (code === 'again' && !p.stopping.signal.aborted);
   await health?.close();
-  lock.release();
-  logger.info('stopped');
-  return code;
+  if (!once) logger.info('stopped');
+  return code === 'again' ? 0 : code;
 }

@@ -3,7 +3,7 @@
 // its own pace), Events for changes of phase, and the agent's metrics. What
 // a set's generations were is remembered across reconciles and, through
 // the annotation, across restarts.
-import type { NodeSetStatus, SetPhase } from '../api/types.ts';
+import type { NodeRuntime, NodeSetStatus, SetPhase } from '../api/types.ts';
 import { readNodeStatus } from '../api/node-status.ts';
 import type { AgentMetrics } from '../metrics/agent-metrics.ts';
 import type { PinStatus } from '../pins/backend.ts';
@@ -28,6 +28,8 @@ export interface SetReportOptions {
   diskCheck?: DiskCheck | null;
   /** The kubelet's configuration files, when the agent is given them (--kubelet-config, --kubelet-config-dir). */
   kubeletConfig?: KubeletConfigWatch | null;
+  /** What the agent found on its node, with the pin backend in use, for the node status. */
+  nodeRuntime?: () => NodeRuntime | undefined;
   now: () => number;
 }
 
@@ -91,6 +93,7 @@ export class SetReport {
         pins: pins.held,
         pinsKept: pinsKeptMessage(plan),
         kubeletVerification: this.o.kubeletConfig?.status(plan),
+        runtime: this.o.nodeRuntime?.(),
       }),
     );
     this.recordEvents(sets, plan);

@@ -44,7 +44,7 @@ function comparable(s: NodeStatus): unknown {
  * kept for another reason.
  */
 export function progressOnly(prev: NodeStatus | undefined, next: NodeStatus): boolean {
-  if (!prev || prev.pinFile !== next.pinFile || prev.imageFilesystemError !== next.imageFilesystemError || prev.cannotPin !== next.cannotPin) return false;
+  if (!prev || prev.pinFile !== next.pinFile || prev.imageFilesystemError !== next.imageFilesystemError || prev.cannotPin !== next.cannotPin || JSON.stringify(prev.runtime) !== JSON.stringify(next.runtime)) return false;
   // The pin count is progress while it grows on a pulling node; reaching 0
   // (or becoming known) is news: `pinset uninstall` waits for it.
   if ((prev.pins === 0) !== (next.pins === 0) || (prev.pins === undefined) !== (next.pins === undefined) || prev.pinsKept !== next.pinsKept) return false;

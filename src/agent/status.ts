@@ -7,6 +7,7 @@ import {
   STATUS_MAX_BYTES,
   STATUS_MAX_ERROR_BYTES,
   STATUS_MAX_MESSAGE_BYTES,
+  type NodeRuntime,
   type NodeSetStatus,
   type KubeletVerificationStatus,
   type NodeStatus,
@@ -298,7 +299,7 @@ export function makeNodeStatus(
   pinFile: string,
   sets: NodeSetStatus[],
   updatedAt: string,
-  extra: { imageFilesystemError?: string | null; cannotPin?: string; pins?: number; pinsKept?: string; kubeletVerification?: KubeletVerificationStatus } = {},
+  extra: { imageFilesystemError?: string | null; cannotPin?: string; pins?: number; pinsKept?: string; kubeletVerification?: KubeletVerificationStatus; runtime?: NodeRuntime } = {},
 ): NodeStatus {
   const status: NodeStatus = { version: STATUS_FORMAT_VERSION, node, pinFile, updatedAt, sets };
   if (extra.imageFilesystemError) status.imageFilesystemError = cutBytes(extra.imageFilesystemError, STATUS_MAX_ERROR_BYTES);
@@ -307,5 +308,6 @@ export function makeNodeStatus(
   if (extra.pins !== undefined) status.pins = extra.pins;
   if (extra.pinsKept) status.pinsKept = cutBytes(extra.pinsKept, STATUS_MAX_MESSAGE_BYTES);
   if (extra.kubeletVerification) status.kubeletVerification = { ...extra.kubeletVerification, source: cutBytes(extra.kubeletVerification.source, STATUS_MAX_ERROR_BYTES) };
+  if (extra.runtime) status.runtime = extra.runtime.problem ? { ...extra.runtime, problem: cutBytes(extra.runtime.problem, STATUS_MAX_ERROR_BYTES) } : extra.runtime;
   return boundedNodeStatus(status);
 }

@@ -24,15 +24,18 @@
 // The document: {"version": 2, "pinFile": …, "updatedAt": …, "sets": […],
 // "imageFilesystemError": …, "cannotPin": …, "pins": 12, "pinsKept": …,
 // "kubeletVerification": {"policy": …, "source": …, "refuses": […],
-// "refusesMore": 3}, "truncated": true}; updatedAt in whole seconds; no node name (the
+// "refusesMore": 3}, "truncated": true, "runtime": {…}}; updatedAt in whole seconds; no node name (the
 // annotation is on that Node). cannotPin, pins and pinsKept came after the
 // first version-2 agents: readers that predate them ignore them (unknown
 // keys are); no cannotPin means the node can pin, and a report without
 // `pins` is one whose pin count is unknown (an agent from before them).
+// runtime: what the agent found on its node (name, version, pin backend,
+// the host paths it uses; src/agent/node-profile.ts), absent from older agents.
 import {
   STATUS_ANNOTATION,
   type KubeletVerificationStatus,
   STATUS_FORMAT_VERSION,
+  type NodeRuntime,
   type NodeSetStatus,
   type NodeStatus,
   type SetImageCounts,
@@ -49,7 +52,7 @@ export interface NodeStatusReading {
 }
 
 /** The keys of the version-2 document, and of a set's entry in it: what the encoder may write (docs/status.md lists them; a test holds the two together). */
-export const STATUS_DOCUMENT_KEYS = ['version', 'pinFile', 'updatedAt', 'sets', 'imageFilesystemError', 'cannotPin', 'pins', 'pinsKept', 'kubeletVerification', 'truncated'] as const;
+export const STATUS_DOCUMENT_KEYS = ['version', 'pinFile', 'updatedAt', 'sets', 'imageFilesystemError', 'cannotPin', 'pins', 'pinsKept', 'kubeletVerification', 'truncated', 'runtime'] as const;
 export const STATUS_SET_KEYS = ['name', 'uid', 'source', 'gen', 'done', 'phase', 'reason', 'message', 'images', 'estimatedBytes', 'failedGen', 'error'] as const;
 
 const PHASES: ReadonlySet<string> = new Set<SetPhase>(['Progressing', 'Ready', 'Degraded']);
@@ -103,6 +106,15 @@ function encodeSet(s: NodeSetStatus): Partial<Record<(typeof STATUS_SET_KEYS)[nu
   return e;
 }
 
+/** The node's `runtime` as written; anything malformed is left out (an older or newer writer's shape), never guessed. */
+function readRuntime(v: unknown): NodeRuntime | undefined {
+  if (!isRecord(v) || typeof v.source !== 'string' || typeof v.pinBackend !== 'string' || typeof v.socket !== 'string' || typeof v.lock !== 'string') return undefined;
+  const r: NodeRuntime = { source: v.source, pinBackend: v.pinBackend, socket: v.socket, lock: v.lock };
+  for (const k of ['name', 'version', 'layout', 'dropInDir', 'hostsDir', 'problem'] as const) if (typeof v[k] === 'string') r[k] = v[k];
+  if (Array.isArray(v.imageFs) && v.imageFs.every((x) => typeof x === 'string')) r.imageFs = v.imageFs as string[];
+  return r;
+}
+
 /** The annotation's value for `status`, in the format agents write (version 2). */
 export function encodeNodeStatus(status: NodeStatus): string {
   const doc: Partial<Record<(typeof STATUS_DOCUMENT_KEYS)[number], unknown>> = {
@@ -117,6 +129,7 @@ export function encodeNodeStatus(status: NodeStatus): string {
   if (status.pinsKept) doc.pinsKept = status.pinsKept;
   if (status.kubeletVerification) doc.kubeletVerification = status.kubeletVerification;
   if (status.truncated) doc.truncated = true;
+  if (status.runtime) doc.runtime = status.runtime;
   return JSON.stringify(doc);
 }
 
@@ -265,6 +278,8 @@ export function parseNodeStatus(raw: string | undefined): NodeStatusReading {
   const kv = readKubeletVerification(doc.kubeletVerification);
   if (kv) status.kubeletVerification = kv;
   if (doc.truncated === true) status.truncated = true;
+  const runtime = readRuntime(doc.runtime);
+  if (runtime) status.runtime = runtime;
   return dropped.length > 0 ? { status, droppedEntries: dropped } : { status };
 }
 

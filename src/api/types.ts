@@ -213,6 +213,32 @@ export interface NodeStatus {
   kubeletVerification?: KubeletVerificationStatus;
   /** True when sets were left out to keep the annotation under STATUS_MAX_BYTES. */
   truncated?: boolean;
+  /** What the agent found on its node (or was told by flags): absent from agents before it. */
+  runtime?: NodeRuntime;
+}
+
+/**
+ * The node's runtime as the agent sees it (src/agent/node-profile.ts):
+ * what answered CRI Version, the pin backend in use, and the host paths the
+ * agent uses. `problem`: why no runtime could be settled on (none answered,
+ * or two did); nothing is pinned then.
+ */
+export interface NodeRuntime {
+  /** CRI Version's runtime_name and runtime_version. */
+  name?: string;
+  version?: string;
+  /** crio, containerd, k3s or rke2, when detected. */
+  layout?: string;
+  /** 'detected' or 'flags' (--cri-endpoint given). */
+  source: string;
+  /** The backend that pins: crio, containerd or none (pre-load only). */
+  pinBackend: string;
+  socket: string;
+  imageFs?: string[];
+  dropInDir?: string;
+  hostsDir?: string;
+  lock: string;
+  problem?: string;
 }
 
 /** The node status's `kubeletVerification`. */

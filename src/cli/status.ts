@@ -13,7 +13,7 @@ import type { KubeConfig } from '@kubernetes/client-node';
 import { KubeApiError, KubeHttp } from '../api/kube-http.ts';
 import { DEFAULT_PAGE_SIZE, listAll, METADATA_LIST_ACCEPT } from '../api/list-pages.ts';
 import { selectorErrors, selectorMatches } from '../api/selector.ts';
-import { GROUP, PLURAL, VERSION, type NodeSetStatus, type PinnedImageSet } from '../api/types.ts';
+import { GROUP, PLURAL, VERSION, type NodeRuntime, type NodeSetStatus, type PinnedImageSet } from '../api/types.ts';
 import { loadClientKubeConfig } from '../api/kubeconfig.ts';
 import { readNodeStatus, type NodeStatusReading } from '../api/node-status.ts';
 import { formatBytes } from '../registry/size.ts';
@@ -22,7 +22,7 @@ import { kubeletVerificationLines, oneLine, pinsKeptLines, preloadOnlyLines, typ
 
 export const STATUS_FLAGS: readonly FlagSpec[] = [
   { name: 'set', type: 'string', help: 'show only this PinnedImageSet' },
-  { name: 'output', type: 'string', default: 'table', choices: ['table', 'wide', 'json'], help: 'output format (wide adds each set\'s disk estimate for what it still has to download)', short: 'o' },
+  { name: 'output', type: 'string', default: 'table', choices: ['table', 'wide', 'json'], help: 'output format (wide adds each set\'s disk estimate for what it still has to download, and each node\'s runtime and pin backend)', short: 'o' },
   { name: 'kubeconfig', env: 'KUBECONFIG', type: 'string', help: 'kubeconfig file; the usual search (~/.kube/config, in-cluster) when unset' },
   { name: 'timeout', env: 'PINSET_STATUS_TIMEOUT', type: 'duration', default: '15s', help: 'give up on an API request (a page of Nodes) after this long' },
   { name: 'chunk-size', env: 'PINSET_STATUS_CHUNK_SIZE', type: 'int', default: DEFAULT_PAGE_SIZE, help: 'list Nodes this many at a time (kubectl\'s --chunk-size); 0 lists them in one request' },
@@ -48,7 +48,17 @@ export interface StatusRow {
   age: string;
   /** Disk estimate of the images still to download ("-" when none). */
   estimate: string;
+  /** The node's runtime as its agent found it: "containerd 2.1.9 (containerd)", the pin backend in brackets; "-" when not reported. */
+  runtime: string;
   error: string;
+}
+
+/** The RUNTIME column: what answered CRI Version and the backend that pins there; why none was settled on. */
+export function runtimeLabel(r: NodeRuntime | undefined): string {
+  if (!r) return '-';
+  if (r.problem) return 'none settled';
+  const what = [r.name, r.version].filter(Boolean).join(' ') || '?';
+  return `${what}${r.layout && r.layout !== r.name && r.layout !== 'crio' ? ` on ${r.layout}` : ''} (${r.pinBackend})`;
 }
 
 /**
@@ -111,7 +121,8 @@ export function statusRows(
     const { status, error } = node.reading;
     const updated = status?.updatedAt ? Date.parse(status.updatedAt) : NaN;
     const age = Number.isNaN(updated) ? '<unknown>' : formatAge(now.getTime() - updated);
-    const empty = { images: '-', generation: '-', age: '-', estimate: '-' };
+    const runtime = runtimeLabel(status?.runtime);
+    const empty = { images: '-', generation: '-', age: '-', estimate: '-', runtime };
     let entries = status?.sets ?? [];
     if (only) entries = entries.filter((e) => e.name === only.name);
     const mismatch = only?.uid ? entries.filter((e) => e.source === 'api' && e.uid && e.uid !== only.uid) : [];
@@ -122,7 +133,7 @@ export function statusRows(
       else if (!status) rows.push({ node: node.name, set: only?.name ?? '<none>', phase: 'NotReported', ...empty, error: '' });
       else {
         const why = mismatch.length > 0 ? 'the report is about an earlier set of the same name' : '';
-        rows.push({ node: nodeLabel(node.name, status.cannotPin), set: only?.name ?? '<none>', phase: only ? 'NotReported' : '-', images: '-', generation: '-', age, estimate: '-', error: why });
+        rows.push({ node: nodeLabel(node.name, status.cannotPin), set: only?.name ?? '<none>', phase: only ? 'NotReported' : '-', images: '-', generation: '-', age, estimate: '-', runtime, error: why || oneLine(status.runtime?.problem ?? '') });
       }
       continue;
     }
@@ -135,6 +146,7 @@ export function statusRows(
         generation: `${e.currentGeneration}/${e.desiredGeneration}`,
         age,
         estimate: e.estimatedBytes !== undefined ? formatBytes(e.estimatedBytes) : '-',
+        runtime,
         error: errorOf(e),
       });
     }
@@ -155,6 +167,7 @@ const HEADERS: Record<keyof StatusRow, string> = {
   generation: 'GENERATION',
   age: 'AGE',
   estimate: 'ESTIMATE',
+  runtime: 'RUNTIME',
   error: 'ERROR',
 };
 const GAP = 3;
@@ -168,7 +181,7 @@ function cut(s: string, width: number): string {
 
 /** The table's lines, header first: kubectl-style columns, the ERROR column cut so each line fits `width`. */
 export function* tableLines(rows: readonly StatusRow[], width: number, wide = false): Generator<string> {
-  const cols = wide ? (['node', 'set', 'phase', 'images', 'generation', 'age', 'estimate'] as const) : (['node', 'set', 'phase', 'images', 'generation', 'age'] as const);
+  const cols = wide ? (['node', 'set', 'phase', 'images', 'generation', 'age', 'estimate', 'runtime'] as const) : (['node', 'set', 'phase', 'images', 'generation', 'age'] as const);
   // Not Math.max(...rows): one argument per row overflows the stack from
   // about 125000 rows (12500 nodes of 10 sets) on Node.js 24's default stack.
   const widths = cols.map((c) => rows.reduce((w, r) => Math.max(w, [...r[c]].length), HEADERS[c].length));

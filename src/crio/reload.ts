@@ -11,7 +11,7 @@
 import { execFile } from 'node:child_process';
 import { abortError, bounded, DEFAULT_CRIO_UNIT, DEFAULT_RELOAD_TIMEOUT_MS, normalizeUnitName, ReloadError, type ReloaderOptions, type ReloadMode, type Reloader } from './reloader.ts';
 import type { Logger } from '../util/log.ts';
-import { DbusReloader } from './reload-dbus.ts';
+import { DbusReloader, type DbusReloaderOptions } from './reload-dbus.ts';
 
 export { DbusReloader, DEFAULT_CRIO_UNIT, DEFAULT_RELOAD_TIMEOUT_MS, normalizeUnitName, ReloadError };
 export type { ReloaderOptions, ReloadMode, Reloader };
@@ -21,7 +21,7 @@ export interface SystemctlReloaderOptions extends ReloaderOptions {
   systemctl?: string;
 }
 
-export function createReloader(mode: ReloadMode, opts: ReloaderOptions = {}): Reloader {
+export function createReloader(mode: ReloadMode, opts: DbusReloaderOptions = {}): Reloader {
   switch (mode) {
     case 'dbus':
       return new DbusReloader(opts);

@@ -13,13 +13,13 @@ import type { PinnedImageSet } from '../../src/api/types.ts';
 import { ContainerdImages } from '../../src/containerd/images.ts';
 import { OWN_LABEL, PIN_LABEL } from '../../src/containerd/label-pins.ts';
 import { missingComponents, requireComponents, type ComponentName } from '../support/components.ts';
-import { Containerd, containerdComponent, CriClient } from '../support/containerd.ts';
+import { Containerd, containerdComponent, CriClient, PINNING_CONTAINERD_VERSIONS, type ContainerdVersion } from '../support/containerd.ts';
 import { pushSingleLayer, type PushedImage } from '../support/images.ts';
 import { Registry } from '../support/registry.ts';
 import { bundledCli, runAgentOnce } from '../support/agent-process.ts';
 import { staticNode } from '../support/static-node.ts';
 
-const NEEDS_17: ComponentName[] = [containerdComponent('1.7'), 'runc', 'docker-registry'];
+const needs = (version: ContainerdVersion): ComponentName[] => [containerdComponent(version), 'runc', 'docker-registry'];
 const NEEDS_16: ComponentName[] = [containerdComponent('1.6'), 'runc', 'docker-registry'];
 
 function set(name: string, imgs: PushedImage[]): PinnedImageSet {
@@ -47,16 +47,18 @@ describe('pinset agent on containerd, --pin-backend auto', () => {
     return { ...n, run: () => runAgentOnce(n.flags, { cli }) };
   }
 
-  test('containerd 1.7.24: pinned through image labels, Ready once CRI reports pinned; a set removed unpins; a hand pin stays', async (t) => {
-    if (!requireComponents(t, NEEDS_17)) return;
-    const containerd = await Containerd.start({ version: '1.7', mirrors: { 'registry.test': registry!.url } });
+  // Every version that honours the label: 1.7.24 and 2.1.9.
+  for (const version of PINNING_CONTAINERD_VERSIONS)
+  test(`containerd ${version}: pinned through image labels, Ready once CRI reports pinned; a set removed unpins; a hand pin stays`, async (t) => {
+    if (!requireComponents(t, needs(version))) return;
+    const containerd = await Containerd.start({ version, mirrors: { 'registry.test': registry!.url } });
     const cri = new CriClient(containerd.endpoint);
     const labels = new ContainerdImages(containerd.endpoint);
     try {
       const a = await pushSingleLayer(registry!, 'agent-ctrd/a');
       const b = await pushSingleLayer(registry!, 'agent-ctrd/b');
       const hand = await pushSingleLayer(registry!, 'agent-ctrd/hand');
-      const n = await node('ctrd-17', containerd);
+      const n = await node(`ctrd-${version}`, containerd);
       await n.writeSets(set('apps', [a, b]));
 
       const r = await n.run();

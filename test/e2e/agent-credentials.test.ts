@@ -1,5 +1,5 @@
 // Registry credentials as the node has them, end to end: `pinset agent` (the
-// bundle as shipped) on containerd 1.7.24, which has NO credentials of its
+// bundle as shipped) on containerd 1.7.24 and 2.1.9, which has NO credentials of its
 // own (its hosts.toml maps the made-up host registry.test to a loopback
 // distribution registry behind htpasswd), pinning by image labels. The
 // credentials come from the kubelet's credential provider plugins (the test
@@ -18,14 +18,13 @@ import { parseNodeStatus } from '../../src/api/node-status.ts';
 import { STATUS_ANNOTATION, type NodeSetStatus, type NodeStatus, type PinnedImageSet, type PinnedImageSetSpec } from '../../src/api/types.ts';
 import { ApiServer, type KubeObject } from '../support/apiserver.ts';
 import { missingComponents, requireComponents, type ComponentName } from '../support/components.ts';
-import { Containerd, containerdComponent, CriClient } from '../support/containerd.ts';
+import { Containerd, containerdComponent, CriClient, PINNING_CONTAINERD_VERSIONS } from '../support/containerd.ts';
 import { alive, controlPlugin, groupMembers, installTestPlugin, readPluginLog, writeProviderConfig, type ProviderEntry } from '../support/credential-plugin.ts';
 import { pushSingleLayer, type PushedImage } from '../support/images.ts';
 import { Registry } from '../support/registry.ts';
 import { AgentProcess, bundledCli, eventually, runAgentOnce } from '../support/agent-process.ts';
 import { staticNode } from '../support/static-node.ts';
 
-const NEEDS: ComponentName[] = [containerdComponent('1.7'), 'runc', 'docker-registry', 'htpasswd'];
 const USER = 'robot';
 // Distinctive, so a search for them cannot match anything else.
 const PASSWORD = 'Pl4gin-Secret-pw-3f9a1c';
@@ -47,7 +46,10 @@ function loggedStatus(agent: AgentProcess, name: string): NodeSetStatus | undefi
   return statuses.at(-1)?.status.sets.find((s) => s.name === name);
 }
 
-describe('pinset agent: registry credentials from credential provider plugins, the auth file and pull secrets', () => {
+// Every version that honours the label: 1.7.24 and 2.1.9.
+for (const version of PINNING_CONTAINERD_VERSIONS)
+describe(`pinset agent on containerd ${version}: registry credentials from credential provider plugins, the auth file and pull secrets`, () => {
+  const NEEDS: ComponentName[] = [containerdComponent(version), 'runc', 'docker-registry', 'htpasswd'];
   let priv: Registry;
   let containerd: Containerd;
   let cri: CriClient;
@@ -62,7 +64,7 @@ describe('pinset agent: registry credentials from credential provider plugins, t
     cli = await bundledCli();
     work = await mkdtemp(path.join(os.tmpdir(), 'pinset-e2e-creds-'));
     priv = await Registry.start({ auth: { username: USER, password: PASSWORD } });
-    containerd = await Containerd.start({ version: '1.7', mirrors: { 'registry.test': priv.url } });
+    containerd = await Containerd.start({ version, mirrors: { 'registry.test': priv.url } });
     cri = new CriClient(containerd.endpoint);
     binDir = path.join(work, 'plugins');
     await installTestPlugin(binDir);

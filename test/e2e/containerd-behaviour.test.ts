@@ -1,5 +1,6 @@
 // The containerd behaviour assertions (test/support/containerd-behaviour.ts)
-// against the real containerd: 1.7.24 (Debian trixie's, from
+// against the real containerd: 2.1.9 (Debian sid's, from
+// .cache/containerd-2.1), 1.7.24 (Debian trixie's, from
 // .cache/containerd-1.7) and 1.6.20 (Debian 12's). The twin
 // (test/support/fake-containerd.ts) passes the very same assertions in
 // test/integration/containerd-behaviour.test.ts: that is what shows it
@@ -12,7 +13,7 @@ import { Containerd, containerdComponent, type ContainerdVersion } from '../supp
 import { pushSingleLayer } from '../support/images.ts';
 import { Registry } from '../support/registry.ts';
 
-for (const version of ['1.7', '1.6'] as ContainerdVersion[]) {
+for (const version of ['2.1', '1.7', '1.6'] as ContainerdVersion[]) {
   containerdBehaviour(`containerd behaviour: the real containerd ${version}`, async () => {
     const needs: ComponentName[] = [containerdComponent(version), 'runc', 'docker-registry'];
     const missing = missingComponents(needs);

@@ -1,5 +1,5 @@
 // The containerd pin backend (src/containerd/label-pins.ts) on the real
-// containerd: 1.7.24 pins (CRI reports `pinned`, through pulls and
+// containerd: 1.7.24 and 2.1.9 pin (CRI reports `pinned`, through pulls and
 // restarts), 1.6.20 cannot (said plainly). Images come from a real registry
 // on loopback; hand pins are set with containerd's own `ctr`. Every suite
 // ends by checking its containerd is still the same process: an Update
@@ -10,7 +10,7 @@ import { CriImageRuntime } from '../../src/cri/client.ts';
 import { ContainerdImages } from '../../src/containerd/images.ts';
 import { ContainerdLabelPins, OWN_LABEL, PIN_LABEL } from '../../src/containerd/label-pins.ts';
 import { missingComponents, requireComponents, type ComponentName } from '../support/components.ts';
-import { Containerd, containerdComponent, type ContainerdVersion } from '../support/containerd.ts';
+import { Containerd, containerdComponent, PINNING_CONTAINERD_VERSIONS, type ContainerdVersion } from '../support/containerd.ts';
 import { ImagesClient } from '../support/containerd-proto.ts';
 import { pushSingleLayer } from '../support/images.ts';
 import { captureLogs } from '../support/log-capture.ts';
@@ -84,12 +84,13 @@ class Ctx {
   }
 }
 
-const NEEDS_17: ComponentName[] = [containerdComponent('1.7'), 'runc', 'docker-registry'];
+const needs = (version: ContainerdVersion): ComponentName[] => [containerdComponent(version), 'runc', 'docker-registry'];
 const NEEDS_16: ComponentName[] = [containerdComponent('1.6'), 'runc', 'docker-registry'];
 
-suite('1.7', (ctx) => {
+// Every version that honours the label: 1.7.24 and 2.1.9.
+for (const version of PINNING_CONTAINERD_VERSIONS) suite(version, (ctx) => {
   test('a planned reference pinned: the ID record labelled, CRI reports the image pinned under its tag and its digest', async (t) => {
-    if (!requireComponents(t, NEEDS_17)) return;
+    if (!requireComponents(t, needs(version))) return;
     const c = ctx();
     const img = await c.image();
     await c.cri.pullImage(img.tag);
@@ -104,7 +105,7 @@ suite('1.7', (ctx) => {
   });
 
   test('no longer planned: unpinned, both labels gone', async (t) => {
-    if (!requireComponents(t, NEEDS_17)) return;
+    if (!requireComponents(t, needs(version))) return;
     const c = ctx();
     const img = await c.image();
     await c.cri.pullImage(img.digestRef);
@@ -119,7 +120,7 @@ suite('1.7', (ctx) => {
   });
 
   test("an administrator's hand pin (ctr images label ... io.cri-containerd.pinned=pinned) is kept and never removed", async (t) => {
-    if (!requireComponents(t, NEEDS_17)) return;
+    if (!requireComponents(t, needs(version))) return;
     const c = ctx();
     const img = await c.image();
     await c.cri.pullImage(img.digestRef);
@@ -133,7 +134,7 @@ suite('1.7', (ctx) => {
   });
 
   test("a set that listed a hand-pinned image removed: the log says pinset's pin went and the image stays pinned by the administrator's label; the counts are CRI's", async (t) => {
-    if (!requireComponents(t, NEEDS_17)) return;
+    if (!requireComponents(t, needs(version))) return;
     const c = ctx();
     const [mine, theirs] = [await c.image(), await c.image()];
     for (const img of [mine, theirs]) await c.cri.pullImage(img.digestRef);
@@ -163,7 +164,7 @@ suite('1.7', (ctx) => {
   });
 
   test('a tag and a digest of one image: one pin, kept while either is planned', async (t) => {
-    if (!requireComponents(t, NEEDS_17)) return;
+    if (!requireComponents(t, needs(version))) return;
     const c = ctx();
     const img = await c.image();
     await c.cri.pullImage(img.tag);
@@ -176,7 +177,7 @@ suite('1.7', (ctx) => {
   });
 
   test('a re-pull of the tag and of the digest (the kubelet with imagePullPolicy: Always): the pin survives', async (t) => {
-    if (!requireComponents(t, NEEDS_17)) return;
+    if (!requireComponents(t, needs(version))) return;
     const c = ctx();
     const img = await c.image();
     await c.cri.pullImage(img.tag);
@@ -188,7 +189,7 @@ suite('1.7', (ctx) => {
   });
 
   test('containerd down: the label update fails (PinLabelFailed), no pin is removed; restarted, the labels are there and it converges', async (t) => {
-    if (!requireComponents(t, NEEDS_17)) return;
+    if (!requireComponents(t, needs(version))) return;
     const c = ctx();
     const [keep, add] = [await c.image(), await c.image()];
     await c.cri.pullImage(keep.digestRef);
@@ -216,7 +217,7 @@ suite('1.7', (ctx) => {
   });
 
   test('restarted with pins in place: nothing relabelled, the pin still reported', async (t) => {
-    if (!requireComponents(t, NEEDS_17)) return;
+    if (!requireComponents(t, needs(version))) return;
     const c = ctx();
     const img = await c.image();
     await c.cri.pullImage(img.digestRef);

@@ -1,4 +1,4 @@
-// `pinset agent --drop-pins` on the real containerd 1.7.24, as shipped (the
+// `pinset agent --drop-pins` on the real containerd 1.7.24 and 2.1.9, as shipped (the
 // bundle): a node whose agent pinned two images (run once, as a node's
 // agent would) and where an administrator pinned one of them by hand with
 // `ctr images label`, and a third. --drop-pins removes pinset's labels, and
@@ -13,14 +13,16 @@ import { stringify as dumpYaml } from 'yaml';
 import { ContainerdImages } from '../../src/containerd/images.ts';
 import { OWN_LABEL, PIN_LABEL } from '../../src/containerd/label-pins.ts';
 import { missingComponents, requireComponents, type ComponentName } from '../support/components.ts';
-import { Containerd, containerdComponent, CriClient } from '../support/containerd.ts';
+import { Containerd, containerdComponent, CriClient, PINNING_CONTAINERD_VERSIONS } from '../support/containerd.ts';
 import { pushSingleLayer } from '../support/images.ts';
 import { Registry } from '../support/registry.ts';
 import { bundledCli, runAgentOnce, runPinset } from '../support/agent-process.ts';
 
-const NEEDS: ComponentName[] = [containerdComponent('1.7'), 'runc', 'docker-registry'];
 
-describe('pinset agent --drop-pins on containerd 1.7.24', () => {
+// Every version that honours the label: 1.7.24 and 2.1.9.
+for (const version of PINNING_CONTAINERD_VERSIONS)
+describe(`pinset agent --drop-pins on containerd ${version}`, () => {
+  const NEEDS: ComponentName[] = [containerdComponent(version), 'runc', 'docker-registry'];
   let registry: Registry | undefined;
   let containerd: Containerd | undefined;
   let work: string;
@@ -31,7 +33,7 @@ describe('pinset agent --drop-pins on containerd 1.7.24', () => {
     work = await mkdtemp(path.join(os.tmpdir(), 'pinset-e2e-drop-'));
     if (missingComponents(NEEDS).length > 0 || process.getuid?.() !== 0) return; // the test reports it
     registry = await Registry.start();
-    containerd = await Containerd.start({ version: '1.7', mirrors: { 'registry.test': registry.url } });
+    containerd = await Containerd.start({ version, mirrors: { 'registry.test': registry.url } });
   });
   after(async () => {
     if (containerd) assert.equal(containerd.running, true, `containerd died:\n${containerd.logTail()}`);

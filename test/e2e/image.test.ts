@@ -7,8 +7,8 @@
 // loopback; containerd 1.6 reports no pins, so with CRI-O's drop-in as the
 // pin backend (--pin-backend crio) "pinned" means "in the pin file" (as in
 // agent.test.ts). Then the mounts a user might write instead: only
-// /etc/crio/crio.conf.d. Last, the containerd overlay's DaemonSet
-// (deploy/containerd) on containerd 1.7: pins through image labels.
+// /etc/crio/crio.conf.d. Last, the image
+// on containerd 1.7 (its socket and pin backend named by flags): pins through image labels.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
@@ -174,11 +174,11 @@ describe('pinset agent from the image, on containerd', () => {
     const ro = await runAgent([`${dropIn}:/etc/crio/crio.conf.d`]);
     assert.equal(ro.code, 2, ro.stderr);
     const refused = logLines(ro).find((l) => l.level === 'error');
-    assert.match(String(refused?.msg), /the agent needs \/etc\/crio\/\.pinset and \/etc\/crio\/crio\.conf\.d writable, on one mount \(the DaemonSet mounts \/etc\/crio read-write/);
+    assert.match(String(refused?.msg), /the agent needs \/etc\/crio\/\.pinset and \/etc\/crio\/crio\.conf\.d writable, on one mount \(the DaemonSet mounts the host's \/etc read-write/);
     assert.deepEqual(await readPinFile(dropIn), pinned, 'the pin file is as it was');
   });
 
-  test("deploy/containerd's DaemonSet on containerd 1.7: the set Ready, the images pinned through their labels, no CRI-O folder", async (t) => {
+  test("on containerd 1.7, its socket and pin backend named by flags: the set Ready, the images pinned through their labels, no CRI-O folder", async (t) => {
     const needs: ComponentName[] = [containerdComponent('1.7'), 'runc', 'docker-registry', 'podman'];
     if (!requireComponents(t, needs) || !(await requireImage(t))) return;
     const c17 = await Containerd.start({ version: '1.7', mirrors: { 'registry.test': registry.url } });

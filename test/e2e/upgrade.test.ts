@@ -10,7 +10,7 @@
 //   reloads it (deploy/agent's mounts: /etc/crio, the socket folder, the
 //   system bus socket);
 // - containerd 1.7.24 pulling from a real registry through a counting proxy
-//   (deploy/containerd's args and mounts).
+//   (the same DaemonSet's args, env and mounts).
 // While the old agent hands over to the new one, the runtime's own CRI
 // `pinned` of every pinned image is read every 100 ms, with what would show
 // churn: on CRI-O the drop-in folder (exactly one pin file, its content
@@ -61,6 +61,7 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 interface Container {
   args?: string[];
+  env?: { name: string; value?: string }[];
 }
 interface DaemonSet {
   spec: {
@@ -69,11 +70,13 @@ interface DaemonSet {
   };
 }
 const SHIPPED = parseYaml(readFileSync(path.join(ROOT, 'deploy/agent/daemonset.yaml'), 'utf8')) as DaemonSet;
-const CONTAINERD_PATCH = parseYaml(readFileSync(path.join(ROOT, 'deploy/containerd/daemonset-patch.yaml'), 'utf8')) as DaemonSet;
 /** Kubernetes' default when the pod says nothing. */
 const GRACE_SECONDS = SHIPPED.spec.template.spec.terminationGracePeriodSeconds ?? 30;
-const CRIO_ARGS = SHIPPED.spec.template.spec.containers[0]!.args!;
-const CONTAINERD_ARGS = CONTAINERD_PATCH.spec.template.spec.containers[0]!.args!;
+const ARGS = SHIPPED.spec.template.spec.containers[0]!.args!;
+/** The shipped container's env with a literal value (the host root, the paths under it); the downward API's are given per node. */
+const ENV = Object.fromEntries(SHIPPED.spec.template.spec.containers[0]!.env!.flatMap((e) => (typeof e.value === 'string' ? [[e.name, e.value]] : [])));
+/** Where the DaemonSet mounts the host's / (its /run, /var/lib and /etc). */
+const HOST = ENV.PINSET_HOST_ROOT!;
 
 function set(refs: string[]): PinnedImageSet {
   return { apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name: 'upgrade' }, spec: { pinnedImages: refs.map((name) => ({ name })) } };
@@ -132,18 +135,19 @@ async function crioNode(): Promise<RollNode> {
     runtime: 'CRI-O stand-in',
     refs,
     container: (port) => ({
-      args: CRIO_ARGS,
+      args: ARGS,
+      // Each part of the node where the DaemonSet's host mounts show it (under /host).
       volumes: [
-        `${path.dirname(node.crio.socketPath)}:/var/run/crio:ro`,
-        `${etcCrio}:/etc/crio`,
-        // The stand-in's image filesystem (ImageFsInfo), at its own path as the DaemonSet mounts CRI-O's storage.
-        `${node.crio.imageFsMountpoint}:${node.crio.imageFsMountpoint}:ro`,
-        `${node.bus.socketPath}:/run/dbus/system_bus_socket:ro`,
-        `${f.authFile}:/var/lib/kubelet/config.json:ro`,
-        `${f.sets}:/etc/pinset/sets.d:ro`,
-        `${f.containersConf}:/etc/containers:ro`,
+        `${path.dirname(node.crio.socketPath)}:${HOST}/run/crio:ro`,
+        `${etcCrio}:${HOST}/etc/crio`,
+        // The stand-in's image filesystem (ImageFsInfo), at its own path under the host's.
+        `${node.crio.imageFsMountpoint}:${HOST}${node.crio.imageFsMountpoint}:ro`,
+        `${node.bus.socketPath}:${HOST}/run/dbus/system_bus_socket:ro`,
+        `${f.authFile}:${HOST}/var/lib/kubelet/config.json:ro`,
+        `${f.sets}:${HOST}/etc/pinset/sets.d:ro`,
+        `${f.containersConf}:${HOST}/etc/containers:ro`,
       ],
-      env: { NODE_NAME: NODE, PINSET_METRICS_ADDR: `127.0.0.1:${port}`, PINSET_AUTH_FILE: '/var/lib/kubelet/config.json' },
+      env: { ...ENV, NODE_NAME: NODE, PINSET_METRICS_ADDR: `127.0.0.1:${port}` },
     }),
     async read() {
       const pinned = await pinnedOf(cri, refs);
@@ -166,7 +170,7 @@ async function crioNode(): Promise<RollNode> {
   };
 }
 
-/** containerd 1.7.24 and a registry behind a counting proxy, with deploy/containerd's args and mounts. */
+/** containerd 1.7.24 and a registry behind a counting proxy, with the DaemonSet's args, env and mounts. */
 async function containerdNode(): Promise<RollNode> {
   const registry = await Registry.start();
   const proxy = await CountingProxy.start(registry.url);
@@ -184,17 +188,19 @@ async function containerdNode(): Promise<RollNode> {
     runtime: 'containerd 1.7.24',
     refs,
     container: (port) => ({
-      args: CONTAINERD_ARGS,
+      args: ARGS,
       volumes: [
-        // containerd's folder holds its socket: the overlay's /run/containerd.
-        `${containerd.dir}:/run/containerd:ro`,
-        // Its root at its own path (the overlay mounts /var/lib/containerd), for the disk check.
-        `${path.join(containerd.dir, 'root')}:${path.join(containerd.dir, 'root')}:ro`,
+        // containerd's folder holds its socket (containerd.sock): the host's /run/containerd.
+        `${containerd.dir}:${HOST}/run/containerd:ro`,
+        // Its root at its own path under the host's, for the disk check.
+        `${path.join(containerd.dir, 'root')}:${HOST}${path.join(containerd.dir, 'root')}:ro`,
+        // Its registry hosts, where containerd's default config_path is.
+        `${containerd.certsDir}:${HOST}/etc/containerd/certs.d:ro`,
         `${state}:/var/lib/pinset`,
-        `${f.authFile}:/var/lib/kubelet/config.json:ro`,
-        `${f.sets}:/etc/pinset/sets.d:ro`,
+        `${f.authFile}:${HOST}/var/lib/kubelet/config.json:ro`,
+        `${f.sets}:${HOST}/etc/pinset/sets.d:ro`,
       ],
-      env: { NODE_NAME: NODE, PINSET_METRICS_ADDR: `127.0.0.1:${port}`, PINSET_AUTH_FILE: '/var/lib/kubelet/config.json' },
+      env: { ...ENV, NODE_NAME: NODE, PINSET_METRICS_ADDR: `127.0.0.1:${port}` },
     }),
     async read() {
       const [pinned, list] = await Promise.all([pinnedOf(cri, refs), records.list()]);
@@ -391,8 +397,9 @@ describe('upgrading pinset: a rolling update of the DaemonSet keeps every pin in
     // once the new one is available, and the new one is not ready while the
     // old one holds the node lock: the roll would stop at the first node.
     assert.equal(strategy?.rollingUpdate?.maxSurge ?? 0, 0, 'no maxSurge: the new pod starts once the old one is gone');
-    assert.deepEqual(CRIO_ARGS, ['agent']);
-    assert.ok(CONTAINERD_ARGS.includes('--pin-backend=containerd'));
+    // One DaemonSet on both runtimes: the agent finds each node's under the host root.
+    assert.deepEqual(ARGS, ['agent']);
+    assert.equal(HOST, '/host');
   });
 
   describe('on the CRI-O stand-in (drop-in file, D-Bus reload)', () => {

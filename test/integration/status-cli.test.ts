@@ -10,8 +10,8 @@ import path from 'node:path';
 import { Readable, Writable } from 'node:stream';
 import { ApiServer } from '../support/apiserver.ts';
 import { METADATA_LIST_ACCEPT } from '../../src/api/list-pages.ts';
-import { STATUS_ANNOTATION, type NodeSetStatus } from '../../src/api/types.ts';
-import { formatAge, jsonPieces, renderTable, statusRows, tableLines, writePieces, type JsonItem } from '../../src/cli/status.ts';
+import { STATUS_ANNOTATION, type NodeRuntime, type NodeSetStatus } from '../../src/api/types.ts';
+import { formatAge, jsonPieces, renderTable, runtimeLabel, statusRows, tableLines, writePieces, type JsonItem } from '../../src/cli/status.ts';
 import { encodeNodeStatus } from '../../src/api/node-status.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '../..');
@@ -47,9 +47,20 @@ function report(name: string, ageMs: number, sets: NodeSetStatus[]): string {
 }
 
 /** A report as agents write it now (version 2): nodes of both kinds are read side by side during an upgrade. */
-function reportV2(ageMs: number, sets: NodeSetStatus[]): string {
-  return encodeNodeStatus({ version: 2, pinFile: '99-pinset-x.conf', updatedAt: new Date(Date.now() - ageMs).toISOString(), sets });
+function reportV2(ageMs: number, sets: NodeSetStatus[], runtime?: NodeRuntime): string {
+  return encodeNodeStatus({ version: 2, pinFile: '99-pinset-x.conf', updatedAt: new Date(Date.now() - ageMs).toISOString(), sets, ...(runtime ? { runtime } : {}) });
 }
+
+const K3S_RUNTIME: NodeRuntime = {
+  name: 'containerd',
+  version: 'v2.1.5-k3s1',
+  layout: 'k3s',
+  source: 'detected',
+  pinBackend: 'containerd',
+  socket: '/run/k3s/containerd/containerd.sock',
+  hostsDir: '/var/lib/rancher/k3s/agent/etc/containerd/certs.d',
+  lock: '/var/lib/pinset/agent.lock',
+};
 
 function pinset(args: string[], env: Record<string, string> = {}): Promise<{ code: number; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
@@ -81,7 +92,7 @@ before(async () => {
     'worker-b',
     reportV2(20 * 60_000, [
       entry({ phase: 'Degraded', reason: 'ImageNotFound', currentGeneration: 1, lastFailedGeneration: 2, lastFailedGenerationError: LONG_ERROR, images: { wanted: 3, present: 2, pinned: 3, failed: 1, invalid: 0 }, estimatedBytes: 5 * 1024 ** 3 }),
-    ]),
+    ], K3S_RUNTIME),
   );
   node('worker-c');
   node('worker-d', '{"version":1,"sets":[');
@@ -121,14 +132,23 @@ describe('pinset status', () => {
     assert.deepEqual(nodes, [...nodes].sort());
   });
 
-  test('-o wide adds each set\'s disk estimate for what it still has to download', async () => {
-    const { code, stdout, stderr } = await pinset(['--kubeconfig', kubeconfig, '-o', 'wide'], { COLUMNS: '160' });
+  test('-o wide adds each set\'s disk estimate for what it still has to download, and the node\'s runtime as its agent found it', async () => {
+    const { code, stdout, stderr } = await pinset(['--kubeconfig', kubeconfig, '-o', 'wide'], { COLUMNS: '200' });
     assert.equal(code, 0, stderr);
     const lines = stdout.trimEnd().split('\n');
-    assert.match(lines[0]!, /^NODE\s+SET\s+PHASE\s+IMAGES\s+GENERATION\s+AGE\s+ESTIMATE\s+ERROR$/);
+    assert.match(lines[0]!, /^NODE\s+SET\s+PHASE\s+IMAGES\s+GENERATION\s+AGE\s+ESTIMATE\s+RUNTIME\s+ERROR$/);
     const cells = (node: string) => lines.find((l) => l.startsWith(`${node} `))!.split(/\s{2,}/);
-    assert.deepEqual(cells('worker-b').slice(0, 7), ['worker-b', 'upgrade', 'Degraded', '2/3', '1/2', '20m', '5.0 GiB']);
-    assert.equal(cells('worker-a')[6], '-');
+    assert.deepEqual(cells('worker-b').slice(0, 8), ['worker-b', 'upgrade', 'Degraded', '2/3', '1/2', '20m', '5.0 GiB', 'containerd v2.1.5-k3s1 on k3s (containerd)']);
+    assert.deepEqual(cells('worker-a').slice(6, 8), ['-', '-'], 'an agent from before the runtime report');
+  });
+
+  test('the RUNTIME of a node whose agent settled on no runtime, and why, in its ERROR', () => {
+    const problem = '2 container runtimes answer on this node: cri-o 1.32.13 at /run/crio/crio.sock, containerd 2.1.9 at /run/containerd/containerd.sock';
+    const status = { version: 2 as const, pinFile: '', updatedAt: new Date().toISOString(), sets: [], runtime: { source: 'detected', pinBackend: 'none', socket: '/run/crio/crio.sock', lock: '/var/lib/pinset/agent.lock', problem } };
+    const [row] = statusRows([{ name: 'mixed', labels: {}, reading: { status } }], new Date());
+    assert.equal(row!.runtime, 'none settled');
+    assert.equal(row!.error, problem);
+    assert.equal(runtimeLabel({ ...K3S_RUNTIME, name: 'cri-o', version: '1.32.13', layout: 'crio', pinBackend: 'crio' }), 'cri-o 1.32.13 (crio)');
   });
 
   test('--set shows that set only, and the selected nodes that have not reported on it', async () => {
@@ -516,7 +536,7 @@ describe('status table pieces', () => {
   });
 
   test('a table of 250000 rows: a header and a line per row, columns as wide as the widest value', () => {
-    const row = { node: 'n', set: 's', phase: 'Ready', images: '1/1', generation: '1/1', age: '1m', estimate: '-', error: '' };
+    const row = { node: 'n', set: 's', phase: 'Ready', images: '1/1', generation: '1/1', age: '1m', estimate: '-', runtime: '-', error: '' };
     const rows = Array.from({ length: 250_000 }, (_, i) => ({ ...row, node: `node-${i}` }));
     const lines = [...tableLines(rows, 120)];
     assert.equal(lines.length, 250_001);

@@ -37,6 +37,14 @@ export const COMPONENTS = {
     projectPath: '.cache/containerd-1.7/usr/bin/containerd',
     install: 'bash .ci/containerd-1.7',
   },
+  // Debian sid's containerd (2.1.9, what clusters created in 2026 run),
+  // unpacked beside the others by .ci/containerd-2.1.
+  'containerd-2.1': {
+    binary: 'containerd',
+    aptPackage: 'containerd (Debian sid, unpacked into .cache/containerd-2.1)',
+    projectPath: '.cache/containerd-2.1/usr/bin/containerd',
+    install: 'bash .ci/containerd-2.1',
+  },
   podman: { binary: 'podman', aptPackage: 'podman' },
   buildah: { binary: 'buildah', aptPackage: 'buildah' },
 } as const satisfies Record<string, Component>;
@@ -112,7 +120,7 @@ export function requireComponents(t: TestContext, names: readonly ComponentName[
   const missing = missingComponents(names);
   let message = missing.length > 0 ? missingMessage(missing) : '';
   // containerd mounts snapshots and writes under /run: it does not run unprivileged.
-  if (!message && (names.includes('containerd') || names.includes('containerd-1.7')) && process.getuid?.() !== 0) message = 'containerd needs root: run the end-to-end tests as root';
+  if (!message && names.some((n) => n.startsWith('containerd')) && process.getuid?.() !== 0) message = 'containerd needs root: run the end-to-end tests as root';
   if (!message) return true;
   if (isCI()) {
     throw new Error(`CI=true and ${message}`);

@@ -5,9 +5,10 @@
 // keeps its root, so images and their labels survive.
 // `rootBytes` puts its root (content, snapshots: the image filesystem CRI
 // ImageFsInfo names) on a tmpfs of that size, for tests of a full disk.
-// Two versions: Debian 12's package (1.6.20, on PATH) and Debian trixie's
-// 1.7.24 unpacked into .cache/containerd-1.7 by .ci/containerd-1.7; both
-// read the same `version = 2` configuration.
+// Three versions: Debian 12's package (1.6.20, on PATH), Debian trixie's
+// 1.7.24 unpacked into .cache/containerd-1.7 by .ci/containerd-1.7, and
+// Debian sid's 2.1.9 unpacked into .cache/containerd-2.1 by
+// .ci/containerd-2.1; all read the same `version = 2` configuration.
 // Configuration: ../../../shared/facts/test-bed.md.
 import { execFile } from 'node:child_process';
 import { mkdir, mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
@@ -22,12 +23,15 @@ import { mountTmpfs, type ScratchFs } from './scratch-fs.ts';
 
 const run = promisify(execFile);
 
-/** Which containerd: '1.6' is the system's (Debian 12), '1.7' the project's copy of Debian trixie's. */
-export type ContainerdVersion = '1.6' | '1.7';
+/** Which containerd: '1.6' is the system's (Debian 12), '1.7' and '2.1' the project's copies of Debian trixie's and sid's. */
+export type ContainerdVersion = '1.6' | '1.7' | '2.1';
+
+/** The versions that honour the pin label, which every end-to-end test of pins runs on. */
+export const PINNING_CONTAINERD_VERSIONS: readonly ContainerdVersion[] = ['1.7', '2.1'];
 
 /** The component that provides a containerd version (for requireComponents). */
 export function containerdComponent(version: ContainerdVersion = '1.6'): ComponentName {
-  return version === '1.7' ? 'containerd-1.7' : 'containerd';
+  return version === '1.6' ? 'containerd' : `containerd-${version}`;
 }
 
 /** The containerd binary of a version, or an Error saying how to get it. */
@@ -49,6 +53,10 @@ export interface ContainerdOptions {
   root?: string;
   /** Its root on a tmpfs of this many bytes, made in the temporary folder (a small image filesystem); not with `root`. */
   rootBytes?: number;
+  /** Its socket (a node's /run/containerd/containerd.sock or /run/k3s/containerd/containerd.sock under a host root); default in its folder. */
+  socketPath?: string;
+  /** Its registry hosts folder (config_path); default <dir>/certs.d. */
+  certsDir?: string;
 }
 
 export class Containerd {
@@ -60,10 +68,13 @@ export class Containerd {
   #process: ServerProcess | undefined;
   #rootFs: ScratchFs | undefined;
 
-  private constructor(dir: string, binary: string) {
+  readonly certsDir: string;
+
+  private constructor(dir: string, binary: string, opts: ContainerdOptions = {}) {
     this.dir = dir;
     this.binary = binary;
-    this.socket = path.join(dir, 'containerd.sock');
+    this.socket = opts.socketPath ?? path.join(dir, 'containerd.sock');
+    this.certsDir = opts.certsDir ?? path.join(dir, 'certs.d');
     this.#configFile = path.join(dir, 'config.toml');
   }
 
@@ -72,7 +83,7 @@ export class Containerd {
     if (process.getuid?.() !== 0) throw new Error('containerd needs root here (mounts for the snapshotter, /run for its shims)');
     // Unix socket paths are limited to 107 bytes: keep the folder short.
     const dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-ctrd-'));
-    const c = new Containerd(dir, binary);
+    const c = new Containerd(dir, binary, opts);
     try {
       if (opts.rootBytes !== undefined && opts.root !== undefined) throw new Error('Containerd.start: give root or rootBytes, not both');
       if (opts.rootBytes !== undefined) {
@@ -102,10 +113,6 @@ export class Containerd {
     return this.#process?.running ?? false;
   }
 
-  get certsDir(): string {
-    return path.join(this.dir, 'certs.d');
-  }
-
   /** Maps a made-up host to a registry URL; containerd re-reads certs.d on every pull. */
   async mapHost(host: string, url: string): Promise<void> {
     const hostDir = path.join(this.certsDir, host);
@@ -117,7 +124,9 @@ export class Containerd {
   }
 
   private async writeConfig(opts: ContainerdOptions): Promise<void> {
-    for (const sub of ['root', 'state', 'opt', 'certs.d']) await mkdir(path.join(this.dir, sub), { recursive: true });
+    for (const sub of ['root', 'state', 'opt']) await mkdir(path.join(this.dir, sub), { recursive: true });
+    await mkdir(this.certsDir, { recursive: true });
+    await mkdir(path.dirname(this.socket), { recursive: true });
     for (const [host, url] of Object.entries(opts.mirrors ?? {})) await this.mapHost(host, url);
     const config = {
       version: 2,

@@ -3,7 +3,9 @@
 // does (ExecReload=kill -HUP $MAINPID): it signals the CRI-O stand-in and the
 // job ends "done" at once, while CRI-O re-reads its files 10-40 ms later and
 // may refuse them. Point the agent at `endpoint`, `dropInDir` and
-// `env.DBUS_SYSTEM_BUS_ADDRESS`.
+// `env.DBUS_SYSTEM_BUS_ADDRESS`. With `hostRoot`, each is where a CRI-O node
+// keeps it under that root (/run/crio/crio.sock, /etc/crio/crio.conf.d,
+// /run/dbus/system_bus_socket), for an agent that finds them itself.
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -24,20 +26,23 @@ export interface CrioNode {
 }
 
 export async function startCrioNode(
-  opts: { catalogue?: Record<string, CatalogueImage> } & Omit<FakeCrioOptions, 'dropInDir' | 'catalogue'> = {},
+  opts: { catalogue?: Record<string, CatalogueImage>; hostRoot?: string } & Omit<FakeCrioOptions, 'dropInDir' | 'catalogue' | 'socketPath'> = {},
 ): Promise<CrioNode> {
   const dir = await mkdtemp(join(tmpdir(), 'pinset-node-'));
-  const dropInDir = join(dir, 'crio.conf.d');
-  await mkdir(dropInDir);
+  const root = opts.hostRoot;
+  const dropInDir = root ? join(root, 'etc/crio/crio.conf.d') : join(dir, 'crio.conf.d');
+  await mkdir(dropInDir, { recursive: true });
+  if (root) await mkdir(join(root, 'run/crio'), { recursive: true });
+  if (root) await mkdir(join(root, 'run/dbus'), { recursive: true });
   const cleanups: Array<() => Promise<void> | void> = [() => rm(dir, { recursive: true, force: true })];
   const stop = async () => {
     // Last started, first stopped; each runs once.
     while (cleanups.length > 0) await cleanups.pop()!();
   };
   try {
-    const crio = await startFakeCrio({ ...opts, dropInDir });
+    const crio = await startFakeCrio({ ...opts, dropInDir, ...(root ? { socketPath: join(root, 'run/crio/crio.sock') } : {}) });
     cleanups.push(() => crio.stop());
-    const bus = await startPrivateBus();
+    const bus = await startPrivateBus(root ? join(root, 'run/dbus/system_bus_socket') : undefined);
     cleanups.push(() => bus.dispose());
     const systemd = await startSystemdStandIn({ address: bus.address, units: ['crio.service'], onReload: () => crio.sighup() });
     cleanups.push(() => systemd.close());

@@ -120,8 +120,10 @@ export class PrivateBus {
   }
 }
 
-export async function startPrivateBus(): Promise<PrivateBus> {
-  const bus = new PrivateBus(await mkdtemp(join(tmpdir(), 'pinset-dbus-')));
+/** `socketPath`: where the bus listens (a node's /run/dbus/system_bus_socket under a host root); default in its own folder. */
+export async function startPrivateBus(socketPath?: string): Promise<PrivateBus> {
+  const dir = await mkdtemp(join(tmpdir(), 'pinset-dbus-'));
+  const bus = socketPath ? new PrivateBus(dir, socketPath) : new PrivateBus(dir);
   try {
     await bus.start();
   } catch (err) {

@@ -98,6 +98,8 @@ export interface FakeCrioOptions {
   pauseImage?: string;
   /** ImageFsInfo mountpoint; default the fake's own temp folder (a real path, so statfs works on it). */
   imageFsMountpoint?: string;
+  /** Where its socket is (a node's /run/crio/crio.sock under a host root); default crio.sock in its own folder. */
+  socketPath?: string;
   /** Delay between a SIGHUP and the re-read of the files, drawn uniformly from [min, max] ms; default [10, 40] as observed. */
   reloadDelayMs?: [number, number];
   /** Time from a start to serving on the socket, during which a SIGHUP kills the process; default 50 ms. */
@@ -388,7 +390,7 @@ export class FakeCrio {
 
   constructor(dir: string, opts: FakeCrioOptions) {
     this.dir = dir;
-    this.socketPath = join(dir, 'crio.sock');
+    this.socketPath = opts.socketPath ?? join(dir, 'crio.sock');
     this.dropInDir = opts.dropInDir;
     this.mainConfig = opts.mainConfig ?? join(dirname(opts.dropInDir), 'crio.conf');
     this.catalogue = new Map(Object.entries(opts.catalogue ?? {}));

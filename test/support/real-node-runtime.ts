@@ -300,9 +300,9 @@ export class ContainerdNodeRuntime implements NodeRuntime {
 
   async #configure(): Promise<void> {
     const host = (p: string) => join(this.#hostRoot, p);
-    // containerd's registry hosts at the node's usual path, which
-    // deploy/containerd mounts into the agent's pod: its size estimate reads
-    // the same hosts.toml files containerd pulls through.
+    // containerd's registry hosts at the node's usual path, where the agent
+    // finds them (the DaemonSet mounts the host's /etc): its size estimate
+    // reads the same hosts.toml files containerd pulls through.
     const certsDir = host('etc/containerd/certs.d');
     for (const d of [this.#dir, certsDir, this.#cniConfDir, join(this.#dir, 'opt'), host('var/lib/containerd'), host('run/containerd')]) await mkdir(d, { recursive: true });
     for (const [name, location] of Object.entries(this.#registries)) {
@@ -313,8 +313,8 @@ export class ContainerdNodeRuntime implements NodeRuntime {
     }
     const config = {
       version: 2,
-      // The node's usual paths: the DaemonSet of deploy/containerd mounts
-      // /run/containerd and /var/lib/containerd.
+      // The node's usual paths, under the host's /run and /var/lib that the
+      // DaemonSet mounts.
       root: host('var/lib/containerd'),
       state: host('run/containerd'),
       grpc: { address: this.socket },

@@ -388,9 +388,12 @@ export async function startRealNode(bins: NodeBins, runtimeName: RuntimeName): P
     cleanups.push({ what: 'unmount the host root', run: () => unmountUnder(hostRoot) });
     const host = (p: string) => join(hostRoot, p);
     const folders = ['var/lib/kubelet', 'etc/kubernetes/kubelet.conf.d', 'var/log/pods', 'etc/pinset/sets.d', 'etc/containers/registries.conf.d', 'bed/pki', 'bed/etcd', 'bed/apiserver', 'bed/kubelet'];
-    if (runtimeName === 'crio') folders.push('etc/crio/crio.conf.d', 'var/run/crio', 'var/lib/containers/storage', 'run/dbus', 'bed/crio', 'bed/dbus');
+    if (runtimeName === 'crio') folders.push('etc/crio/crio.conf.d', 'run/crio', 'var/lib/containers/storage', 'run/dbus', 'bed/crio', 'bed/dbus');
     else folders.push('run/containerd', 'var/lib/containerd', 'var/lib/pinset', 'bed/containerd');
     for (const d of folders) await mkdir(host(d), { recursive: true });
+    // /var/run is a link to /run, as on every systemd host: the DaemonSet
+    // mounts the host's /run and finds CRI-O's /var/run/crio/crio.sock there.
+    await symlink('../run', host('var/run'));
     // Mount propagation as on a systemd host, where "/" is shared: the
     // DaemonSet's HostToContainer mounts need a shared or slave source.
     await run('mount', ['--bind', hostRoot, hostRoot]);

@@ -11,7 +11,6 @@ import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { parseYamlDocuments } from '../../src/api/yaml.ts';
-import { unixSocketPath } from '../../src/cri/channel.ts';
 
 const run = promisify(execFile);
 const ROOT = path.resolve(import.meta.dirname, '../..');
@@ -149,33 +148,53 @@ describe('kubectl kustomize deploy', { skip }, () => {
       assert.match(await readFile(path.join(ROOT, 'deploy/agent/daemonset.yaml'), 'utf8'), /BENCHMARKS\.md/);
     });
 
-    test('host paths: CRI-O socket folder, CRI-O config as one writable mount, CRI-O storage (read-only), D-Bus socket, kubelet auth (read-only), static sets (read-only), registries.conf (read-only)', () => {
+    test('host paths: the host\'s /run, /var/lib (read-only) and /etc (writable, for CRI-O\'s drop-in) under /host, and pinset\'s own state folder; nothing any runtime\'s own', () => {
       const volumes: Record<string, Obj> = Object.fromEntries((pod().volumes as Obj[]).map((v) => [v.name, v.hostPath]));
       const mounts: Record<string, Obj> = Object.fromEntries((container().volumeMounts as Obj[]).map((m) => [m.mountPath, m]));
-      const expect: [string, string, string | undefined, boolean][] = [
-        // host path, hostPath type, mount path (same), read-only
-        ['/var/run/crio', 'Directory', '/var/run/crio', true],
-        // One mount for crio.conf.d and the staging folder beside it: a rename between two mounts fails (EXDEV).
-        ['/etc/crio', 'Directory', '/etc/crio', false],
-        // The image filesystem the disk check measures (CRI-O's default storage root).
-        ['/var/lib/containers/storage', 'DirectoryOrCreate', '/var/lib/containers/storage', true],
-        ['/run/dbus/system_bus_socket', 'Socket', '/run/dbus/system_bus_socket', true],
-        ['/var/lib/kubelet/config.json', 'File', '/var/lib/kubelet/config.json', true],
-        ['/etc/pinset/sets.d', 'DirectoryOrCreate', '/etc/pinset/sets.d', true],
-        ['/etc/containers', 'DirectoryOrCreate', '/etc/containers', true],
+      const expect: [string, string, string, boolean][] = [
+        // host path, hostPath type, mount path, read-only
+        // Every runtime's CRI socket and the system bus.
+        ['/run', 'Directory', '/host/run', true],
+        // The image filesystems, k3s's and RKE2's containerd config and hosts, the kubelet's config.json.
+        ['/var/lib', 'Directory', '/host/var/lib', true],
+        // One mount for crio.conf.d and the staging folder beside it (a rename between two mounts fails: EXDEV), and no /etc/crio created elsewhere.
+        ['/etc', 'Directory', '/host/etc', false],
+        // The node lock on containerd nodes: pinset's own folder.
+        ['/var/lib/pinset', 'DirectoryOrCreate', '/var/lib/pinset', false],
       ];
       assert.equal(Object.keys(volumes).length, expect.length, 'no other volumes');
+      assert.equal(Object.keys(mounts).length, expect.length, 'no other mounts');
       for (const [hostPath, type, mountPath, readOnly] of expect) {
         const vol = Object.entries(volumes).find(([, hp]) => hp?.path === hostPath);
         assert.ok(vol, `no hostPath volume for ${hostPath}`);
         assert.equal(vol[1].type, type, hostPath);
-        const m = mounts[mountPath!];
+        const m = mounts[mountPath];
         assert.ok(m, `${hostPath} not mounted at ${mountPath}`);
         assert.equal(m.name, vol[0]);
         assert.equal(m.readOnly === true, readOnly, `${mountPath} readOnly`);
       }
-      assert.ok(!Object.keys(mounts).some((p) => p.startsWith('/etc/crio/')), 'nothing mounted inside /etc/crio: the temp file is renamed from /etc/crio/.pinset into /etc/crio/crio.conf.d');
-      assert.equal(mounts['/var/lib/containers/storage']!.mountPropagation, 'HostToContainer', 'a disk mounted at the storage root later is seen');
+      // Created where missing only if it is pinset's own: a runtime's folder would appear on every other runtime's nodes.
+      for (const [, hp] of Object.entries(volumes)) if (hp.type === 'DirectoryOrCreate' || hp.type === '' || hp.type === undefined) assert.match(hp.path, /\/pinset(\/|$)/, `${hp.path} would be created on nodes that lack it`);
+      for (const p of ['/host/run', '/host/var/lib']) assert.equal(mounts[p]!.mountPropagation, 'HostToContainer', `${p}: what the host mounts or unmounts there later is seen`);
+    });
+
+    test('the agent finds its runtime under /host: no socket and no pin backend named; paths it reads given as the host\'s under /host', () => {
+      const env = Object.fromEntries((container().env as Obj[]).map((e) => [e.name, e.value]));
+      assert.equal(env.PINSET_HOST_ROOT, '/host');
+      assert.equal(env.PINSET_CRI_ENDPOINT, undefined);
+      assert.equal(env.PINSET_PIN_BACKEND, undefined);
+      assert.deepEqual(container().args, ['agent']);
+      for (const [k, v] of Object.entries(env)) if (typeof v === 'string' && v.startsWith('/')) assert.match(v, /^\/host(\/|$)/, `${k} is a host path, seen under /host`);
+    });
+
+    test('every mount says why it is there', async () => {
+      const text = await readFile(path.join(ROOT, 'deploy/agent/daemonset.yaml'), 'utf8');
+      const mountsAt = text.indexOf('volumeMounts:');
+      for (const name of (container().volumeMounts as Obj[]).map((m) => m.name)) {
+        const at = text.indexOf(`- name: ${name}`, mountsAt);
+        assert.ok(at > 0, name);
+        assert.match(text.slice(0, at).split('\n').slice(-3).join('\n'), /#/, `no comment right above the mount ${name}`);
+      }
     });
 
     test('security: root without capabilities or privilege, read-only root, RuntimeDefault seccomp, spc_t', () => {
@@ -377,86 +396,11 @@ describe('kubectl kustomize deploy', { skip }, () => {
   });
 });
 
-// ---------------------------------------------------------------------------
-// deploy/containerd: the same install for containerd nodes, the agent's
-// DaemonSet patched and nothing else.
-
-/**
- * Flags the containerd overlay passes that `pinset agent` does not list yet
- * (the pin backend choice comes with the reconcile core's runtime seam).
- * Each is checked like any other as soon as the help lists it.
- */
-const FLAGS_NOT_YET_IN_HELP = new Set(['pin-backend']);
+// deploy/containerd: an alias of deploy/, kept for installs made with it.
 
 describe('kubectl kustomize deploy/containerd', { skip }, async () => {
-  const overlay: Obj[] = skip ? [] : await build('deploy/containerd');
-  const id = (o: Obj) => `${o.kind} ${o.metadata.namespace ?? '-'}/${o.metadata.name}`;
-  const ds = () => overlay.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'pinset-agent')!;
-  const container = () => ds().spec.template.spec.containers[0] as Obj;
-  const CRIO_PATHS = ['/var/run/crio', '/etc/crio', '/var/lib/containers/storage', '/run/dbus/system_bus_socket', '/etc/containers'];
-
-  test('the same objects as deploy/, and all but the agent DaemonSet identical (RBAC, admission policies, controller, CRD)', () => {
-    assert.deepEqual(overlay.map(id).sort(), objects.map(id).sort());
-    for (const o of overlay) {
-      if (o.kind === 'DaemonSet') continue;
-      assert.deepEqual(o, objects.find((b) => id(b) === id(o)), id(o));
-    }
-  });
-
-  test('the DaemonSet differs from the CRI-O one only in the agent\'s arguments, mounts and volumes', () => {
-    const strip = (d: Obj) => {
-      const c = structuredClone(d);
-      const spec = c.spec.template.spec;
-      delete spec.volumes;
-      delete spec.containers[0].volumeMounts;
-      delete spec.containers[0].args;
-      return c;
-    };
-    assert.deepEqual(strip(ds()), strip(one('DaemonSet', 'pinset-agent', NS)));
-  });
-
-  test('the agent speaks to containerd\'s socket with the containerd pin backend', () => {
-    assert.deepEqual(container().args, ['agent', '--cri-endpoint=unix:///run/containerd/containerd.sock', '--pin-backend=containerd']);
-  });
-
-  test('host paths: containerd\'s socket folder, root and registry hosts (read-only), the agent\'s state folder, kubelet auth and static sets; none of CRI-O\'s', () => {
-    const volumes: Record<string, Obj> = Object.fromEntries((ds().spec.template.spec.volumes as Obj[]).map((v) => [v.name, v.hostPath]));
-    const mounts: Record<string, Obj> = Object.fromEntries((container().volumeMounts as Obj[]).map((m) => [m.mountPath, m]));
-    const expect: [string, string, boolean][] = [
-      ['/run/containerd', 'Directory', true],
-      ['/var/lib/containerd', 'DirectoryOrCreate', true],
-      ['/var/lib/pinset', 'DirectoryOrCreate', false],
-      ['/etc/containerd/certs.d', 'DirectoryOrCreate', true],
-      ['/var/lib/kubelet/config.json', 'File', true],
-      ['/etc/pinset/sets.d', 'DirectoryOrCreate', true],
-    ];
-    assert.deepEqual(Object.keys(volumes).length, expect.length, 'no other volumes');
-    assert.deepEqual(Object.keys(mounts).length, expect.length, 'no other mounts');
-    for (const [hostPath, type, readOnly] of expect) {
-      const vol = Object.entries(volumes).find(([, hp]) => hp?.path === hostPath);
-      assert.ok(vol, `no hostPath volume for ${hostPath}`);
-      assert.equal(vol[1].type, type, hostPath);
-      const m = mounts[hostPath];
-      assert.ok(m, `${hostPath} not mounted at the same path`);
-      assert.equal(m.name, vol[0]);
-      assert.equal(m.readOnly === true, readOnly, `${hostPath} readOnly`);
-    }
-    for (const p of CRIO_PATHS) {
-      assert.ok(!(p in mounts), `${p} is CRI-O's`);
-      assert.ok(!Object.values(volumes).some((hp) => hp?.path === p), `${p} is CRI-O's`);
-    }
-    assert.equal(mounts['/var/lib/containerd']!.mountPropagation, 'HostToContainer');
-    const socket = unixSocketPath(container().args.find((a: string) => a.startsWith('--cri-endpoint='))!.slice('--cri-endpoint='.length))!;
-    assert.ok(socket.startsWith('/run/containerd/'), 'the socket is inside the mounted folder');
-  });
-
-  test('every argument is one `pinset agent` reads (or one it is about to: the pin backend)', async () => {
-    const help = await helpOf('agent');
-    for (const a of container().args.slice(1) as string[]) {
-      const flag = a.replace(/^--/, '').replace(/=.*$/, '');
-      if (!help.flags.has(flag) && FLAGS_NOT_YET_IN_HELP.has(flag)) continue;
-      assert.ok(help.flags.has(flag), `unknown flag ${a}`);
-    }
+  test('builds exactly what deploy/ builds', async () => {
+    assert.deepEqual(await build('deploy/containerd'), objects);
   });
 });
 
@@ -489,11 +433,11 @@ describe('kubectl kustomize with deploy/credential-providers/<cloud>', { skip },
     ['gke', { config: '/etc/srv/kubernetes/cri_auth_config.yaml', binDir: '/home/kubernetes/bin', extra: [] }],
     ['aks', { config: '/var/lib/kubelet/credential-provider-config.yaml', binDir: '/var/lib/kubelet/credential-provider', extra: ['/etc/kubernetes/azure.json'] }],
   ];
-  const base: Obj[] = skip ? [] : await build('deploy/containerd');
+  const base: Obj[] = skip ? [] : await build('deploy');
   const agentOf = (objs: Obj[]) => objs.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'pinset-agent')!;
   for (const [cloud, want] of clouds) {
     test(`${cloud}: the agent on the host network, the kubelet's config and plugins read-only at the kubelet's paths, through flags it reads; nothing else changed`, async () => {
-      const built = await buildOverlay(['deploy/containerd'], [`deploy/credential-providers/${cloud}`]);
+      const built = await buildOverlay(['deploy'], [`deploy/credential-providers/${cloud}`]);
       const id = (o: Obj) => `${o.kind} ${o.metadata.namespace ?? '-'}/${o.metadata.name}`;
       assert.deepEqual(built.map(id).sort(), base.map(id).sort());
       for (const o of built) if (o.kind !== 'DaemonSet') assert.deepEqual(o, base.find((b) => id(b) === id(o)), id(o));
