@@ -11,7 +11,7 @@
 // The steps run in order on one node, on the kubelet's own clock: its image
 // GC runs every 5 minutes, the first real pass about 300 s after it starts
 // (facts/test-bed.md), so the suite takes about 11 minutes per runtime.
-//  1. deploy/ (CRI-O) or deploy/containerd/ applied with server-side apply,
+//  1. deploy/ (the one install for every runtime) applied with server-side apply,
 //     with the credential provider component of deploy/credential-providers/
 //     (the plugin folder the kubelet's own flags name, mounted read-only),
 //     the image replaced by the one scripts/build-image.sh built, pushed to
@@ -349,7 +349,7 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
     node = undefined;
   });
 
-  test(`deploy/${runtimeName === 'containerd' ? 'containerd/' : ''} applies server-side; the DaemonSet's pod runs the image with its own mounts, security context and token, Ready on a Node that is not (no CNI yet)`, async (t) => {
+  test(`deploy/ applies server-side on ${runtimeLabel}; the DaemonSet's pod runs the image with its own mounts, security context and token, Ready on a Node that is not (no CNI yet)`, async (t) => {
     const t0 = Date.now();
     t.diagnostic(`kubectl apply --server-side: ${await applyDeploy(images.pinset)} objects`);
     await until('the PinnedImageSet CRD served', 30_000, async () => (await n().api.request('GET', SETS_API)).status === 200);

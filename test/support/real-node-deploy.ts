@@ -1,6 +1,6 @@
 // pinset's install on the node suite's bed (./real-node.ts), as an operator
 // makes it: `kubectl apply --server-side -k` of a kustomization over deploy/
-// (CRI-O) or deploy/containerd/, with kustomize components added (the
+// (the one DaemonSet for every runtime), with kustomize components added (the
 // credential provider one of deploy/credential-providers/) and the image
 // replaced by the one built here. The kustomization also carries what
 // differs on this bed, as one JSON patch per workload, and only that:
@@ -61,16 +61,16 @@ function containerOps(c: any, at: string, metricsEnv: string, port: number, apiS
 }
 
 /**
- * A kustomization in `dir` over deploy/`subdir` with the kustomize
+ * A kustomization in `dir` over deploy/ with the kustomize
  * `components` (folders) added, the image replaced by `image` (a digest
  * reference) and the bed's differences patched in. `render` runs `kubectl
  * kustomize`: the install is read as kubectl renders it, components
  * included, and the bed's patches (applied after the components) are made
  * from that.
  */
-export async function writeDeployOverlay(dir: string, o: { subdir: '' | 'containerd'; components?: string[]; image: NodeImage; bed: BedSpecifics; render: (dir: string) => Promise<string> }): Promise<string> {
+export async function writeDeployOverlay(dir: string, o: { components?: string[]; image: NodeImage; bed: BedSpecifics; render: (dir: string) => Promise<string> }): Promise<string> {
   await mkdir(dir, { recursive: true });
-  const base = join(DEPLOY_DIR, o.subdir);
+  const base = DEPLOY_DIR;
   const [name, digest] = o.image.ref.split('@');
   const install = {
     apiVersion: 'kustomize.config.k8s.io/v1beta1',

@@ -83,7 +83,6 @@ export interface NodeRuntime {
   /** The CRI socket the kubelet and the agent use. */
   readonly endpoint: string;
   /** What to apply: deploy/ (CRI-O) or deploy/containerd/. */
-  readonly deploySubdir: '' | 'containerd';
   start(): Promise<void>;
   /** Stops the runtime and whatever it started for containers. */
   stop(): Promise<void>;
@@ -152,7 +151,6 @@ export async function killLeftovers(exeNames: string[], marker: string): Promise
 
 export class CrioNodeRuntime implements NodeRuntime {
   readonly name = 'crio' as const;
-  readonly deploySubdir = '' as const;
   readonly crio: RealCrio;
   readonly bus: PrivateBus;
   systemd: SystemdStandIn | undefined;
@@ -261,7 +259,6 @@ export class CrioNodeRuntime implements NodeRuntime {
 
 export class ContainerdNodeRuntime implements NodeRuntime {
   readonly name = 'containerd' as const;
-  readonly deploySubdir = 'containerd' as const;
   readonly bin: string;
   readonly socket: string;
   readonly #hostRoot: string;

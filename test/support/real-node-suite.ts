@@ -97,7 +97,7 @@ export class SuiteNode {
 
   /** Applies the install with the agent's image `image` (an upgrade when it changes), as an operator would, with the credential provider component and `components` (folders); the number of objects applied. */
   async applyDeploy(image: NodeImage, components: string[] = []): Promise<number> {
-    const overlay = await writeDeployOverlay(join(this.node.state, 'overlay'), { subdir: this.node.runtime.deploySubdir, components: [PROVIDER_COMPONENT, ...components], image, bed: this.bed, render: (d) => this.node.kubectl(['kustomize', d]) });
+    const overlay = await writeDeployOverlay(join(this.node.state, 'overlay'), { components: [PROVIDER_COMPONENT, ...components], image, bed: this.bed, render: (d) => this.node.kubectl(['kustomize', d]) });
     const applied = await this.node.kubectl(['apply', '--server-side', '--field-manager=pinset-node-suite', '-k', overlay]);
     return applied.trim().split('\n').length;
   }
