@@ -132,6 +132,7 @@ export class Agent {
   private timer: NodeJS.Timeout | undefined;
   private debounce: NodeJS.Timeout | undefined;
   private watchers: fs.FSWatcher[] = [];
+  private kubeletTimer: NodeJS.Timeout | undefined;
 
   constructor(opts: AgentOptions) {
     this.opts = opts;
@@ -256,6 +257,17 @@ export class Agent {
         }
       });
     }
+    const kubelet = this.opts.kubeletConfig;
+    if (kubelet) {
+      // A drop-in added or changed (the kubelet reads them at its next start): the status says at once what it will do.
+      const changed = () => {
+        if (kubelet.changed()) this.trigger('the kubelet configuration changed');
+      };
+      for (const dir of kubelet.folders()) this.watch(dir, { recursive: true }, changed);
+      // A file mounted alone is not seen changing: read again every so often.
+      this.kubeletTimer = setInterval(changed, kubelet.rereadMs);
+      this.kubeletTimer.unref();
+    }
     this.loopDone = this.loop();
   }
 
@@ -331,6 +343,7 @@ export class Agent {
     this.stopped = true;
     clearTimeout(this.debounce);
     clearTimeout(this.timer);
+    clearInterval(this.kubeletTimer);
     this.pins.close();
     for (const w of this.watchers) w.close();
     this.current?.abort(new Cancelled('shutting down'));

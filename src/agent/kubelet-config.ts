@@ -233,6 +233,25 @@ export class KubeletConfigWatch {
   }
 
   status(plan: Pick<Plan, 'sets'>): KubeletVerificationStatus {
-    return verificationStatus(this.reading(), plan);
+    const reading = this.reading();
+    this.reported = JSON.stringify(reading);
+    return verificationStatus(reading, plan);
   }
+
+  /** How often the files are read again at most (and, from the agent, at least). */
+  readonly rereadMs = KUBELET_CONFIG_REREAD_MS;
+
+  /** The folders whose changes may change the reading: the config file's and the drop-in folder. */
+  folders(): string[] {
+    return [this.paths.configFile && path.dirname(this.paths.configFile), this.paths.configDir].filter((d): d is string => Boolean(d));
+  }
+
+  /** Reads the files again now; true when the reading differs from the one last reported (a reconcile then reports the new one). */
+  changed(): boolean {
+    this.last = undefined;
+    const now = JSON.stringify(this.reading());
+    return this.reported !== undefined && now !== this.reported;
+  }
+
+  private reported?: string;
 }

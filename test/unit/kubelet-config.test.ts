@@ -182,4 +182,17 @@ describe('KubeletConfigWatch', () => {
     version = 'v1.32.4';
     assert.equal(w.reading().policy, 'Off');
   });
+
+  test('changed(): the files read again at once, true only when the reading differs from the one last reported', async () => {
+    const p = await layout({ 'config.yaml': { ...HEAD, imagePullCredentialsVerificationPolicy: 'AlwaysVerify' } });
+    const w = new KubeletConfigWatch(p, () => 'v1.35.6', () => 0);
+    assert.equal(w.changed(), false, 'nothing reported yet');
+    assert.equal(w.status({ sets: [] }).policy, 'AlwaysVerify');
+    assert.equal(w.changed(), false, 'the files as reported');
+    await fsp.writeFile(p.configFile, stringify({ ...HEAD, imagePullCredentialsVerificationPolicy: 'NeverVerify' }));
+    assert.equal(w.changed(), true, 'a new policy, before the minute is up');
+    assert.equal(w.status({ sets: [] }).policy, 'NeverVerify');
+    assert.equal(w.changed(), false);
+    assert.deepEqual(w.folders(), [path.dirname(p.configFile), ...(p.configDir ? [p.configDir] : [])]);
+  });
 });
