@@ -120,6 +120,8 @@ export interface LazyEstimatorOptions {
   dir: string;
   /** --containerd-hosts-dir. */
   containerdHostsDir?: string;
+  /** --host-root: where an absolute certificate path of a hosts.toml is read. */
+  hostRoot?: string;
   /** The runtime's name and version from CRI Version; unset until it answers. */
   runtime: () => { name?: string; version?: string };
   logger: Logger;
@@ -156,6 +158,7 @@ export function lazyRegistrySizeEstimator(opts: LazyEstimatorOptions): SizeEstim
       const dir = config.containerdHosts ?? DEFAULT_CONTAINERD_HOSTS_DIR;
       containerdHosts = new ContainerdHosts(dir, {
         hostTableRequired: config.hostTableRequired,
+        hostRoot: opts.hostRoot,
         onProblem: (err) => opts.logger.warn({ err }, 'a containerd hosts.toml is unusable; size estimates ask what containerd asks instead'),
       });
       opts.logger.info({ containerdHostsDir: dir }, "size estimates ask the registries as containerd does, through its registry hosts");

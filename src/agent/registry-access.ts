@@ -49,6 +49,7 @@ export async function registryAccess(
           file: f['registries-conf'] as string | undefined,
           dir: String(f['registries-conf-dir']),
           containerdHostsDir: profile.containerdHostsDir,
+          hostRoot: String(f['host-root'] || '/'),
           runtime: () => {
             const info = o.runtimeInfo() ?? profile.runtime;
             return info ? { name: info.runtimeName, version: info.runtimeVersion } : { name: profile.pinBackend === 'containerd' ? 'containerd' : undefined };

@@ -54,6 +54,12 @@ export interface RegistryHosts {
 export interface ContainerdHostsOptions {
   /** Set aside a hosts.toml without [host] tables, as containerd before 1.7.32 does (containerdNeedsHostTable). */
   hostTableRequired?: boolean;
+  /**
+   * Where this process sees the host's / (the agent's --host-root): an
+   * absolute certificate path in a hosts.toml is the host's, read under it.
+   * Default /.
+   */
+  hostRoot?: string;
   /** How long a registry's hosts are used before their files are looked at again. Default 1 s. */
   recheckMs?: number;
   /** Called once per change of a hosts.toml containerd cannot use (it then falls back to the folder's certificate files). */
@@ -104,6 +110,7 @@ export class ContainerdHosts {
   readonly roots: readonly string[];
   private readonly recheckMs: number;
   private readonly hostTableRequired: boolean;
+  private readonly hostRoot: string;
   private readonly onProblem: (message: string) => void;
   private readonly now: () => number;
   private readonly known = new Map<string, RegistryHosts>();
@@ -114,6 +121,7 @@ export class ContainerdHosts {
     this.roots = (typeof dirs === 'string' ? dirs.split(':') : dirs).filter((d) => d !== '');
     this.recheckMs = opts.recheckMs ?? 1_000;
     this.hostTableRequired = opts.hostTableRequired ?? false;
+    this.hostRoot = opts.hostRoot || '/';
     this.onProblem = opts.onProblem ?? (() => {});
     this.now = opts.now ?? Date.now;
   }
@@ -214,7 +222,7 @@ export class ContainerdHosts {
     let from = file;
     let problem: string | undefined;
     try {
-      entries = text.length > 0 ? parseHostsToml(text, dir, { hostTableRequired: this.hostTableRequired }) : [await certFileHost(dir)];
+      entries = text.length > 0 ? parseHostsToml(text, dir, { hostTableRequired: this.hostTableRequired, hostRoot: this.hostRoot }) : [await certFileHost(dir)];
       if (text.length === 0) from = `${dir} (certificate files; no hosts.toml)`;
     } catch (e) {
       if (!(e instanceof HostsTomlError)) throw e;

@@ -81,10 +81,14 @@ function strings(v: unknown, what: string, map: (s: string) => string = (s) => s
   });
 }
 
-/** One host's settings (containerd's parseHostConfig); `server` empty for a server left out. */
-function parseHost(server: string, baseDir: string, c: Record<string, unknown>, where: string): HostEntry {
+/**
+ * One host's settings (containerd's parseHostConfig); `server` empty for a
+ * server left out. A relative file is in `baseDir`; an absolute one is a
+ * path on the host, under `hostRoot` as this process sees the host.
+ */
+function parseHost(server: string, baseDir: string, hostRoot: string, c: Record<string, unknown>, where: string): HostEntry {
   // An empty key file stays empty: the key is in the certificate's file, as the docs mean it.
-  const abs = (p: string) => (p === '' || path.isAbsolute(p) ? p : path.join(baseDir, p));
+  const abs = (p: string) => (p === '' ? p : !path.isAbsolute(p) ? path.join(baseDir, p) : hostRoot === '/' ? p : path.join(hostRoot, p));
   if (c.override_path !== undefined && typeof c.override_path !== 'boolean') throw new HostsTomlError(`${where}: override_path must be true or false`);
   const overridePath = c.override_path === true;
   const entry: HostEntry = { scheme: '', host: '', path: '', capabilities: [...CAPABILITIES] };
@@ -137,9 +141,11 @@ function parseHost(server: string, baseDir: string, c: Record<string, unknown>, 
 /**
  * The hosts of one hosts.toml, in the order containerd tries them: each
  * [host."<url>"] in file order, then the server (host empty when there is
- * no `server`). `baseDir` is the file's folder (relative paths).
+ * no `server`). `baseDir` is the file's folder (relative paths);
+ * `hostRoot` where the host's / is seen (absolute paths; default /).
  */
-export function parseHostsToml(text: string, baseDir: string, opts: { hostTableRequired?: boolean } = {}): HostEntry[] {
+export function parseHostsToml(text: string, baseDir: string, opts: { hostTableRequired?: boolean; hostRoot?: string } = {}): HostEntry[] {
+  const hostRoot = opts.hostRoot || '/';
   let doc: Record<string, unknown>;
   try {
     doc = parseToml(text) as Record<string, unknown>;
@@ -157,9 +163,9 @@ export function parseHostsToml(text: string, baseDir: string, opts: { hostTableR
   // containerd orders them (by their headers' places in the file).
   for (const [url, c] of Object.entries(hosts)) {
     if (!isTable(c)) throw new HostsTomlError(`host.${JSON.stringify(url)} must be a table`);
-    out.push(parseHost(url, baseDir, c, `[host.${JSON.stringify(url)}]`));
+    out.push(parseHost(url, baseDir, hostRoot, c, `[host.${JSON.stringify(url)}]`));
   }
-  out.push(parseHost((doc.server as string | undefined) ?? '', baseDir, doc, 'server'));
+  out.push(parseHost((doc.server as string | undefined) ?? '', baseDir, hostRoot, doc, 'server'));
   return out;
 }
 

@@ -291,6 +291,26 @@ describe('fallbacks and changes', () => {
     await assert.rejects(hosts.sources(name('ca.example/a:1')), /ca\.example\/hosts\.toml: unable to read CA cert ".*ca\.example\/missing\.crt": ENOENT/);
   });
 
+  test("an absolute certificate path is the host's: under the agent's host root it is read there, a relative one stays in the folder", async () => {
+    // The DaemonSet sees the host's / at /host: a hosts.toml that says
+    // ca = "/etc/containerd/certs.d/abs.example/ca.crt" means the host's file.
+    const hostRoot = path.join(tmp, 'host-root');
+    const pem = '-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n';
+    const root = path.join(hostRoot, 'etc/containerd/certs.d');
+    const dir = await folder(root, 'abs.example', {
+      'hosts.toml': 'server = "https://abs.example"\nca = "/etc/containerd/certs.d/abs.example/ca.crt"\n[host."https://mirror.abs.example"]\n  ca = "ca.crt"\n',
+      'ca.crt': pem,
+    });
+    const seen = await new ContainerdHosts(root, { hostRoot }).hosts('abs.example');
+    assert.equal(seen.error, undefined);
+    assert.deepEqual(seen.entries.map((e) => [e.host, e.ca]), [['mirror.abs.example', [path.join(dir, 'ca.crt')]], ['abs.example', [path.join(dir, 'ca.crt')]]]);
+    assert.equal(seen.tls[1]!.ca.length, 1);
+    // Read as if this process were on the host, the same file is not there.
+    const onHost = await new ContainerdHosts(root).hosts('abs.example');
+    assert.match(onHost.error ?? '', /unable to read CA cert "\/etc\/containerd\/certs\.d\/abs\.example\/ca\.crt": ENOENT/);
+    assert.deepEqual(parseHostsToml('ca = "/etc/x.crt"\nclient = [["/etc/c.cert", "k.key"]]\n', '/host/etc/d', { hostRoot: '/host' }).map((e) => [e.ca, e.client]), [[['/host/etc/x.crt'], [['/host/etc/c.cert', '/host/etc/d/k.key']]]]);
+  });
+
   test('a changed hosts.toml is read again once its answer is older than the recheck time; an unchanged one is not', async () => {
     const root = path.join(tmp, 'changes');
     const dir = await folder(root, 'moving.example', { 'hosts.toml': 'server = "https://first.mirror"\n' });
