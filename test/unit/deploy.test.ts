@@ -10,6 +10,7 @@ import { chmod, copyFile, mkdtemp, readFile, rm, writeFile } from 'node:fs/promi
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import { AGENT_FLAGS } from '../../src/agent/agent-flags.ts';
 import { parseYamlDocuments } from '../../src/api/yaml.ts';
 
 const run = promisify(execFile);
@@ -559,9 +560,13 @@ describe('deploy/systemd/pinset-agent.service', async () => {
     assert.match(policy, /request\.userInfo\.username\.startsWith\('system:node:'\)/);
   });
 
-  test('hardened, with the one writable folder the agent needs (crio.conf.d and the staging folder beside it, as one mount)', () => {
+  test('hardened, with the writable folders the agent needs: /etc/crio where it exists (crio.conf.d and the staging folder beside it, as one mount), and its own state folder (the node lock on containerd)', () => {
     assert.equal(get('ProtectSystem'), 'strict');
-    assert.deepEqual(svc.ReadWritePaths, ['/etc/crio']);
+    assert.deepEqual(svc.ReadWritePaths, ['-/etc/crio'], '"-": no /etc/crio on a containerd host must not stop the unit');
+    // StateDirectory=pinset is /var/lib/pinset, made writable: the agent's default --state-dir.
+    assert.deepEqual(svc.StateDirectory, ['pinset']);
+    assert.equal(AGENT_FLAGS.find((f) => f.name === 'state-dir')?.default, '/var/lib/pinset');
+    for (const u of ['crio.service', 'containerd.service', 'k3s.service', 'k3s-agent.service', 'rke2-server.service', 'rke2-agent.service']) assert.ok(unit.Unit?.After?.join(' ').split(/\s+/).includes(u), `After= ${u}`);
     assert.equal(get('NoNewPrivileges'), 'yes');
     assert.equal(get('CapabilityBoundingSet'), '', 'no capabilities');
     for (const k of ['ProtectHome', 'PrivateTmp', 'PrivateDevices', 'ProtectKernelTunables', 'ProtectKernelModules', 'ProtectControlGroups', 'RestrictSUIDSGID', 'LockPersonality']) {
