@@ -38,7 +38,7 @@ import { startCrioNode } from '../test/support/crio-node.ts';
 import { pushRandom, pushSingleLayer } from '../test/support/images.ts';
 import { Registry } from '../test/support/registry.ts';
 import { makeCertificate } from '../test/support/token-server.ts';
-import { procStatus } from './proc.ts';
+import { procStatus, rssByBacking } from './proc.ts';
 
 const N = Number(process.env.BENCH_N ?? 1000);
 const FLAGS: string[] = process.env.BENCH_AGENT_NODE_FLAGS !== undefined ? process.env.BENCH_AGENT_NODE_FLAGS.split(' ').filter(Boolean) : [...NODE_FLAGS];
@@ -250,21 +250,7 @@ async function heap(): Promise<void> {
 
 /** RSS by what backs it, and the V8 heap from the agent's /metrics. */
 async function splitOf(pid: number, metricsUrl: string): Promise<Record<string, number>> {
-  const out = { rss: 0, nodeBinary: 0, libraries: 0, anonymous: 0, v8HeapCommitted: 0, v8HeapUsed: 0 };
-  let where: 'nodeBinary' | 'libraries' | 'anonymous' = 'anonymous';
-  for (const line of readFileSync(`/proc/${pid}/smaps`, 'utf8').split('\n')) {
-    const head = /^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+\s*(.*)$/.exec(line);
-    if (head) {
-      const p = head[1]!;
-      where = p.endsWith('/node') ? 'nodeBinary' : /\.so(\.|$)/.test(p) ? 'libraries' : 'anonymous';
-      continue;
-    }
-    const m = /^Rss:\s+(\d+) kB/.exec(line);
-    if (m) {
-      out[where] += Number(m[1]) * 1024;
-      out.rss += Number(m[1]) * 1024;
-    }
-  }
+  const out = { ...rssByBacking(pid), v8HeapCommitted: 0, v8HeapUsed: 0 };
   const text = await (await fetch(`${metricsUrl}/metrics`)).text();
   out.v8HeapCommitted = Number(/^nodejs_heap_size_total_bytes (\S+)/m.exec(text)?.[1]);
   out.v8HeapUsed = Number(/^nodejs_heap_size_used_bytes (\S+)/m.exec(text)?.[1]);

@@ -43,7 +43,7 @@ import { Containerd } from '../test/support/containerd.ts';
 import { pushRandom, pushSingleLayer } from '../test/support/images.ts';
 import { Registry } from '../test/support/registry.ts';
 import { apiSetRun, bareNodeRun, idleAgent, idleEmptyRun, median, onceAllPresentRun, pushMany, type AgentRunner } from './footprint-runs.ts';
-import { procStatus } from './proc.ts';
+import { procStatus, rssByBacking } from './proc.ts';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 3);
 const N = Number(process.env.BENCH_N ?? 1000);
@@ -150,21 +150,7 @@ interface Split {
 
 /** RSS by what backs it (smaps), open sockets, and the V8 heap by space from the agent's /metrics. */
 async function splitOf(pid: number, metricsUrl: string): Promise<Split> {
-  const out: Split = { rss: 0, hwm: procStatus(pid).hwmKb * 1024, nodeBinary: 0, libraries: 0, anonymous: 0, sockets: 0, heapCommitted: 0, heapUsed: 0, spaces: {}, external: 0 };
-  let where: 'nodeBinary' | 'libraries' | 'anonymous' = 'anonymous';
-  for (const line of readFileSync(`/proc/${pid}/smaps`, 'utf8').split('\n')) {
-    const head = /^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+\s*(.*)$/.exec(line);
-    if (head) {
-      const p = head[1]!;
-      where = p.endsWith('/node') ? 'nodeBinary' : /\.so(\.|$)/.test(p) ? 'libraries' : 'anonymous';
-      continue;
-    }
-    const m = /^Rss:\s+(\d+) kB/.exec(line);
-    if (m) {
-      out[where] += Number(m[1]) * 1024;
-      out.rss += Number(m[1]) * 1024;
-    }
-  }
+  const out: Split = { ...rssByBacking(pid), hwm: procStatus(pid).hwmKb * 1024, sockets: 0, heapCommitted: 0, heapUsed: 0, spaces: {}, external: 0 };
   const { stdout } = await execFileAsync('ls', ['-l', `/proc/${pid}/fd`]);
   out.sockets = stdout.split('\n').filter((l) => l.includes('socket:')).length;
   const text = await (await fetch(`${metricsUrl}/metrics`)).text();

@@ -29,3 +29,23 @@ export function cpuMs(pid: number | undefined): number {
     return NaN;
   }
 }
+
+/** Resident memory by what backs it, in bytes, from /proc/<pid>/smaps: the node binary, shared libraries, the rest (anonymous: heaps, stacks, JIT code). */
+export function rssByBacking(pid: number): { rss: number; nodeBinary: number; libraries: number; anonymous: number } {
+  const out = { rss: 0, nodeBinary: 0, libraries: 0, anonymous: 0 };
+  let where: 'nodeBinary' | 'libraries' | 'anonymous' = 'anonymous';
+  for (const line of readFileSync(`/proc/${pid}/smaps`, 'utf8').split('\n')) {
+    const head = /^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+\s*(.*)$/.exec(line);
+    if (head) {
+      const p = head[1]!;
+      where = p.endsWith('/node') ? 'nodeBinary' : /\.so(\.|$)/.test(p) ? 'libraries' : 'anonymous';
+      continue;
+    }
+    const m = /^Rss:\s+(\d+) kB/.exec(line);
+    if (m) {
+      out[where] += Number(m[1]) * 1024;
+      out.rss += Number(m[1]) * 1024;
+    }
+  }
+  return out;
+}
