@@ -23,6 +23,7 @@ import { DEFAULT_PAGE_SIZE, listAll } from '../api/list-pages.ts';
 import { selectorMatches } from '../api/selector.ts';
 import { GROUP, PLURAL, VERSION, type LabelSelector, type PinnedImageSet } from '../api/types.ts';
 import { describeProblems, validateSet } from '../api/validate.ts';
+import { GATE, gateDefault } from '../agent/kubelet-config.ts';
 import { parseYamlDocuments } from '../api/yaml.ts';
 import { helpText, parseFlags, UsageError, type FlagSpec } from '../util/flags.ts';
 import type { CommandIO } from './resolve.ts';
@@ -31,17 +32,24 @@ const FLAGS: readonly FlagSpec[] = [
   { name: 'node', type: 'string', help: 'only the sets that select this Node (its labels and the PinnedImageSets read from the API, with the FILEs\' sets)' },
   { name: 'kubeconfig', env: 'KUBECONFIG', type: 'string', help: 'kubeconfig file, with --node; the usual search (~/.kube/config, in-cluster) when unset' },
   { name: 'timeout', env: 'PINSET_KUBELET_ALLOWLIST_TIMEOUT', type: 'duration', default: '15s', help: 'give up on an API request after this long' },
+  {
+    name: 'kubelet-gate-on',
+    type: 'bool',
+    default: false,
+    help: "with --node: the node's kubelet is 1.33 or 1.34 and runs with the feature gate KubeletEnsureSecretPulledImages on (off by default there; a kubelet with it off refuses the drop-in and does not start, so without this flag nothing is printed for such a node)",
+  },
 ];
 
-const USAGE = 'pinset kubelet-allowlist [--node NAME] [--kubeconfig FILE] [--timeout DURATION] [FILE|DIR...]';
+const USAGE = 'pinset kubelet-allowlist [--node NAME [--kubelet-gate-on]] [--kubeconfig FILE] [--timeout DURATION] [FILE|DIR...]';
 const SUMMARY =
   "Prints a kubelet configuration drop-in (for the kubelet's --config-dir) that keeps the kubelet's\n" +
   'credential verification (Kubernetes 1.35 and later) from refusing the images of the sets offline:\n' +
   'imagePullCredentialsVerificationPolicy NeverVerifyAllowlistedImages, and one "/*" entry per parent\n' +
   'path of the sets\' repositories in preloadedImagesVerificationAllowlist.\n' +
   'FILE: PinnedImageSet YAML; DIR: its .yaml, .yml and .json files (as the agent\'s static folder).\n' +
-  'With --node, the sets that select that node, from the API and the FILEs.\n' +
-  'Exit status: 0 printed, 1 a set or the API could not be read (nothing printed), 2 usage error.\n' +
+  "With --node, the sets that select that node, from the API and the FILEs, for that node's kubelet version.\n" +
+  'Exit status: 0 printed, 1 nothing printed (a set or the API could not be read, no set selects the node,\n' +
+  "or the node's kubelet has no use for the drop-in or would refuse it), 2 usage error.\n" +
   'See docs/kubelet-credential-verification.md.';
 
 export const flags = FLAGS;
@@ -144,9 +152,9 @@ const HEADER = [
   " pinset's sets start from the node without the registry, whatever credentials",
   " their pods have. Save it in the kubelet's --config-dir under a name ending in",
   ' ".conf" (e.g. 50-pinset.conf, sorting after the files it must override) and',
-  ' restart the kubelet. For Kubernetes 1.35 and later; 1.33 and 1.34 refuse these',
-  ' fields (and do not start) unless the feature gate KubeletEnsureSecretPulledImages',
-  ' is on; 1.32 and earlier ignore them.',
+  ' restart the kubelet. For Kubernetes 1.35 and later: a kubelet with the feature',
+  ' gate KubeletEnsureSecretPulledImages off (the default of 1.33 and 1.34) refuses',
+  ' these fields and does not start; 1.32 ignores them.',
   ' Each "/*" entry exempts every repository below its path, sibling repositories',
   ' of the pinned ones included. The kubelet matches the image as the pod spells',
   ' it: pods must spell registry host and path as the sets do (not "nginx" for',
@@ -174,9 +182,25 @@ export function renderDropin(entries: readonly AllowlistEntry[], source: string)
 
 interface NodeObject {
   metadata?: { labels?: Record<string, string> };
+  status?: { nodeInfo?: { kubeletVersion?: string } };
 }
 
-async function setsOfNode(nodeName: string, kc: KubeConfig, timeoutMs: number): Promise<{ labels: Record<string, string>; sets: AllowlistSet[]; problems: string[] }> {
+/**
+ * Why the drop-in must not be given to a kubelet of `version`, or undefined:
+ * before 1.33 there is no verification to exempt from; in 1.33 and 1.34 the
+ * gate is off unless turned on, and a kubelet with it off refuses the two
+ * fields and does not start (validation.go). An unknown version counts as 1.35.
+ */
+export function kubeletVersionProblem(nodeName: string, version: string | undefined, gateOn: boolean): string | undefined {
+  const gate = gateDefault(version);
+  if (!gate.known) return `node ${nodeName} runs kubelet ${version}, which does not verify the credentials of images already on the node (that came in 1.33): it needs no drop-in`;
+  if (!gate.on && !gateOn) {
+    return `node ${nodeName} runs kubelet ${version}: there the feature gate ${GATE} is off unless the kubelet turns it on, and a kubelet with it off refuses these fields and does not start. With the gate off the kubelet does not verify, and pinned images start offline without a drop-in; if this kubelet runs with the gate on, add --kubelet-gate-on`;
+  }
+  return undefined;
+}
+
+async function setsOfNode(nodeName: string, kc: KubeConfig, timeoutMs: number): Promise<{ labels: Record<string, string>; kubeletVersion?: string; sets: AllowlistSet[]; problems: string[] }> {
   const http = new KubeHttp(kc, { userAgent: 'pinset-kubelet-allowlist', connectTimeoutMs: timeoutMs });
   try {
     const node = await http.json<NodeObject>('GET', `/api/v1/nodes/${encodeURIComponent(nodeName)}`, {}, undefined, { timeoutMs });
@@ -189,7 +213,7 @@ async function setsOfNode(nodeName: string, kc: KubeConfig, timeoutMs: number): 
       if (typeof s === 'string') problems.push(`PinnedImageSet ${name}: ${s}`);
       else sets.push(s);
     }
-    return { labels: node?.metadata?.labels ?? {}, sets, problems };
+    return { labels: node?.metadata?.labels ?? {}, kubeletVersion: node?.status?.nodeInfo?.kubeletVersion, sets, problems };
   } finally {
     http.close();
   }
@@ -203,6 +227,7 @@ export async function run(argv: string[], io: CommandIO = { stdin: process.stdin
   }
   const nodeName = values.node as string | undefined;
   if (!nodeName && positionals.length === 0) throw new UsageError(`give set files or folders, or --node\nusage: ${USAGE}`);
+  if (values['kubelet-gate-on'] && !nodeName) throw new UsageError(`--kubelet-gate-on goes with --node\nusage: ${USAGE}`);
   const fromFiles = await setsOfFiles(positionals);
   let sets = fromFiles.sets;
   const problems = [...fromFiles.problems];
@@ -216,6 +241,11 @@ export async function run(argv: string[], io: CommandIO = { stdin: process.stdin
     }
     try {
       const fromApi = await setsOfNode(nodeName, kc, values.timeout as number);
+      const refused = kubeletVersionProblem(nodeName, fromApi.kubeletVersion, Boolean(values['kubelet-gate-on']));
+      if (refused) {
+        io.stderr.write(`pinset kubelet-allowlist: ${refused}; nothing printed\n`);
+        return 1;
+      }
       problems.push(...fromApi.problems);
       sets = [...fromApi.sets, ...sets].filter((s) => selectorMatches(s.selector, fromApi.labels));
     } catch (err) {

@@ -111,6 +111,31 @@ describe('pinset kubelet-allowlist --node NAME', () => {
     assert.deepEqual(parse(core.stdout).preloadedImagesVerificationAllowlist, ['far.example/team/*']);
   });
 
+  test("the node's kubelet version: 1.35 and later get the drop-in; 1.33 and 1.34 refuse it unless their gate is on (--kubelet-gate-on); before 1.33 nothing is needed", async () => {
+    const versions = { 'v1.35.6': 'kube-135', 'v1.34.9': 'kube-134', 'v1.33.12': 'kube-133', 'v1.32.13': 'kube-132' };
+    for (const [v, name] of Object.entries(versions)) {
+      api.create({ apiVersion: 'v1', kind: 'Node', metadata: { name, labels: { role: 'edge' } }, status: { nodeInfo: { kubeletVersion: v } } });
+    }
+    const at = (name: string, ...more: string[]) => runCli(run, ['--node', name, '--kubeconfig', kubeconfig, ...more]);
+    const on135 = await at('kube-135');
+    assert.equal(on135.code, 0, on135.stderr);
+    assert.deepEqual(parse(on135.stdout).preloadedImagesVerificationAllowlist, ['registry.test/kep/*']);
+    for (const name of ['kube-134', 'kube-133']) {
+      const refused = await at(name);
+      assert.equal(refused.code, 1);
+      assert.equal(refused.stdout, '');
+      assert.match(refused.stderr, new RegExp(`node ${name} runs kubelet v1\\.3[34]\\.\\d+: there the feature gate KubeletEnsureSecretPulledImages is off .* refuses these fields and does not start.*add --kubelet-gate-on; nothing printed`));
+      const gateOn = await at(name, '--kubelet-gate-on');
+      assert.equal(gateOn.code, 0, gateOn.stderr);
+      assert.equal(gateOn.stdout, on135.stdout.replaceAll('kube-135', name));
+    }
+    const old = await at('kube-132', '--kubelet-gate-on');
+    assert.equal(old.code, 1);
+    assert.equal(old.stdout, '');
+    assert.match(old.stderr, /node kube-132 runs kubelet v1\.32\.13, which does not verify .*: it needs no drop-in; nothing printed/);
+    await assert.rejects(runCli(run, ['--kubelet-gate-on', path.join(dir, 'sets.yaml')]), /--kubelet-gate-on goes with --node/);
+  });
+
   test('a node that does not exist: exit 1, said plainly', async () => {
     const r = await runCli(run, ['--node', 'ghost', '--kubeconfig', kubeconfig]);
     assert.equal(r.code, 1);

@@ -1,6 +1,6 @@
 // `npm run test:node`: the optional suite on a real node (test/node/*.node.ts),
 // once per container runtime. Needs PINSET_KUBELET_BIN and
-// PINSET_KUBE_APISERVER_BIN (v1.32 binaries, e.g. built by hand: Debian 12
+// PINSET_KUBE_APISERVER_BIN (v1.32 or v1.35 binaries, e.g. built by hand: Debian 12
 // packages none of them), root, and from Debian etcd-server, runc,
 // docker-registry, skopeo, dbus, openssl, plus kubectl and the image's OCI
 // layout from scripts/build-image.sh. The runtimes:
@@ -15,6 +15,8 @@
 // PINSET_KUBE_SCHEDULER_BIN, when both are given, let Kubernetes' own
 // controllers create and place pinset's pods; without them the suite makes
 // the agent's pod as the daemonset controller would, and says so.
+// PINSET_MORE_KUBELET_BINS (":"-separated) names more kubelets, of other
+// versions, for test/node/kubelet-dropin.node.ts only.
 // Without a kubelet and an API server it says what is missing and exits 0:
 // `npm test` and CI do not need it. It takes about 11 minutes per runtime
 // (the kubelet's image GC runs every 5).
