@@ -268,4 +268,17 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
     if (kubeletSkip) return t.skip(kubeletSkip);
     assert.deepEqual(outcomes, documentedOutcomes(readFileSync(TABLE_DOC, 'utf8')));
   });
+
+  test("no credential of this file's users (the other user, the rotated and the re-created Secret's) nor of the bed in any container log, the Node, the Events or the sets", async (t) => {
+    if (kubeletSkip) return t.skip(kubeletSkip);
+    const host = n().credentials.secretHost;
+    const more = (['other', 'pullerRotated', 'reissued'] as const).flatMap((k) => [
+      { what: `${k}'s password`, value: users[k].password },
+      { what: `${k}'s credential, base64`, value: b64(`${users[k].username}:${users[k].password}`) },
+      { what: `${k}'s Secret, .dockerconfigjson`, value: dockerConfigSecret(host, users[k]).data['.dockerconfigjson'] },
+    ]);
+    const found = await sn().credentialFindings(more);
+    assert.deepEqual(found.findings, []);
+    t.diagnostic(`searched ${found.logFiles} container log file(s), the Node, the Events and the sets for ${n().credentials.secrets.length + more.length} credential strings`);
+  });
 });

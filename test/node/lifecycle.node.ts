@@ -58,14 +58,13 @@ import { readPluginLog, TEST_PLUGIN_NAME } from '../support/credential-plugin.ts
 import { ensureNamespaceBasics, realNodeMissing, startRealNode, type RealNode } from '../support/real-node.ts';
 import { PLUGIN_ARGS, PULL_SECRET_NAME, secretsIn } from '../support/real-node-credentials.ts';
 import { AGENT_NAMESPACE, AGENT_SELECTOR, CONTROLLER_SELECTOR, containerInitPid, podLogDir, readPodLogDir } from '../support/real-node-deploy.ts';
-import { sec, SuiteNode, until, workloadPod as podFor } from '../support/real-node-suite.ts';
+import { sec, SETS_API, SuiteNode, until, workloadPod as podFor } from '../support/real-node-suite.ts';
 import { imageLayout, pushPinsetImage, pushRebuiltPinsetImage, pushSmallImage, pushWorkloadImage, type NodeImage } from '../support/real-node-images.ts';
 import { canLowerOomScore, ContainerdNodeRuntime, CrioNodeRuntime, runtimeMissing, type PinWriteRecord, type RuntimeName } from '../support/real-node-runtime.ts';
 import { AgentPodWatch, PinSampler, type PinSamples, type WatchedPod } from '../support/real-node-watch.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const GC_PERIOD_MS = 5 * 60_000;
-const SETS_API = '/apis/pinset.dev/v1alpha1/pinnedimagesets';
 
 const runtimeName = (process.env.PINSET_NODE_RUNTIME ?? 'crio') as RuntimeName;
 const found = realNodeMissing();
@@ -224,24 +223,6 @@ async function canI(args: string[]): Promise<string> {
  * controller's, the workloads'), the Node, every Event, every set. Each
  * finding names the secret, never prints it.
  */
-async function credentialFindings(): Promise<{ findings: string[]; logFiles: number }> {
-  const secrets = n().credentials.secrets;
-  const findings: string[] = [];
-  const look = (where: string, text: string) => findings.push(...secretsIn(text, secrets).map((what) => `${what} in ${where}`));
-  const logs = readdirSync(podLogsDir(), { recursive: true, encoding: 'utf8' }).filter((f) => f.endsWith('.log'));
-  for (const f of logs) {
-    try {
-      look(`var/log/pods/${f}`, readFileSync(join(podLogsDir(), f), 'utf8'));
-    } catch {
-      // rotated or removed meanwhile
-    }
-  }
-  look('the Node', JSON.stringify(await n().api.get(`/api/v1/nodes/${n().nodeName}`)));
-  look('the Events', JSON.stringify(await n().api.get('/api/v1/events')));
-  look('the PinnedImageSets', JSON.stringify(await n().api.get(SETS_API)));
-  return { findings, logFiles: logs.length };
-}
-
 /** The same search in the kubelet's and the runtime's own logs: not pinset's output, reported for what it is. */
 function credentialsInNodeLogs(): string[] {
   const secrets = n().credentials.secrets;
@@ -528,7 +509,7 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
       'create secrets -n pinset-system': 'no',
     });
 
-    const found = await credentialFindings();
+    const found = await sn().credentialFindings();
     assert.deepEqual(found.findings, [], 'no credential in the pods\' logs, the Node, the Events or the sets');
     t.diagnostic(`no credential in ${found.logFiles} container log file(s), the Node, the Events or the sets; the kubelet's and ${runtimeLabel}'s own logs: ${JSON.stringify(credentialsInNodeLogs())}`);
     figures.credentials = {
@@ -686,7 +667,7 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
   });
 
   test('after the whole run (two agents replaced, a crash, the GC passes): no registry credential in the pods\' logs, the Node, the Events or the sets', async (t) => {
-    const found = await credentialFindings();
+    const found = await sn().credentialFindings();
     assert.deepEqual(found.findings, []);
     const nodeLogs = credentialsInNodeLogs();
     t.diagnostic(`searched ${found.logFiles} container log file(s), the Node, every Event and every set: none; the kubelet's and ${runtimeLabel}'s own logs: ${JSON.stringify(nodeLogs)}`);

@@ -3,14 +3,18 @@
 // states, pinset's install applied as an operator applies it
 // (./real-node-deploy.ts) and its agent's pod, and what went on, for a
 // failure message.
+import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { readNodeStatus } from '../../src/api/node-status.ts';
-import { PROVIDER_COMPONENT } from './real-node-credentials.ts';
+import { PROVIDER_COMPONENT, secretsIn, type NodeCredentials } from './real-node-credentials.ts';
 import { AGENT_NAMESPACE, AGENT_SELECTOR, ImitatedDaemonSet, podLogTail, writeDeployOverlay, type BedSpecifics } from './real-node-deploy.ts';
 import type { NodeImage } from './real-node-images.ts';
 import { canLowerOomScore } from './real-node-runtime.ts';
 import { freePort } from './registry.ts';
 import { ensureNamespaceBasics, type RealNode } from './real-node.ts';
+
+/** The PinnedImageSets of every namespace. */
+export const SETS_API = '/apis/pinset.dev/v1alpha1/pinnedimagesets';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -70,6 +74,29 @@ export class SuiteNode {
 
   get podLogsDir(): string {
     return this.node.hostPath('var/log/pods');
+  }
+
+  /**
+   * Where the bed's credentials (and `more`: a file's own) appear in what
+   * pinset writes or the API holds: every container log under the kubelet's
+   * podLogsDir, the Node, the Events and the PinnedImageSets. Empty: none.
+   */
+  async credentialFindings(more: NodeCredentials['secrets'] = []): Promise<{ findings: string[]; logFiles: number }> {
+    const secrets = [...this.node.credentials.secrets, ...more];
+    const findings: string[] = [];
+    const look = (where: string, text: string) => findings.push(...secretsIn(text, secrets).map((what) => `${what} in ${where}`));
+    const logs = readdirSync(this.podLogsDir, { recursive: true, encoding: 'utf8' }).filter((f) => f.endsWith('.log'));
+    for (const f of logs) {
+      try {
+        look(`var/log/pods/${f}`, readFileSync(join(this.podLogsDir, f), 'utf8'));
+      } catch {
+        // rotated or removed meanwhile
+      }
+    }
+    look('the Node', JSON.stringify(await this.node.api.get(`/api/v1/nodes/${this.node.nodeName}`)));
+    look('the Events', JSON.stringify(await this.node.api.get('/api/v1/events')));
+    look('the PinnedImageSets', JSON.stringify(await this.node.api.get(SETS_API)));
+    return { findings, logFiles: logs.length };
   }
 
   async nodeStatus() {
