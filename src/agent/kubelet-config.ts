@@ -21,7 +21,7 @@
 // this says what they hold now, which is what a kubelet started now uses.
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import * as path from 'node:path';
-import { allowlistProblems, DEFAULT_VERIFICATION_POLICY, isVerificationPolicy, offlineVerdict, type VerificationPolicy } from '../api/kubelet-verification.ts';
+import { allowlistProblems, DEFAULT_VERIFICATION_POLICY, GATE, gateDefault, isVerificationPolicy, offlineVerdict, type VerificationPolicy } from '../api/kubelet-verification.ts';
 import type { KubeletVerificationStatus } from '../api/types.ts';
 import { parseYamlDocuments } from '../api/yaml.ts';
 import { mergePatch } from '../util/json.ts';
@@ -29,7 +29,6 @@ import type { Plan } from './plan.ts';
 
 export const KUBELET_CONFIG_API_VERSION = 'kubelet.config.k8s.io/v1beta1';
 export const KUBELET_CONFIG_KIND = 'KubeletConfiguration';
-export const GATE = 'KubeletEnsureSecretPulledImages';
 /** The kubelet's drop-in suffix (server.go dropinFileExtension). */
 const DROPIN_EXTENSION = '.conf';
 /** A kubelet configuration file larger than this is not read (no real one comes near). */
@@ -58,14 +57,6 @@ export interface KubeletConfigPaths {
 
 type Doc = Record<string, unknown>;
 const isDoc = (v: unknown): v is Doc => typeof v === 'object' && v !== null && !Array.isArray(v);
-
-/** The gate's default for a kubelet version ("v1.35.6", "v1.33.1+k3s1"); undefined version: taken as 1.35. */
-export function gateDefault(kubeletVersion: string | undefined): { known: boolean; on: boolean } {
-  const m = /^v?(\d+)\.(\d+)/.exec(kubeletVersion ?? '');
-  if (!m) return { known: true, on: true };
-  const minor = Number(m[1]) === 1 ? Number(m[2]) : 99;
-  return { known: minor >= 33, on: minor >= 35 };
-}
 
 function gateIn(doc: Doc, fallback: boolean): boolean {
   const gates = doc.featureGates;

@@ -24,6 +24,17 @@ export type VerificationPolicy = (typeof VERIFICATION_POLICIES)[number];
 /** The policy a 1.35 kubelet with the gate on uses when its configuration names none (v1beta1 defaults.go). */
 export const DEFAULT_VERIFICATION_POLICY: VerificationPolicy = 'NeverVerifyPreloadedImages';
 
+/** The feature gate of KEP-2535: alpha (off) in 1.33 and 1.34, beta (on) from 1.35. */
+export const GATE = 'KubeletEnsureSecretPulledImages';
+
+/** The gate's default for a kubelet version ("v1.35.6", "v1.33.1+k3s1"); undefined version: taken as 1.35. */
+export function gateDefault(kubeletVersion: string | undefined): { known: boolean; on: boolean } {
+  const m = /^v?(\d+)\.(\d+)/.exec(kubeletVersion ?? '');
+  if (!m) return { known: true, on: true };
+  const minor = Number(m[1]) === 1 ? Number(m[2]) : 99;
+  return { known: minor >= 33, on: minor >= 35 };
+}
+
 export function isVerificationPolicy(v: unknown): v is VerificationPolicy {
   return typeof v === 'string' && (VERIFICATION_POLICIES as readonly string[]).includes(v);
 }

@@ -7,7 +7,8 @@ import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { stringify } from 'yaml';
-import { dropinFiles, gateDefault, KubeletConfigWatch, readKubeletVerification, REFUSES_NAMED, verificationStatus } from '../../src/agent/kubelet-config.ts';
+import { gateDefault } from '../../src/api/kubelet-verification.ts';
+import { dropinFiles, KubeletConfigWatch, readKubeletVerification, REFUSES_NAMED, verificationStatus } from '../../src/agent/kubelet-config.ts';
 import type { PlannedSet } from '../../src/agent/plan.ts';
 import { parseReference, type ParsedReference } from '../../src/api/reference.ts';
 
