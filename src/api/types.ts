@@ -39,7 +39,26 @@ export interface RolloutSpec {
    * absent means no limit. Enforced with Lease slots (src/rollout/).
    */
   maxConcurrentNodes?: number;
+  /**
+   * Each image is first fetched by this many nodes (the first wave); the
+   * other nodes pull it once one of them holds it, from a cache or peers
+   * between the nodes and the registry. Absent: every node pulls at once.
+   * See src/rollout/first-wave.ts.
+   */
+  firstWave?: FirstWaveSpec;
 }
+
+export interface FirstWaveSpec {
+  /** How many nodes fetch each image first (>= 1, at most MAX_FIRST_WAVE_NODES). */
+  nodes: number;
+}
+
+/**
+ * Upper bound on spec.rollout.firstWave.nodes, the same in the CRD and the
+ * validator: every other node watches one record per first-wave node, so
+ * the first wave stays small (a cache needs one).
+ */
+export const MAX_FIRST_WAVE_NODES = 10;
 
 /** A Secret in the agents' namespace (a core/v1 LocalObjectReference). */
 export interface PullSecretReference {

@@ -3,7 +3,7 @@
 // it reads (API or static folder) and by `pinset validate`.
 import { parseReference, quote, type ParsedReference } from './reference.ts';
 import { selectorErrors } from './selector.ts';
-import { API_VERSION, KIND, MAX_PINNED_IMAGES, MAX_PULL_SECRETS } from './types.ts';
+import { API_VERSION, KIND, MAX_FIRST_WAVE_NODES, MAX_PINNED_IMAGES, MAX_PULL_SECRETS } from './types.ts';
 
 /** metadata.name of a cluster-scoped object: a DNS-1123 subdomain. */
 export const NAME_PATTERN = '^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$';
@@ -40,18 +40,37 @@ function isObject(v: unknown): v is Record<string, unknown> {
 /** Upper bound of int32, the CRD's format for maxConcurrentNodes. */
 const MAX_INT32 = 2 ** 31 - 1;
 
+const ROLLOUT_FIELDS = ['maxConcurrentNodes', 'firstWave'];
+
 /**
- * spec.rollout: absent, or {maxConcurrentNodes?: integer >= 1}. A null is
- * absent, as the API server prunes nulls of fields that are not nullable.
+ * spec.rollout: absent, or {maxConcurrentNodes?: integer >= 1, firstWave?:
+ * {nodes: integer from 1 to MAX_FIRST_WAVE_NODES}}. A null is absent, as the
+ * API server prunes nulls of fields that are not nullable.
  */
 function rolloutErrors(rollout: unknown): string[] {
   if (rollout === undefined || rollout === null) return [];
   if (!isObject(rollout)) return ['spec.rollout: must be an object, e.g. {maxConcurrentNodes: 50}'];
   const errors: string[] = [];
-  for (const k of Object.keys(rollout)) if (k !== 'maxConcurrentNodes') errors.push(`spec.rollout.${k}: unknown field (known: maxConcurrentNodes)`);
+  for (const k of Object.keys(rollout)) if (!ROLLOUT_FIELDS.includes(k)) errors.push(`spec.rollout.${k}: unknown field (known: ${ROLLOUT_FIELDS.join(', ')})`);
   const n = rollout.maxConcurrentNodes;
   if (n !== undefined && n !== null && (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > MAX_INT32)) {
     errors.push(`spec.rollout.maxConcurrentNodes: ${quote(String(n))} must be an integer of at least 1 (leave it out for no limit)`);
+  }
+  errors.push(...firstWaveErrors(rollout.firstWave));
+  return errors;
+}
+
+/** spec.rollout.firstWave: absent, or {nodes: integer from 1 to MAX_FIRST_WAVE_NODES}. */
+function firstWaveErrors(wave: unknown): string[] {
+  if (wave === undefined || wave === null) return [];
+  const field = 'spec.rollout.firstWave';
+  if (!isObject(wave)) return [`${field}: must be an object, e.g. {nodes: 1}`];
+  const errors: string[] = [];
+  for (const k of Object.keys(wave)) if (k !== 'nodes') errors.push(`${field}.${k}: unknown field (known: nodes)`);
+  const n = wave.nodes;
+  if (n === undefined || n === null) errors.push(`${field}.nodes: required, how many nodes fetch each image first (1 to ${MAX_FIRST_WAVE_NODES}); leave firstWave out for none`);
+  else if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > MAX_FIRST_WAVE_NODES) {
+    errors.push(`${field}.nodes: ${quote(String(n))} must be an integer from 1 to ${MAX_FIRST_WAVE_NODES} (the nodes that fetch each image first; one is enough in front of a cache)`);
   }
   return errors;
 }

@@ -11,7 +11,7 @@ import { Ajv, type AnySchemaObject, type ErrorObject, type SchemaValidateFunctio
 import { Environment } from '@marcbachmann/cel-js';
 import { parseYamlDocuments } from '../../src/api/yaml.ts';
 import { MAX_NAME_LENGTH, MAX_REFERENCE_LENGTH, REFERENCE_PATTERN } from '../../src/api/reference.ts';
-import { API_VERSION, GROUP, KIND, MAX_PINNED_IMAGES, MAX_PULL_SECRETS, PLURAL, VERSION } from '../../src/api/types.ts';
+import { API_VERSION, GROUP, KIND, MAX_FIRST_WAVE_NODES, MAX_PINNED_IMAGES, MAX_PULL_SECRETS, PLURAL, VERSION } from '../../src/api/types.ts';
 import { describeProblems, MAX_RUNTIME_HANDLER_LENGTH, NAME_PATTERN, RUNTIME_HANDLER_PATTERN, validateSet } from '../../src/api/validate.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '../..');
@@ -296,6 +296,8 @@ describe('corpora: the CRD and the TypeScript validator agree', async () => {
     'empty-key': requirement('key'),
     'empty-name': image0,
     'exists-with-values': requirement('values'),
+    'first-wave-no-nodes': { ts: 'spec.rollout.firstWave.nodes', api: '/spec/rollout/firstWave/nodes' },
+    'first-wave-too-many': { ts: 'spec.rollout.firstWave.nodes', api: '/spec/rollout/firstWave/nodes' },
     'image-as-string': { ts: 'spec.pinnedImages[0].name', api: '/spec/pinnedImages/0' },
     'images-not-list': { ts: 'spec.pinnedImages', api: '/spec/pinnedImages' },
     'in-without-values': requirement('values'),
@@ -610,7 +612,7 @@ describe('CRD: spec.rollout.maxConcurrentNodes', () => {
 
   test('an int32 with a CEL rule (>= 1) whose message says how to have no limit', () => {
     assert.equal(rollout.type, 'object');
-    assert.deepEqual(Object.keys(rollout.properties), ['maxConcurrentNodes']);
+    assert.deepEqual(Object.keys(rollout.properties), ['maxConcurrentNodes', 'firstWave']);
     assert.equal(rollout.properties.maxConcurrentNodes.type, 'integer');
     assert.equal(rollout.properties.maxConcurrentNodes.format, 'int32');
     assert.equal(rollout['x-kubernetes-validations'].length, 1);
@@ -654,6 +656,57 @@ describe('CRD: spec.rollout.maxConcurrentNodes', () => {
     assert.equal(celTrue(rule, { self: {} }), true);
     assert.equal(celTrue(rule, { self: { maxConcurrentNodes: 1 } }), true);
     assert.equal(celTrue(rule, { self: { maxConcurrentNodes: 0 } }), false);
+  });
+});
+
+describe('CRD: spec.rollout.firstWave', () => {
+  const wave: Obj = specSchema.properties.rollout.properties.firstWave;
+  const withWave = (w: unknown, rollout: Obj = {}) => setWith({ rollout: { ...rollout, firstWave: w }, pinnedImages: [{ name: `quay.io/org/app@sha256:${H}` }] });
+
+  test('an object with nodes required, an int32 from 1 to MAX_FIRST_WAVE_NODES by a CEL rule whose message says how to have none', () => {
+    assert.equal(wave.type, 'object');
+    assert.deepEqual(Object.keys(wave.properties), ['nodes']);
+    assert.deepEqual(wave.required, ['nodes']);
+    assert.equal(wave.properties.nodes.type, 'integer');
+    assert.equal(wave.properties.nodes.format, 'int32');
+    const [rule] = wave['x-kubernetes-validations'];
+    assert.match(rule.message, new RegExp(`from 1 to ${MAX_FIRST_WAVE_NODES}; leave firstWave out for none`));
+    assert.equal(celTrue(rule.rule, { self: { nodes: MAX_FIRST_WAVE_NODES } }), true);
+    assert.equal(celTrue(rule.rule, { self: { nodes: MAX_FIRST_WAVE_NODES + 1 } }), false);
+    assert.equal(celTrue(rule.rule, { self: { nodes: 0 } }), false);
+    assert.equal(celTrue(rule.rule, { self: {} }), true, 'a missing nodes is the required rule\'s, said once');
+  });
+
+  const accepted: [unknown, Obj?][] = [[{ nodes: 1 }], [{ nodes: MAX_FIRST_WAVE_NODES }], [{ nodes: 2 }, { maxConcurrentNodes: 1 }]];
+  for (const [w, r] of accepted) {
+    test(`accepted by both: firstWave ${JSON.stringify(w)} ${r ? JSON.stringify(r) : ''}`, () => {
+      assert.deepEqual(apiServerErrors(withWave(w, r)), []);
+      assert.deepEqual(tsProblems(withWave(w, r)), []);
+    });
+  }
+  const refused: [unknown, string][] = [
+    [{ nodes: 0 }, '/spec/rollout/firstWave/nodes'],
+    [{ nodes: MAX_FIRST_WAVE_NODES + 1 }, '/spec/rollout/firstWave/nodes'],
+    [{ nodes: 1.5 }, '/spec/rollout/firstWave/nodes'],
+    [{ nodes: '1' }, '/spec/rollout/firstWave/nodes'],
+    [{}, '/spec/rollout/firstWave/nodes'],
+    [{ nodes: 1, node: 1 }, '/spec/rollout/firstWave/node'],
+    [true, '/spec/rollout/firstWave'],
+  ];
+  for (const [w, at] of refused) {
+    test(`refused by both: firstWave ${JSON.stringify(w)}`, () => {
+      const api = apiServerErrors(withWave(w));
+      assert.ok(api.some((e) => e.path === at), `API server model: expected an error at ${at}, got ${JSON.stringify(api)}`);
+      const ts = tsProblems(withWave(w));
+      const field = at.slice(1).replaceAll('/', '.');
+      assert.ok(ts.some((p) => p.startsWith(`${field}:`)), `validateSet: expected a problem at ${field}, got ${JSON.stringify(ts)}`);
+    });
+  }
+
+  test('the validator says what to write', () => {
+    assert.deepEqual(tsProblems(withWave({ nodes: 0 })), ['spec.rollout.firstWave.nodes: "0" must be an integer from 1 to 10 (the nodes that fetch each image first; one is enough in front of a cache)']);
+    assert.deepEqual(tsProblems(withWave({})), ['spec.rollout.firstWave.nodes: required, how many nodes fetch each image first (1 to 10); leave firstWave out for none']);
+    assert.deepEqual(tsProblems(withWave(null)), [], 'a null is none, as the API server prunes it');
   });
 });
 
