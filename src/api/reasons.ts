@@ -29,6 +29,10 @@
 //   caused.
 // - a pin that failed to apply (file, reload, label) outranks progress: a
 //   fault needs a look, progress does not.
+// - waiting for the first wave comes before waiting for a slot: the first
+//   wave decides when the images may come at all, a slot only how many
+//   nodes fetch them at once (a node waits for a slot only for what has
+//   landed).
 // - RuntimeCannotPin is a standing fact of the node (only an upgrade of the
 //   runtime changes it, and the node status says it once, see
 //   NodeStatus.cannotPin): it names the set's reason only once nothing else
@@ -61,6 +65,7 @@ export const SET_REASONS = [
   { reason: 'ReloadNotApplied', phase: 'Degraded', kind: 'pins' },
   { reason: 'PinLabelFailed', phase: 'Degraded', kind: 'pins' },
   { reason: 'PinNotReported', phase: 'Degraded', kind: 'pins' },
+  { reason: 'WaitingForFirstWave', phase: 'Progressing', kind: 'images' },
   { reason: 'WaitingForRolloutSlot', phase: 'Progressing', kind: 'images' },
   { reason: 'Pulling', phase: 'Progressing', kind: 'images' },
   { reason: 'RuntimeCannotPin', phase: 'Degraded', kind: 'pins' },
