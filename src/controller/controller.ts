@@ -26,6 +26,8 @@ export interface SetStatusControllerOptions {
   /** Watch tuning; see ListWatchOptions (timeoutSeconds is drawn from [min, 2 * min)). */
   minWatchTimeoutMs?: number;
   watch?: Partial<Pick<ListWatchOptions, 'idleGraceMs' | 'healthyAfterMs' | 'backoff' | 'pageSize'>>;
+  /** Called when a set is added, changed or deleted (the rollout granter reads the sets' limits). */
+  onSetChange?: () => void;
 }
 
 /** Every write the controller makes carries this field manager (the sets' managedFields name it). */
@@ -105,6 +107,7 @@ export class SetStatusController {
     this.#setInformer.on('add', (s) => this.#onSet(s, false));
     this.#setInformer.on('update', (s, old) => this.#onSet(s, false, old));
     this.#setInformer.on('delete', (s) => this.#onSet(s, true));
+    if (opts.onSetChange) for (const e of ['add', 'update', 'delete'] as const) this.#setInformer.on(e, () => opts.onSetChange!());
     for (const [inf, resource] of [[this.#nodeInformer, 'nodes'], [this.#setInformer, 'pinnedimagesets']] as const) {
       // ListWatchCache retries on its own, with backoff; this only counts.
       inf.on('failure', () => this.#metrics?.watchErrors.inc({ resource }));
@@ -119,6 +122,11 @@ export class SetStatusController {
 
   isLeading(): boolean {
     return this.#leading;
+  }
+
+  /** The sets as the cache has them. */
+  sets(): readonly PinnedImageSet[] {
+    return this.#setInformer.list();
   }
 
   /** Start the informers. Failures are retried in the background. */

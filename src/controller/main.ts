@@ -1,12 +1,18 @@
 // `pinset controller`: one active replica (leader election on a Lease) rolls
-// what the agents report on their Nodes up into each PinnedImageSet's status.
+// what the agents report on their Nodes up into each PinnedImageSet's status
+// and hands rollout slots over to the nodes queued for them
+// (src/rollout/granter.ts).
 import { hostname } from 'node:os';
 import type { KubeConfig } from '@kubernetes/client-node';
 import { loadClientKubeConfig } from '../api/kubeconfig.ts';
 import { minWatchTimeoutFlag, minWatchTimeoutMs } from '../api/list-watch.ts';
 import { helpText, parseFlags, UsageError, type FlagSpec } from '../util/flags.ts';
 import { createLogger } from '../util/log.ts';
-import { SetStatusController } from './controller.ts';
+import { KubeHttp } from '../api/kube-http.ts';
+import type { PinnedImageSet } from '../api/types.ts';
+import { RolloutGranter, type GrantedSet } from '../rollout/granter.ts';
+import { setLabelValue } from '../rollout/slots.ts';
+import { CONTROLLER_FIELD_MANAGER, SetStatusController } from './controller.ts';
 import { LeaderElector, leaderElectionConfigErrors } from './leader.ts';
 import { parseListenAddress, startHealthServer } from '../metrics/server.ts';
 import { ControllerMetrics } from './metrics.ts';
@@ -14,7 +20,7 @@ import { ControllerMetrics } from './metrics.ts';
 export const CONTROLLER_FLAGS: readonly FlagSpec[] = [
   { name: 'kubeconfig', env: 'KUBECONFIG', type: 'string', help: 'kubeconfig file; in-cluster configuration when unset' },
   { name: 'leader-elect', env: 'PINSET_LEADER_ELECT', type: 'bool', default: true, help: 'elect one active replica through a Lease' },
-  { name: 'lease-namespace', env: 'POD_NAMESPACE', type: 'string', default: 'pinset-system', help: 'namespace of the leader election Lease' },
+  { name: 'lease-namespace', env: 'POD_NAMESPACE', type: 'string', default: 'pinset-system', help: 'namespace of the leader election Lease, and of the agents\' rollout Leases' },
   { name: 'lease-name', env: 'PINSET_LEASE_NAME', type: 'string', default: 'pinset-controller', help: 'name of the leader election Lease' },
   { name: 'identity', env: 'POD_NAME', type: 'string', default: hostname(), help: 'this replica\'s name in the Lease' },
   { name: 'lease-duration', env: 'PINSET_LEASE_DURATION', type: 'duration', default: '15s', help: 'how long a Lease holds without renewal before others may take it' },
@@ -30,6 +36,13 @@ export const CONTROLLER_FLAGS: readonly FlagSpec[] = [
   },
   minWatchTimeoutFlag(),
   { name: 'debounce', env: 'PINSET_CONTROLLER_DEBOUNCE', type: 'duration', default: '500ms', help: 'changes within this window are rolled up together' },
+  {
+    name: 'rollout-grants',
+    env: 'PINSET_ROLLOUT_GRANTS',
+    type: 'bool',
+    default: true,
+    help: 'hand a freed rollout slot or first-wave seat to the node queued longest, at once; off, nodes find free slots by polling',
+  },
   { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['debug', 'info', 'warn', 'error'], help: 'log level' },
 ];
 
@@ -75,13 +88,16 @@ export async function run(argv: string[]): Promise<number> {
   }
 
   const metrics = new ControllerMetrics({ defaultMetrics: true });
+  let granter: RolloutGranter | undefined;
   const controller = new SetStatusController({
     kubeConfig: kc,
     log,
     metrics,
     debounceMs: values.debounce as number,
     minWatchTimeoutMs: minWatchTimeout,
+    onSetChange: () => granter?.kick(),
   });
+  if (values['rollout-grants']) granter = rolloutGranter(kc, values['lease-namespace'] as string, controller, log, minWatchTimeout);
   let server: Awaited<ReturnType<typeof startHealthServer>> | undefined;
   if (metricsAddr) {
     try {
@@ -97,6 +113,11 @@ export async function run(argv: string[]): Promise<number> {
   }
 
   controller.start();
+  granter?.start();
+  const lead = (leading: boolean) => {
+    controller.setLeading(leading);
+    granter?.setLeading(leading);
+  };
   let elector: LeaderElector | undefined;
   if (leaderElect) {
     elector = new LeaderElector({
@@ -108,12 +129,12 @@ export async function run(argv: string[]): Promise<number> {
       renewDeadlineMs,
       retryPeriodMs,
       log,
-      onStartedLeading: () => controller.setLeading(true),
-      onStoppedLeading: () => controller.setLeading(false),
+      onStartedLeading: () => lead(true),
+      onStoppedLeading: () => lead(false),
     });
     elector.start();
   } else {
-    controller.setLeading(true);
+    lead(true);
   }
   log.info({ identity, leaderElect, server: kc.getCurrentCluster()?.server }, 'controller started');
 
@@ -130,9 +151,9 @@ export async function run(argv: string[]): Promise<number> {
 
   const shutdown = (async () => {
     // Stop writing before giving up the Lease, so the next leader never races our last write.
-    controller.setLeading(false);
+    lead(false);
     await elector?.stop({ release: true });
-    await controller.stop();
+    await Promise.all([controller.stop(), granter?.stop()]);
     await server?.close();
   })();
   let timer: NodeJS.Timeout | undefined;
@@ -146,4 +167,36 @@ export async function run(argv: string[]): Promise<number> {
   if (!finished) log.warn({ budgetMs: SHUTDOWN_BUDGET_MS }, 'shutdown did not finish in time; exiting anyway');
   log.info('stopped');
   return 0;
+}
+
+/**
+ * The granter of rollout slots and first-wave seats, on the agents' Leases
+ * in `namespace`; the sets' limits come from the controller's cache of sets.
+ */
+function rolloutGranter(kc: KubeConfig, namespace: string, controller: SetStatusController, log: ReturnType<typeof createLogger>, minWatchTimeoutMs: number): RolloutGranter {
+  let byLabel: Map<string, GrantedSet> | undefined;
+  let seen: readonly PinnedImageSet[] | undefined;
+  const setOf = (label: string) => {
+    const sets = controller.sets();
+    if (!byLabel || sets.length !== seen?.length || sets.some((s, i) => s !== seen![i])) {
+      seen = sets;
+      byLabel = new Map(
+        sets.map((s) => {
+          const r = s.spec?.rollout;
+          const limits = { ...(r?.maxConcurrentNodes ? { rollout: r.maxConcurrentNodes } : {}), ...(r?.firstWave?.nodes ? { 'first-wave': r.firstWave.nodes } : {}) };
+          return [setLabelValue(s.metadata.name), { name: s.metadata.name, ...(s.metadata.uid ? { uid: s.metadata.uid } : {}), limits }];
+        }),
+      );
+    }
+    return byLabel.get(label);
+  };
+  return new RolloutGranter({
+    http: new KubeHttp(kc, { userAgent: CONTROLLER_FIELD_MANAGER }),
+    namespace,
+    log,
+    setOf,
+    fieldManager: CONTROLLER_FIELD_MANAGER,
+    // A controller that may not watch the agents' Leases (RBAC of an older install) tries again every few minutes, not every 30 s.
+    watch: { minWatchTimeoutMs, backoff: { baseMs: 1_000, capMs: 5 * 60_000 } },
+  });
 }

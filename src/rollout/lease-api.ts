@@ -1,6 +1,11 @@
 // LeaseApi (./lease-slots.ts) on @kubernetes/client-node's CoordinationV1Api,
-// with the KubeConfig's credentials. Loaded only where an API is configured.
+// with the KubeConfig's credentials, and its watch of one Lease on the
+// list+watch cache (src/api/list-watch.ts: client-node's Watch cuts quiet
+// watches, see src/api/kube-http.ts). Loaded only where an API is configured.
 import { CoordinationV1Api, type KubeConfig, type V1Lease } from '@kubernetes/client-node';
+import { KubeHttp } from '../api/kube-http.ts';
+import { ListWatchCache } from '../api/list-watch.ts';
+import { silentLogger, type Logger } from '../util/log.ts';
 import { LeaseApiError, type LeaseApi, type LeaseObject } from './lease-slots.ts';
 
 function apiError(e: unknown): unknown {
@@ -30,8 +35,19 @@ async function call<T>(f: () => Promise<T>): Promise<T> {
 const asObject = (l: V1Lease): LeaseObject => l as unknown as LeaseObject;
 const asLease = (l: LeaseObject): V1Lease => l as unknown as V1Lease;
 
-export function clientNodeLeaseApi(kc: KubeConfig): LeaseApi {
+export interface LeaseApiOptions {
+  /** The watches' failures are logged here (default: nowhere). */
+  logger?: Logger;
+  /** timeoutSeconds of each watch is drawn from [min, 2 * min) (src/api/list-watch.ts). */
+  minWatchTimeoutMs?: number;
+  /** User-Agent of the watches. */
+  userAgent?: string;
+}
+
+export function clientNodeLeaseApi(kc: KubeConfig, opts: LeaseApiOptions = {}): LeaseApi {
   const api = kc.makeApiClient(CoordinationV1Api);
+  let http: KubeHttp | undefined;
+  const log = opts.logger ?? silentLogger();
   return {
     list: (namespace, labelSelector) =>
       call(async () => (await api.listNamespacedLease({ namespace, labelSelector, resourceVersion: '0' })).items.map(asObject)),
@@ -51,5 +67,28 @@ export function clientNodeLeaseApi(kc: KubeConfig): LeaseApi {
       call(async () => {
         await api.deleteNamespacedLease({ namespace, name, body: { preconditions } });
       }),
+    watch: (namespace, name, handlers) => {
+      http ??= new KubeHttp(kc, { userAgent: opts.userAgent ?? 'pinset-agent' });
+      const cache = new ListWatchCache<LeaseObject>({
+        http,
+        path: `/apis/coordination.k8s.io/v1/namespaces/${encodeURIComponent(namespace)}/leases`,
+        what: `lease ${name}`,
+        log,
+        fieldSelector: `metadata.name=${name}`,
+        ...(opts.minWatchTimeoutMs ? { minWatchTimeoutMs: opts.minWatchTimeoutMs } : {}),
+      });
+      const current = () => cache.get(name, namespace) ?? null;
+      cache
+        .on('add', (l) => handlers.object(l))
+        .on('update', (l) => handlers.object(l))
+        .on('delete', () => handlers.object(null))
+        // After a list: whatever is there (a Lease gone while the watch was down is reported by the list as a delete).
+        .on('synced', () => {
+          if (!current()) handlers.object(null);
+        })
+        .on('failure', (err) => handlers.failed(err as Error & { code?: number }));
+      cache.start();
+      return { stop: () => cache.stop() };
+    },
   };
 }

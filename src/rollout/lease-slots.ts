@@ -14,19 +14,30 @@
 //   slot another node has taken since.
 // - a Lease names its set as owner (ownerReferences), so the garbage
 //   collector removes the slots of a deleted set.
+// - the queue (./grants.ts): a node that waits creates its entry, a Lease
+//   in its own name, and watches that one Lease by name (LeaseApi.watch:
+//   a list and a watch with fieldSelector metadata.name, bookmarks, 410
+//   relists); a grant is taken with a GET of the slot and a renewal; the
+//   entry is deleted when the node leaves the queue.
 // Every write carries the caller's field manager (the agent's: `pinset-agent`).
 import { API_VERSION, KIND } from '../api/types.ts';
 import {
   candidateSlots,
+  poolOf,
+  queueName,
   setLabelValue,
   slotFree,
   slotIndex,
   slotName,
   slotSelector,
   DEFAULT_SLOT_LEASE_DURATION_MS,
+  QUEUE_LIMIT_ANNOTATION,
+  QUEUE_SET_ANNOTATION,
+  GRANT_ANNOTATION,
   SLOT_MANAGED_BY,
-  SLOT_SET_LABEL,
   type HeldSlot,
+  type QueueEvents,
+  type QueueTicket,
   type RolloutSet,
   type RolloutSlots,
 } from './slots.ts';
@@ -41,6 +52,7 @@ export interface LeaseObject {
     uid?: string;
     resourceVersion?: string;
     labels?: Record<string, string>;
+    annotations?: Record<string, string>;
     ownerReferences?: { apiVersion: string; kind: string; name: string; uid: string }[];
   };
   spec?: {
@@ -76,6 +88,19 @@ export interface LeaseApi {
   replace(namespace: string, lease: LeaseObject, fieldManager: string): Promise<LeaseObject>;
   /** DELETE with preconditions. */
   delete(namespace: string, name: string, preconditions: { uid?: string; resourceVersion?: string }): Promise<void>;
+  /**
+   * Follow one Lease by name (a list and a watch with fieldSelector
+   * metadata.name, resumed from the last resourceVersion, relisted on 410):
+   * object() with the Lease (null while there is none) after the list and at
+   * every change; failed() at each failure, retried inside, paced. Absent:
+   * no queue, polling only.
+   */
+  watch?(namespace: string, name: string, handlers: LeaseWatchHandlers): { stop(): Promise<void> };
+}
+
+export interface LeaseWatchHandlers {
+  object(lease: LeaseObject | null): void;
+  failed(err: Error & { code?: number }): void;
 }
 
 /** metav1.MicroTime: RFC 3339 with six fractional digits. */
@@ -83,13 +108,13 @@ export function microTime(ms: number): string {
   return new Date(ms).toISOString().replace(/\.(\d{3})Z$/, '.$1000Z');
 }
 
-function timeMs(t: string | undefined): number | undefined {
+export function timeMs(t: string | undefined): number | undefined {
   if (!t) return undefined;
   const ms = Date.parse(t);
   return Number.isNaN(ms) ? undefined : ms;
 }
 
-function code(e: unknown): number | undefined {
+export function code(e: unknown): number | undefined {
   const c = (e as { code?: unknown } | null)?.code;
   return typeof c === 'number' ? c : undefined;
 }
@@ -107,6 +132,19 @@ export interface LeaseRolloutSlotsOptions {
   random?: () => number;
   /** Writes tried per attempt when slots look free (default 2). */
   writesPerAttempt?: number;
+  /** false: no queue (a node of a version before it), polling only. */
+  queue?: boolean;
+}
+
+/** The metadata of a Lease of `set`'s: labelled with `label` (whose value is the set's), pinset's, owned by the set when it has a uid. */
+export function leaseMetadata(namespace: string, set: RolloutSet, name: string, label: string, base?: LeaseObject['metadata']): LeaseObject['metadata'] {
+  return {
+    ...base,
+    name,
+    namespace,
+    labels: { ...base?.labels, [label]: setLabelValue(set.name), ...SLOT_MANAGED_BY },
+    ...(set.uid ? { ownerReferences: [{ apiVersion: API_VERSION, kind: KIND, name: set.name, uid: set.uid }] } : {}),
+  };
 }
 
 export class LeaseRolloutSlots implements RolloutSlots {
@@ -131,16 +169,15 @@ export class LeaseRolloutSlots implements RolloutSlots {
     this.#random = opts.random ?? Math.random;
     this.#writes = opts.writesPerAttempt ?? 2;
     this.#fieldManager = opts.fieldManager;
+    // Without a watch there is no queue: a grant would never be heard of.
+    if (!opts.api.watch || opts.queue === false) {
+      this.join = undefined;
+      this.accept = undefined;
+    }
   }
 
   #metadata(set: RolloutSet, name: string, base?: LeaseObject['metadata']): LeaseObject['metadata'] {
-    return {
-      ...base,
-      name,
-      namespace: this.namespace,
-      labels: { ...base?.labels, [SLOT_SET_LABEL]: setLabelValue(set.name), ...SLOT_MANAGED_BY },
-      ...(set.uid ? { ownerReferences: [{ apiVersion: API_VERSION, kind: KIND, name: set.name, uid: set.uid }] } : {}),
-    };
+    return leaseMetadata(this.namespace, set, name, poolOf(set).slotLabel, base);
   }
 
   /** The slot as last written by this node: the base of its renewal and the preconditions of its release. */
@@ -152,11 +189,12 @@ export class LeaseRolloutSlots implements RolloutSlots {
   }
 
   async tryAcquire(set: RolloutSet): Promise<HeldSlot | null> {
-    const leases = await this.#api.list(this.namespace, slotSelector(set.name));
+    const pool = poolOf(set).name;
+    const leases = await this.#api.list(this.namespace, slotSelector(set.name, pool));
     const now = this.#now();
     const byIndex = new Map<number, LeaseObject>();
     for (const l of leases) {
-      const i = slotIndex(set.name, l.metadata?.name ?? '');
+      const i = slotIndex(set.name, l.metadata?.name ?? '', pool);
       if (i !== undefined) byIndex.set(i, l);
     }
     // A slot already ours (this node restarted while downloading): keep it,
@@ -172,7 +210,7 @@ export class LeaseRolloutSlots implements RolloutSlots {
       existing.set(index, { free: slotFree(s.holderIdentity, timeMs(s.renewTime ?? s.acquireTime), (s.leaseDurationSeconds ?? 0) * 1000, now) });
     }
     for (const c of candidateSlots(set.maxConcurrentNodes, existing, this.#random, this.#writes)) {
-      const name = slotName(set.name, c.index);
+      const name = slotName(set.name, c.index, pool);
       const spec = { holderIdentity: this.identity, leaseDurationSeconds: this.#seconds, acquireTime: microTime(now), renewTime: microTime(now) };
       try {
         if (!c.exists) {
@@ -191,6 +229,71 @@ export class LeaseRolloutSlots implements RolloutSlots {
     }
     return null;
   }
+
+  join?: RolloutSlots['join'] = async (set: RolloutSet, events: QueueEvents): Promise<QueueTicket> => {
+    const watch = this.#api.watch!;
+    const pool = poolOf(set);
+    const name = queueName(set.name, this.identity, pool.name);
+    const body: LeaseObject = {
+      apiVersion: 'coordination.k8s.io/v1',
+      kind: 'Lease',
+      metadata: { ...leaseMetadata(this.namespace, set, name, pool.queueLabel), annotations: { [QUEUE_LIMIT_ANNOTATION]: String(set.maxConcurrentNodes), [QUEUE_SET_ANNOTATION]: set.name } },
+      // acquireTime is the node's place in the queue.
+      spec: { holderIdentity: this.identity, acquireTime: microTime(this.#now()) },
+    };
+    let entry: LeaseObject;
+    try {
+      entry = await this.#api.create(this.namespace, body, this.#fieldManager);
+    } catch (e) {
+      if (code(e) !== 409) throw e;
+      // Already queued (this node restarted): keep its place.
+      const found = await this.#api.get(this.namespace, name);
+      if (!found || found.spec?.holderIdentity !== this.identity) throw e;
+      entry = found;
+    }
+    let present = false;
+    let lastGranted: string | undefined;
+    let left = false;
+    const watching = watch.call(this.#api, this.namespace, name, {
+      object: (l) => {
+        if (left) return;
+        if (!l) {
+          if (present) events.removed();
+          present = false;
+          return;
+        }
+        present = true;
+        const granted = l.metadata.annotations?.[GRANT_ANNOTATION];
+        if (granted && granted !== lastGranted) {
+          lastGranted = granted;
+          events.granted(granted);
+        }
+      },
+      failed: (err) => {
+        if (!left) events.failed(err);
+      },
+    });
+    const uid = entry.metadata.uid;
+    return {
+      name,
+      leave: async () => {
+        if (left) return;
+        left = true;
+        await watching.stop();
+        // The uid as precondition: never an entry made since by someone else.
+        await this.#api.delete(this.namespace, name, uid ? { uid } : {}).catch(() => {});
+      },
+    };
+  };
+
+  accept?: RolloutSlots['accept'] = async (set: RolloutSet, name: string): Promise<HeldSlot | null> => {
+    const index = slotIndex(set.name, name, poolOf(set).name);
+    if (index === undefined) return null;
+    const lease = await this.#api.get(this.namespace, name);
+    if (!lease || lease.spec?.holderIdentity !== this.identity) return null;
+    const slot = this.#held(set, index, lease, timeMs(lease.spec.renewTime) ?? 0);
+    return (await this.renew(slot)) ? slot : null;
+  };
 
   async renew(slot: HeldSlot): Promise<boolean> {
     let base = this.#last.get(slot.name);

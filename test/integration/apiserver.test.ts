@@ -617,6 +617,48 @@ describe('in-process API server through @kubernetes/client-node', () => {
     assertStatus(await failureOf(coord.readNamespacedLease({ name: 'pinset-controller', namespace })), 404, 'NotFound');
   });
 
+  test('leases: a watch on one Lease by name hears that Lease alone, as the watch cache dispatches it; other Leases\' renewals reach it only as bookmarks', async (t) => {
+    // cacher.go indexes a watch whose scope is (namespace, name) (the request's
+    // namespace, fieldSelector metadata.name) under that pair and dispatches it
+    // only that object's events; bookmarks go to every watcher that asked,
+    // at the resource's last processed resourceVersion.
+    const server = await startServer(t, { bookmarkIntervalMs: 100 });
+    const kc = server.kubeConfig();
+    const lease = (name: string, namespace: string, holder: string): KubeObject => ({
+      apiVersion: 'coordination.k8s.io/v1',
+      kind: 'Lease',
+      metadata: { name, namespace },
+      spec: { holderIdentity: holder, leaseDurationSeconds: 60, renewTime: '2026-01-01T00:00:00.000000Z' },
+    });
+    server.create(lease('slot-0', 'pinset-system', 'holder'));
+    const path = '/apis/coordination.k8s.io/v1/namespaces/pinset-system/leases';
+    const mine = await openWatch(kc, path, { fieldSelector: 'metadata.name=web.node-a.queue', resourceVersion: server.resourceVersion, allowWatchBookmarks: true });
+    t.after(mine.stop);
+    const before = server.watchEvents.leases?.MODIFIED ?? 0;
+    for (let i = 1; i <= 5; i++) server.patch('leases', 'slot-0', { spec: { renewTime: `2026-01-01T00:00:0${i}.000000Z` } }, 'pinset-system');
+    server.create(lease('web.node-a.queue', 'other-namespace', 'node-a'));
+    server.create(lease('web.node-a.queue', 'pinset-system', 'node-a'));
+    server.patch('leases', 'web.node-a.queue', { metadata: { annotations: { 'pinset.dev/granted-slot': 'web-0' } } }, 'pinset-system');
+    server.remove('leases', 'web.node-a.queue', 'pinset-system');
+    await server.waitFor(() => mine.events.some((e) => e.type === 'DELETED'), 5000, 'the DELETED event');
+    const lastRv = server.resourceVersion;
+    server.patch('leases', 'slot-0', { spec: { renewTime: '2026-01-01T00:00:09.000000Z' } }, 'pinset-system');
+    await server.waitFor(() => mine.events.some((e) => e.type === 'BOOKMARK' && Number(e.object.metadata?.resourceVersion) > Number(lastRv)), 5000, 'a bookmark past the last event it got');
+    const changes = mine.events.filter((e) => e.type !== 'BOOKMARK');
+    assert.deepEqual(
+      changes.map((e) => `${e.type} ${e.object.metadata?.name}`),
+      ['ADDED web.node-a.queue', 'MODIFIED web.node-a.queue', 'DELETED web.node-a.queue'],
+      'its own Lease\'s events, none of the slot\'s renewals, none of the same name elsewhere',
+    );
+    assert.equal(server.watchEvents.leases!.MODIFIED! - before, 1, 'the renewals were sent to nobody');
+
+    // Resumed from a resourceVersion compacted away: 410 inside the stream, as for any watch.
+    server.compact();
+    const expired = await openWatch(kc, path, { fieldSelector: 'metadata.name=web.node-a.queue', resourceVersion: lastRv });
+    assert.equal(await expired.done, null);
+    assert.deepEqual(expired.events.map((e) => [e.type, e.object.code]), [['ERROR', 410]]);
+  });
+
   test('events: create with generateName, list by involvedObject field selector, patch', async (t) => {
     const server = await startServer(t);
     const core = server.kubeConfig().makeApiClient(CoreV1Api);

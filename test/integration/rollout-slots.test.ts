@@ -10,7 +10,7 @@ import { AGENT_FIELD_MANAGER } from '../../src/agent/node-sinks.ts';
 import { clientNodeLeaseApi } from '../../src/rollout/lease-api.ts';
 import { LeaseRolloutSlots, type LeaseApi } from '../../src/rollout/lease-slots.ts';
 import { MemoryRolloutSlots, MemorySlotStore } from '../../src/rollout/memory-slots.ts';
-import { setLabelValue, slotName, SLOT_SET_LABEL, type RolloutSet, type RolloutSlots } from '../../src/rollout/slots.ts';
+import { GRANT_ANNOTATION, queueName, setLabelValue, slotName, SLOT_SET_LABEL, type QueueEvents, type RolloutSet, type RolloutSlots } from '../../src/rollout/slots.ts';
 
 const NS = 'pinset-system';
 const LEASE_MS = 10_000;
@@ -33,6 +33,12 @@ beforeEach(() => {
 interface Env {
   slots(identity: string): RolloutSlots;
   advance(ms: number): void;
+  /** What the granter does: slot `index` of `set` in `node`'s name, and its queue entry marked. */
+  grant(set: string, index: number, node: string): Promise<void>;
+  /** Someone deletes `node`'s queue entry. */
+  dropEntry(set: string, node: string): void;
+  /** Let watch events arrive. */
+  settle(): Promise<void>;
 }
 
 const implementations: [string, () => Env][] = [
@@ -43,6 +49,13 @@ const implementations: [string, () => Env][] = [
       return {
         slots: (identity) => new LeaseRolloutSlots({ api: leaseApi, namespace: NS, identity, fieldManager: AGENT_FIELD_MANAGER, leaseDurationMs: LEASE_MS, now: () => now }),
         advance: (ms) => (now += ms),
+        grant: async (set, index, node) => {
+          const t = new Date(now).toISOString().replace('Z', '000Z');
+          api.create({ apiVersion: 'coordination.k8s.io/v1', kind: 'Lease', metadata: { name: slotName(set, index), namespace: NS, labels: { [SLOT_SET_LABEL]: set } }, spec: { holderIdentity: node, leaseDurationSeconds: 10, renewTime: t } });
+          api.patch('leases', queueName(set, node), { metadata: { annotations: { [GRANT_ANNOTATION]: slotName(set, index) } } }, NS);
+        },
+        dropEntry: (set, node) => api.remove('leases', queueName(set, node), NS),
+        settle: () => new Promise((r) => setTimeout(r, 300)),
       };
     },
   ],
@@ -51,7 +64,19 @@ const implementations: [string, () => Env][] = [
     () => {
       let now = Date.parse('2026-01-01T00:00:00Z');
       const store = new MemorySlotStore({ now: () => now });
-      return { slots: (identity) => new MemoryRolloutSlots(store, identity, { leaseDurationMs: LEASE_MS }), advance: (ms) => (now += ms) };
+      return {
+        slots: (identity) => new MemoryRolloutSlots(store, identity, { leaseDurationMs: LEASE_MS }),
+        advance: (ms) => (now += ms),
+        grant: async (set, index, node) => {
+          store.putSlot(slotName(set, index), { set, index, pool: 'rollout', holder: node, renewedAt: now, durationMs: 10_000, version: store.nextVersion() });
+          const e = store.queue.get(queueName(set, node))!;
+          store.putEntry(queueName(set, node), { ...e, granted: slotName(set, index), version: store.nextVersion() });
+        },
+        dropEntry: (set, node) => store.deleteEntry(queueName(set, node)),
+        settle: async () => {
+          for (let i = 0; i < 3; i++) await new Promise((r) => setImmediate(r));
+        },
+      };
     },
   ],
 ];
@@ -110,6 +135,37 @@ for (const [name, make] of implementations) {
       assert.equal(again?.name, first.name);
       assert.ok(await env.slots('node-b').tryAcquire(s));
       assert.equal(await env.slots('node-c').tryAcquire(s), null);
+    });
+
+    test('the queue: a grant is heard through the entry and taken by this node only; a removal is heard; leaving deletes the entry', async () => {
+      const env = make();
+      const s = set('web', 1);
+      const heard: string[] = [];
+      const events: QueueEvents = { granted: (n) => heard.push(`granted ${n}`), removed: () => heard.push('removed'), failed: (e) => heard.push(`failed ${e.message}`) };
+      const b = env.slots('node-b');
+      const ticket = await b.join!(s, events);
+      assert.equal(ticket.name, queueName('web', 'node-b'));
+      const again = await b.join!(s, { granted: () => {}, removed: () => {}, failed: () => {} });
+      assert.equal(again.name, ticket.name, 'a node that joins again (restarted) keeps its entry');
+      await env.settle();
+      assert.deepEqual(heard, [], 'nothing before a grant');
+      await env.grant('web', 0, 'node-b');
+      await env.settle();
+      assert.deepEqual(heard, [`granted ${slotName('web', 0)}`]);
+      assert.equal(await env.slots('node-c').accept!(s, slotName('web', 0)), null, 'not node-c\'s');
+      const held = (await b.accept!(s, slotName('web', 0)))!;
+      assert.equal(held.name, slotName('web', 0));
+      assert.equal(await env.slots('node-c').tryAcquire(s), null, 'taken: held for the lease duration now');
+      env.dropEntry('web', 'node-b');
+      await env.settle();
+      assert.deepEqual(heard.at(-1), 'removed');
+      await ticket.leave();
+      await again.leave();
+      const c = env.slots('node-c');
+      const t2 = await c.join!(s, events);
+      await t2.leave();
+      await env.settle();
+      assert.equal(heard.filter((h) => h === 'removed').length, 1, 'leaving is not reported as a removal');
     });
 
     test('slots of different sets are independent; a set name too long for `<set>-<i>` still works', async () => {

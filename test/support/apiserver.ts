@@ -172,6 +172,8 @@
 //   setAvailable(false|true)     while false every connection is destroyed on arrival
 //                                and open ones are cut; the port is kept
 //   connections                  TCP connections made, refused ones included
+//   watchEvents                  watch events written, by resource and type (BOOKMARK and
+//                                ERROR included): what the watches cost the server to send
 //   requests                     log of {method, path, query, contentType, body, status, userAgent, accept, at};
 //                                body is parsed JSON when the request sent JSON
 //   waitFor(predicate, timeoutMs?, what?)  poll every 10 ms until predicate returns a
@@ -1067,6 +1069,8 @@ export class ApiServer {
   readonly requests: RecordedRequest[] = [];
   /** TCP connections made to the server, refused ones (while unavailable) included. */
   connections = 0;
+  /** Watch events written, by resource, then by type. */
+  readonly watchEvents: Record<string, Record<string, number>> = {};
   readonly #server: http.Server;
   readonly #bookmarkIntervalMs: number;
   readonly #minRequestTimeoutMs: number;
@@ -1785,6 +1789,8 @@ export class ApiServer {
 
   #send(w: Watcher, ev: WatchEvent): void {
     if (w.res.writableEnded || w.res.destroyed) return;
+    const counts = (this.watchEvents[w.rt.plural] ??= {});
+    counts[ev.type] = (counts[ev.type] ?? 0) + 1;
     let object = ev.object;
     if (w.convert && ev.type !== 'ERROR') {
       // watchEmbeddedEncoder: an object the transformation refuses (the

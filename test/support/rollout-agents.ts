@@ -1,9 +1,11 @@
 // Simulated nodes that follow the rollout slot protocol (src/rollout/gate.ts)
 // with no agent process around it: each wants one set's images, takes a
 // slot through its own RolloutGate, "downloads" for a while, frees the slot.
-// Lightweight enough to run a thousand in one process, against the
-// in-process API server (LeaseRolloutSlots) or the in-memory twin; used by
-// test/integration/rollout-slots.test.ts and meant for benchmarks.
+// A node looks again when its next attempt is due or when its gate says a
+// slot was handed over (onChange), as the agent's loop does. Lightweight
+// enough to run thousands in one process, against the in-process API server
+// (LeaseRolloutSlots) or the in-memory twin; used by
+// test/integration/rollout-*.test.ts and bench/scale.ts.
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import { RolloutGate, type RolloutGateOptions } from '../../src/rollout/gate.ts';
@@ -33,6 +35,21 @@ export interface SimulatedRollout {
   /** Nodes in the order they finished. */
   finished: string[];
   durationMs: number;
+  /** When each download started and ended (ms since epoch), in order. */
+  starts: number[];
+  ends: number[];
+}
+
+/**
+ * How long each freed slot stayed free: with `max` slots, the i-th download
+ * to end freed the slot the (max + i)-th download to start took (ms each).
+ */
+export function handoverLatencies(r: Pick<SimulatedRollout, 'starts' | 'ends'>, max: number): number[] {
+  const starts = [...r.starts].sort((a, b) => a - b);
+  const ends = [...r.ends].sort((a, b) => a - b);
+  const out: number[] = [];
+  for (let i = 0; i < ends.length && max + i < starts.length; i++) out.push(Math.max(0, starts[max + i]! - ends[i]!));
+  return out;
 }
 
 /** Run every node until each has downloaded once. */
@@ -44,28 +61,52 @@ export async function simulateRollout(opts: SimulatedRolloutOptions): Promise<Si
   let concurrent = 0;
   let maxConcurrent = 0;
   const finished: string[] = [];
+  const starts: number[] = [];
+  const ends: number[] = [];
   const started = Date.now();
 
   const node = async (name: string): Promise<void> => {
-    const gate = new RolloutGate({ slots: opts.slotsFor(name), logger, ...opts.gate });
+    let wake: (() => void) | undefined;
+    let woken = false;
+    const gate = new RolloutGate({
+      slots: opts.slotsFor(name),
+      logger,
+      ...opts.gate,
+      onChange: (why) => {
+        opts.gate?.onChange?.(why);
+        woken = true;
+        wake?.();
+      },
+    });
     const image = { key: `image-of-${opts.set.name}`, sets: [key] };
     try {
       for (;;) {
         if (Date.now() > deadline) throw new Error(`${name} got no slot of ${opts.set.name} in time`);
+        woken = false;
         const { allowed } = await gate.admit([image], limits, () => true);
         if (allowed.length > 0) {
           concurrent++;
           maxConcurrent = Math.max(maxConcurrent, concurrent);
+          starts.push(Date.now());
           opts.onChange?.(name, true, concurrent);
           await sleep(opts.downloadMs(name));
           // Counted out before the slot is freed: the next holder may start at once.
           concurrent--;
+          ends.push(Date.now());
           opts.onChange?.(name, false, concurrent);
           await gate.releaseAll();
           finished.push(name);
           return;
         }
-        await sleep(Math.max(5, (gate.nextAttemptAt() ?? Date.now() + 50) - Date.now()));
+        if (woken) continue;
+        await new Promise<void>((resolve) => {
+          const t = setTimeout(resolve, Math.max(5, (gate.nextAttemptAt() ?? Date.now() + 50) - Date.now()));
+          wake = () => {
+            clearTimeout(t);
+            resolve();
+          };
+        });
+        wake = undefined;
       }
     } finally {
       await gate.close();
@@ -73,5 +114,5 @@ export async function simulateRollout(opts: SimulatedRolloutOptions): Promise<Si
   };
 
   await Promise.all(opts.nodes.map(node));
-  return { maxConcurrent, finished, durationMs: Date.now() - started };
+  return { maxConcurrent, finished, durationMs: Date.now() - started, starts, ends };
 }
