@@ -253,7 +253,8 @@ export class RolloutGranter {
       const queue = g.queue.map((l): QueueEntryView => ({
         name: l.metadata.name,
         node: l.spec?.holderIdentity ?? '',
-        queuedAt: timeMs(l.spec?.acquireTime) ?? Infinity,
+        queuedAt: timeMs(l.metadata.creationTimestamp) ?? timeMs(l.spec?.acquireTime) ?? Infinity,
+        tiebreak: timeMs(l.spec?.acquireTime) ?? 0,
         ...(l.metadata.annotations?.[GRANT_ANNOTATION] ? { granted: l.metadata.annotations[GRANT_ANNOTATION] } : {}),
         version: l.metadata.resourceVersion ?? '',
         ...(l.metadata.uid ? { uid: l.metadata.uid } : {}),

@@ -3,7 +3,8 @@
 // controller, on Leases; ./memory-slots.ts MemoryGranter, its twin).
 //
 // A node that finds every slot of a set held puts itself in the set's queue:
-// a Lease of its own, `<set>.<node>.queue` (its acquireTime is its place),
+// a Lease of its own, `<set>.<node>.queue` (the time the API server created
+// it is its place, so no node can put itself earlier),
 // and watches that one Lease by name. The API server's watch cache indexes
 // watchers by (namespace, name) and dispatches an event only to the watchers
 // of that object and to unscoped ones (k8s.io/apiserver
@@ -61,8 +62,10 @@ export interface SlotView {
 export interface QueueEntryView {
   name: string;
   node: string;
-  /** When it queued (ms since epoch): its place. */
+  /** When it queued (ms since epoch): its place. On Leases, the server's creationTimestamp (whole seconds), so no node can queue itself earlier. */
   queuedAt: number;
+  /** Orders entries queued in the same second (the node's own acquireTime). */
+  tiebreak?: number;
   /** The slot the granter last put in this node's name (the entry's annotation). */
   granted?: string;
   version?: string;
@@ -112,7 +115,8 @@ export function planGrants(state: PoolState, now: number): GrantPlan {
   const lapsed: QueueEntryView[] = [];
   const seen = new Set<string>();
   const waiting: QueueEntryView[] = [];
-  for (const e of [...state.queue].sort((a, b) => a.queuedAt - b.queuedAt || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))) {
+  const order = (a: QueueEntryView, b: QueueEntryView) => a.queuedAt - b.queuedAt || (a.tiebreak ?? 0) - (b.tiebreak ?? 0) || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
+  for (const e of [...state.queue].sort(order)) {
     if (seen.has(e.node)) continue;
     seen.add(e.node);
     if (holders.has(e.node)) continue; // served: it leaves the queue itself

@@ -51,6 +51,7 @@ export interface LeaseObject {
     namespace?: string;
     uid?: string;
     resourceVersion?: string;
+    creationTimestamp?: string;
     labels?: Record<string, string>;
     annotations?: Record<string, string>;
     ownerReferences?: { apiVersion: string; kind: string; name: string; uid: string }[];
@@ -238,7 +239,7 @@ export class LeaseRolloutSlots implements RolloutSlots {
       apiVersion: 'coordination.k8s.io/v1',
       kind: 'Lease',
       metadata: { ...leaseMetadata(this.namespace, set, name, pool.queueLabel), annotations: { [QUEUE_LIMIT_ANNOTATION]: String(set.maxConcurrentNodes), [QUEUE_SET_ANNOTATION]: set.name } },
-      // acquireTime is the node's place in the queue.
+      // Its place in the queue is its creationTimestamp (the server's); acquireTime orders a second's entries.
       spec: { holderIdentity: this.identity, acquireTime: microTime(this.#now()) },
     };
     let entry: LeaseObject;

@@ -98,9 +98,13 @@ describe('kubectl kustomize deploy', { skip }, () => {
       'ServiceAccount pinset-system/pinset-agent',
       'ServiceAccount pinset-system/pinset-controller',
       'ValidatingAdmissionPolicy -/pinset-agent-node-scope',
+      'ValidatingAdmissionPolicy -/pinset-agent-rollout-handover',
       'ValidatingAdmissionPolicy -/pinset-agent-rollout-slots',
+      'ValidatingAdmissionPolicy -/pinset-controller-rollout-grants',
       'ValidatingAdmissionPolicyBinding -/pinset-agent-node-scope',
+      'ValidatingAdmissionPolicyBinding -/pinset-agent-rollout-handover',
       'ValidatingAdmissionPolicyBinding -/pinset-agent-rollout-slots',
+      'ValidatingAdmissionPolicyBinding -/pinset-controller-rollout-grants',
     ]);
   });
 
@@ -375,8 +379,12 @@ describe('kubectl kustomize deploy', { skip }, () => {
     const [identity] = policy.spec.matchConditions.map((c: Obj) => c.expression as string);
     assert.ok(identity!.startsWith(`request.userInfo.username == 'system:serviceaccount:${NS}:${AGENT_SA}' ||`), identity);
     const slots = one('ValidatingAdmissionPolicy', 'pinset-agent-rollout-slots');
-    assert.deepEqual(slots.spec.matchConditions.map((c: Obj) => c.expression), [`request.userInfo.username == 'system:serviceaccount:${NS}:${AGENT_SA}'`]);
-    for (const p of [policy, slots]) {
+    const handover = one('ValidatingAdmissionPolicy', 'pinset-agent-rollout-handover');
+    for (const p of [slots, handover]) assert.equal(p.spec.matchConditions[0].expression, `request.userInfo.username == 'system:serviceaccount:${NS}:${AGENT_SA}'`, p.metadata.name);
+    const grants = one('ValidatingAdmissionPolicy', 'pinset-controller-rollout-grants');
+    const controllerSa = one('Deployment', 'pinset-controller', NS).spec.template.spec.serviceAccountName;
+    assert.equal(grants.spec.matchConditions[0].expression, `request.userInfo.username == 'system:serviceaccount:${NS}:${controllerSa}'`);
+    for (const p of [policy, slots, handover, grants]) {
       const binding = one('ValidatingAdmissionPolicyBinding', p.metadata.name);
       assert.equal(binding.spec.policyName, p.metadata.name);
       assert.deepEqual(binding.spec.validationActions, ['Deny']);
