@@ -22,6 +22,10 @@
 //   successful list or watch says otherwise;
 // - lists are read in pages (limit 500, as the reflector's pager), into a
 //   fresh map that replaces the cache only once the last page is in;
+// - seed(): a caller that has just written (and so read back) the one
+//   object it follows starts from it, watching from its resourceVersion with
+//   no first list (a 410 lists as usual): a node that queues for a rollout
+//   slot makes one create and one watch, not a create, a list and a watch;
 // - metadataOnly asks for PartialObjectMetadata on lists and watches (as
 //   controller-runtime's metadata informers do), and `transform` keeps of
 //   each object only what the consumer reads (client-go's SetTransform), so
@@ -109,6 +113,7 @@ export class ListWatchCache<T extends KubeObjectLike> {
   readonly #handlers: { [K in keyof Handler<T>]: Handler<T>[K][] } = { add: [], update: [], delete: [], synced: [], failure: [] };
   #rv = '';
   #synced = false;
+  #seeded = false;
   #stopped = true;
   #loop: Promise<void> | undefined;
   #stream: OpenStream | undefined;
@@ -154,6 +159,19 @@ export class ListWatchCache<T extends KubeObjectLike> {
     return this.#objects.get(`${namespace ?? ''}/${name}`);
   }
 
+  /**
+   * Before start(): begin from these objects as of `resourceVersion`, as a
+   * list would have (they are reported as added when the cache starts), and
+   * watch from there without a first list.
+   */
+  seed(items: readonly T[], resourceVersion: string): this {
+    if (!this.#stopped || this.#synced) throw new Error(`${this.what}: seed() comes before start()`);
+    for (const o of items) this.#objects.set(keyOf(o), o);
+    this.#rv = resourceVersion;
+    this.#seeded = true;
+    return this;
+  }
+
   start(): void {
     if (!this.#stopped) return;
     this.#stopped = false;
@@ -196,6 +214,12 @@ export class ListWatchCache<T extends KubeObjectLike> {
   }
 
   async #run(): Promise<void> {
+    if (this.#seeded) {
+      this.#seeded = false;
+      this.#synced = true;
+      for (const o of this.#objects.values()) this.#emit('add', o);
+      this.#emit('synced');
+    }
     while (!this.#stopped) {
       if (this.#rv === '') {
         try {

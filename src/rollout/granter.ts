@@ -10,7 +10,9 @@
 // so a node that polled its way into a slot meanwhile wins and the grant is
 // skipped (409); nothing is retried in a loop: the watch event that follows
 // a change brings the next pass, and a pass that failed for another reason
-// waits a backoff (1 s doubling to 30 s) before the next.
+// waits a backoff (1 s doubling to 30 s) before the next. A grant's accept
+// window is counted from the answer to its write, not from the time in the
+// Lease: an API server slow to answer does not shorten it.
 //
 // A set's limits come from its object (the controller's cache of sets);
 // a set the API does not have (a static set, on the nodes only) is granted
@@ -20,7 +22,7 @@ import { ListWatchCache, type ListWatchOptions } from '../api/list-watch.ts';
 import { API_VERSION, KIND } from '../api/types.ts';
 import { Backoff } from '../util/backoff.ts';
 import type { Logger } from '../util/log.ts';
-import { planGrants, type QueueEntryView, type SlotView } from './grants.ts';
+import { DEFAULT_ACCEPT_MS, planGrants, type QueueEntryView, type SlotView } from './grants.ts';
 import { microTime, timeMs, type LeaseObject } from './lease-slots.ts';
 import {
   GRANT_ANNOTATION,
@@ -33,9 +35,10 @@ import {
 } from './slots.ts';
 
 /** How long a granted slot waits to be taken before the grant lapses. */
-export const DEFAULT_ACCEPT_MS = 10_000;
 /** Changes within this window are planned together. */
 const BATCH_MS = 20;
+/** Writes of one pass in flight at once (grants of different slots do not depend on each other). */
+const PARALLEL_WRITES = 16;
 
 /** A set as its object says: its name, uid and each pool's limit (absent: none). */
 export interface GrantedSet {
@@ -99,6 +102,22 @@ interface Written {
   until: number;
 }
 
+/** A grant this replica wrote: when the write was answered, to the version written. */
+interface Granted {
+  node: string;
+  version: string;
+  at: number;
+}
+
+/** Run `tasks` with at most `n` at a time. */
+async function bounded(tasks: (() => Promise<void>)[], n: number): Promise<void> {
+  let next = 0;
+  const worker = async () => {
+    while (next < tasks.length) await tasks[next++]!();
+  };
+  await Promise.all(Array.from({ length: Math.min(n, tasks.length) }, worker));
+}
+
 export class RolloutGranter {
   readonly #o: RolloutGranterOptions;
   readonly #cache: ListWatchCache<LeaseObject>;
@@ -106,6 +125,8 @@ export class RolloutGranter {
   readonly #backoff = new Backoff({ baseMs: 1_000, capMs: 30_000 });
   /** Slots this replica wrote that the cache has not shown yet, by name. */
   readonly #written = new Map<string, Written>();
+  /** Grants this replica wrote, by slot name, until the slot changes. */
+  readonly #granted = new Map<string, Granted>();
   #leading = false;
   #stopped = true;
   #timer: NodeJS.Timeout | undefined;
@@ -157,6 +178,7 @@ export class RolloutGranter {
       this.#timer = undefined;
       this.#timerAt = Infinity;
       this.#written.clear();
+      this.#granted.clear();
     }
   }
 
@@ -231,6 +253,7 @@ export class RolloutGranter {
     }
     let next = Infinity;
     const counts = { grants: 0, lapsed: 0, conflicts: 0, errors: 0 };
+    const tasks: (() => Promise<void>)[] = [];
     for (const g of groups.values()) {
       if (g.queue.length === 0) continue;
       const api = this.#o.setOf(g.set);
@@ -241,11 +264,15 @@ export class RolloutGranter {
       if (!setName || max === undefined) continue;
       const slots = g.slots.map((l): SlotView => {
         const s = l.spec ?? {};
+        let renewedAt = timeMs(s.renewTime ?? s.acquireTime);
+        const mine = this.#granted.get(l.metadata.name);
+        if (mine && (mine.node !== s.holderIdentity || mine.version !== l.metadata.resourceVersion)) this.#granted.delete(l.metadata.name);
+        else if (mine) renewedAt = Math.max(renewedAt ?? 0, mine.at);
         return {
           name: l.metadata.name,
           index: kindOf(l)!.index!,
           ...(s.holderIdentity ? { holder: s.holderIdentity } : {}),
-          ...(timeMs(s.renewTime ?? s.acquireTime) !== undefined ? { renewedAt: timeMs(s.renewTime ?? s.acquireTime)! } : {}),
+          ...(renewedAt !== undefined ? { renewedAt } : {}),
           durationMs: (s.leaseDurationSeconds ?? 0) * 1000,
           version: l.metadata.resourceVersion ?? '',
         };
@@ -268,15 +295,16 @@ export class RolloutGranter {
       );
       const plan = planGrants({ max, slots, queue, preferred }, now);
       for (const e of plan.lapsed) {
-        await this.#dropEntry(e, counts);
+        tasks.push(() => this.#dropEntry(e, counts));
         this.#o.log.info({ set: setName, pool: g.pool, node: e.node, slot: e.granted }, 'a granted slot was not taken in time; the node leaves the queue');
       }
       for (const grant of plan.grants) {
         const lease = g.slots.find((l) => l.metadata.name === grant.slot?.name);
-        await this.#grant(g.pool, g.set, setName, api?.uid, grant.index, grant.node, grant.entry, lease, counts);
+        tasks.push(() => this.#grant(g.pool, g.set, setName, api?.uid, grant.index, grant.node, grant.entry, lease, counts));
       }
       if (plan.nextCheckAt !== undefined) next = Math.min(next, plan.nextCheckAt);
     }
+    await bounded(tasks, PARALLEL_WRITES);
     if (counts.errors > 0) this.#notBefore = this.#now() + this.#backoff.fail();
     else this.#backoff.reset();
     this.#o.onPass?.(counts);
@@ -319,6 +347,7 @@ export class RolloutGranter {
       return;
     }
     this.#written.set(name, { lease: written, base: existing?.metadata.resourceVersion ?? '', until: this.#now() + seconds * 1000 });
+    this.#granted.set(name, { node, version: written.metadata.resourceVersion ?? '', at: this.#now() });
     try {
       await http.json('PATCH', `${LEASES(namespace)}/${encodeURIComponent(entry.name)}`, { fieldManager }, { metadata: { annotations: { [GRANT_ANNOTATION]: name } } }, { contentType: 'application/merge-patch+json' });
       counts.grants++;

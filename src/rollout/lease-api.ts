@@ -67,7 +67,7 @@ export function clientNodeLeaseApi(kc: KubeConfig, opts: LeaseApiOptions = {}): 
       call(async () => {
         await api.deleteNamespacedLease({ namespace, name, body: { preconditions } });
       }),
-    watch: (namespace, name, handlers) => {
+    watch: (namespace, name, handlers, seed) => {
       http ??= new KubeHttp(kc, { userAgent: opts.userAgent ?? 'pinset-agent' });
       const cache = new ListWatchCache<LeaseObject>({
         http,
@@ -87,6 +87,7 @@ export function clientNodeLeaseApi(kc: KubeConfig, opts: LeaseApiOptions = {}): 
           if (!current()) handlers.object(null);
         })
         .on('failure', (err) => handlers.failed(err as Error & { code?: number }));
+      if (seed?.metadata.resourceVersion) cache.seed([seed], seed.metadata.resourceVersion);
       cache.start();
       return { stop: () => cache.stop() };
     },

@@ -93,10 +93,11 @@ export interface LeaseApi {
    * Follow one Lease by name (a list and a watch with fieldSelector
    * metadata.name, resumed from the last resourceVersion, relisted on 410):
    * object() with the Lease (null while there is none) after the list and at
-   * every change; failed() at each failure, retried inside, paced. Absent:
-   * no queue, polling only.
+   * every change; failed() at each failure, retried inside, paced. `seed`:
+   * the Lease as just written (read back): watched from its
+   * resourceVersion, with no first list. Absent: no queue, polling only.
    */
-  watch?(namespace: string, name: string, handlers: LeaseWatchHandlers): { stop(): Promise<void> };
+  watch?(namespace: string, name: string, handlers: LeaseWatchHandlers, seed?: LeaseObject): { stop(): Promise<void> };
 }
 
 export interface LeaseWatchHandlers {
@@ -273,7 +274,7 @@ export class LeaseRolloutSlots implements RolloutSlots {
       failed: (err) => {
         if (!left) events.failed(err);
       },
-    });
+    }, entry);
     const uid = entry.metadata.uid;
     return {
       name,

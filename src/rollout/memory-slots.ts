@@ -12,7 +12,7 @@
 // test/integration/rollout-slots.test.ts run one contract against both
 // implementations.
 import type { LandedRecord, WaveRecords } from './landed.ts';
-import { planGrants, type QueueEntryView, type SlotView } from './grants.ts';
+import { DEFAULT_ACCEPT_MS, planGrants, type QueueEntryView, type SlotView } from './grants.ts';
 import {
   candidateSlots,
   landedName,
@@ -321,7 +321,7 @@ export class MemoryWaveRecords implements WaveRecords {
 export interface MemoryGranterOptions {
   /** The limit of a set's pool as its object says (undefined: a static set, take the nodes' word). */
   limit?: (set: string, pool: SlotPoolName) => number | undefined;
-  /** How long a granted slot waits to be taken; default 10 s, as the granter's. */
+  /** How long a granted slot waits to be taken; default the granter's (DEFAULT_ACCEPT_MS). */
   acceptMs?: number;
 }
 
@@ -357,7 +357,7 @@ export class MemoryGranter {
     const store = this.#store;
     if (this.#stopped || store.unavailable !== undefined) return;
     const now = store.now();
-    const acceptMs = this.#opts.acceptMs ?? 10_000;
+    const acceptMs = this.#opts.acceptMs ?? DEFAULT_ACCEPT_MS;
     const groups = new Map<string, { set: string; pool: SlotPoolName; entries: [string, StoredEntry][] }>();
     for (const [name, e] of store.queue) {
       const k = `${e.pool}/${e.set}`;

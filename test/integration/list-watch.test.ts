@@ -159,6 +159,29 @@ describe('ListWatchCache', () => {
     assert.equal(log.deleted.length, 0);
   });
 
+  test('seed(): the object just written is reported, and watched from its resourceVersion with no list; a seed compacted away relists', async (t) => {
+    const server = await startServer(t);
+    const written = server.create(node('a'));
+    const { c, log } = cache(t, server, { fieldSelector: 'metadata.name=a' });
+    c.seed([written], written.metadata.resourceVersion!).start();
+    assert.equal(c.synced, true);
+    await server.waitFor(() => server.openWatches().length === 1, 5000, 'the watch');
+    assert.deepEqual([log.added, log.synced], [['a'], 1]);
+    assert.equal(listsOf(server).length, 0, 'no list');
+    assert.equal(watchesOf(server)[0]!.query.resourceVersion, written.metadata.resourceVersion);
+    server.patch('nodes', 'a', { metadata: { labels: { x: 'y' } } });
+    await server.waitFor(() => log.updated.length === 1, 5000, 'the change');
+    assert.throws(() => c.seed([], '1'), /before start/);
+
+    const old = server.create(node('b'));
+    server.patch('nodes', 'b', { metadata: { labels: { x: 'z' } } });
+    server.compact();
+    const late = cache(t, server, { fieldSelector: 'metadata.name=b' });
+    late.c.seed([old], old.metadata.resourceVersion!).start();
+    await server.waitFor(() => late.log.synced === 2, 5000, 'the relist after 410');
+    assert.equal(late.c.get('b')!.metadata.labels!.x, 'z', 'the list brought the change the seed missed');
+  });
+
   test('a failed first list leaves the cache unsynced, never empty-and-synced', async (t) => {
     const server = await startServer(t);
     server.setAvailable(false);

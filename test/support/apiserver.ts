@@ -85,7 +85,11 @@
 //   for current objects; a resourceVersion older than the kept history gets a
 //   200 stream with one ERROR event (Status 410 Expired) and the stream ends.
 //   An object that stops matching the watch's selectors is sent as DELETED,
-//   one that starts matching as ADDED. The server ends every watch cleanly
+//   one that starts matching as ADDED. As the watch cache does (cacher.go
+//   indexedWatchers, startDispatching), a watch scoped to one object (its
+//   namespace and fieldSelector metadata.name=X) is looked up by that object
+//   only: an event of another object never reaches it, at no cost per
+//   watcher. The server ends every watch cleanly
 //   at timeoutSeconds (without it, after minRequestTimeout * (1 + rand), 30
 //   to 60 minutes). allowWatchBookmarks=true: BOOKMARK events as the watch
 //   cache sends them, every `bookmarkIntervalMs` (1 minute) and once 2 s
@@ -955,6 +959,15 @@ function parseFieldSelector(rt: ResourceType, s: string): FieldRequirement[] {
 
 const fieldsMatch = (reqs: FieldRequirement[], obj: KubeObject) => reqs.every((r) => (r.get(obj) === r.value) === r.equal);
 
+/** The value a field selector requires `field` to equal exactly (fields.Selector RequiresExactMatch), if it does. */
+function exactFieldValue(selector: string, field: string): string | undefined {
+  for (const p of selector.split(',')) {
+    const m = p.trim().match(/^([^=!]+?)\s*(==|=)\s*(.*)$/);
+    if (m && m[1] === field) return m[3];
+  }
+  return undefined;
+}
+
 // ---------------------------------------------------------------------------
 // Object metadata validation (k8s.io/apimachinery/pkg/api/validation)
 
@@ -1048,6 +1061,8 @@ interface Watcher {
   timers: NodeJS.Timeout[];
   /** When the server ends this watch (ms since the epoch). */
   deadline: number;
+  /** `<namespace>/<name>` of the one object the watch is scoped to (fieldSelector metadata.name=X), as the watch cache indexes it. */
+  scope?: string;
 }
 
 interface WriteOptions {
@@ -1082,6 +1097,9 @@ export class ApiServer {
     TYPES.map((t): [ResourceName, Map<string, KubeObject>] => [t.plural, new Map()]),
   );
   readonly #watches = new Set<Watcher>();
+  /** Watches scoped to one object, by `<plural>/<namespace>/<name>` (the watch cache's allWatchers[namespacedName]), and the others. */
+  readonly #scoped = new Map<string, Set<Watcher>>();
+  readonly #unscoped = new Set<Watcher>();
   readonly #sockets = new Set<Socket>();
   #history: HistoryEvent[] = [];
   /**
@@ -1331,11 +1349,12 @@ export class ApiServer {
     this.#history.push(ev);
     this.#lastProcessedRv.set(rt.plural, ev.rv);
     while (this.#history.length > this.#historyLimit) this.#compactedRv = this.#history.shift()!.rv;
-    for (const w of this.#watches) {
-      if (w.rt !== rt) continue;
+    const dispatch = (w: Watcher) => {
       const out = this.#convert(w, ev);
       if (out) this.#send(w, out);
-    }
+    };
+    for (const w of [...(this.#scoped.get(`${rt.plural}/${objectKey(object.metadata.namespace, object.metadata.name!)}`) ?? [])]) dispatch(w);
+    for (const w of [...this.#unscoped]) if (w.rt === rt) dispatch(w);
   }
 
   #commitCreate(rt: ResourceType, obj: KubeObject, opts: WriteOptions = {}): KubeObject {
@@ -1814,6 +1833,11 @@ export class ApiServer {
     for (const t of w.timers) clearTimeout(t);
     w.timers = [];
     this.#watches.delete(w);
+    this.#unscoped.delete(w);
+    if (w.scope === undefined) return;
+    const set = this.#scoped.get(w.scope);
+    set?.delete(w);
+    if (set?.size === 0) this.#scoped.delete(w.scope);
   }
 
   #watch(rt: ResourceType, namespace: string | undefined, query: Record<string, string>, res: http.ServerResponse, convert?: ConvertTarget): void {
@@ -1862,6 +1886,14 @@ export class ApiServer {
       }
     }
     this.#watches.add(w);
+    // cacher.go Watch: the scope is the request's namespace and the name its field selector requires exactly.
+    const name = exactFieldValue(query.fieldSelector ?? '', 'metadata.name');
+    if (name !== undefined && (namespace !== undefined || !rt.namespaced)) {
+      w.scope = `${rt.plural}/${objectKey(namespace, name)}`;
+      const set = this.#scoped.get(w.scope) ?? new Set<Watcher>();
+      set.add(w);
+      this.#scoped.set(w.scope, set);
+    } else this.#unscoped.add(w);
     res.on('close', () => this.#closeWatch(w));
     if (w.bookmarks) this.#scheduleBookmark(w);
     const timer = setTimeout(() => {
