@@ -7,6 +7,10 @@
 // needs polling it says so.
 import { after, before, beforeEach, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
 import { ApiServer } from '../support/apiserver.ts';
 import { handoverLatencies, simulateRollout } from '../support/rollout-agents.ts';
 import { KubeHttp } from '../../src/api/kube-http.ts';
@@ -217,6 +221,58 @@ describe('the hand-over on Leases', () => {
     // Six nodes (an attempt, a watch each), a granter (a watch, its writes) and a renewal: paced from 200 ms and 1 s up, a few dozen at most; a spin makes thousands.
     assert.ok(during < 150, `${during} connections while unreachable`);
     await api.waitFor(() => leases().length === 0, 10_000, 'nothing left behind');
+  });
+});
+
+describe('`pinset controller` grants', () => {
+  const ROOT = path.resolve(import.meta.dirname, '../..');
+  const run = async (extra: string[], body: () => Promise<void>) => {
+    const dir = await mkdtemp(path.join(tmpdir(), 'pinset-grants-'));
+    const kubeconfig = await api.writeKubeconfig(dir);
+    const child = spawn(path.join(ROOT, 'node_modules/.bin/node'), ['src/cli/main.ts', 'controller', '--kubeconfig', kubeconfig, '--identity', 'granter', '--metrics-addr', '', '--retry-period', '250ms', ...extra], {
+      cwd: ROOT,
+      stdio: ['ignore', 'ignore', 'pipe'],
+      env: { ...process.env, POD_NAMESPACE: NS },
+    });
+    let stderr = '';
+    child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+    const exited = new Promise((r) => child.once('exit', r));
+    try {
+      await api.waitFor(() => (api.get('leases', 'pinset-controller', NS)?.spec as { holderIdentity?: string } | undefined)?.holderIdentity === 'granter', 20_000, `the controller leading (${stderr})`);
+      await body();
+    } finally {
+      child.kill('SIGTERM');
+      await exited;
+      await rm(dir, { recursive: true, force: true });
+    }
+  };
+  const queued = async (set: string) => {
+    api.create({ apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name: set }, spec: { rollout: { maxConcurrentNodes: 1 }, pinnedImages: [{ name: `registry.test/app@sha256:${'a'.repeat(64)}` }] } });
+    const uid = api.get('pinnedimagesets', set)!.metadata.uid!;
+    const granted: string[] = [];
+    const ticket = await slotsOf('worker-1').join!({ name: set, uid, maxConcurrentNodes: 1 }, { granted: (n) => granted.push(n), removed: () => {}, failed: () => {} });
+    return { granted, ticket };
+  };
+
+  test('the controller process, leading, grants a new set\'s free slot to the node queued for it; its limit read from the set', async () => {
+    await run([], async () => {
+      const { granted, ticket } = await queued('by-controller');
+      await api.waitFor(() => granted.length === 1, 10_000, 'the grant');
+      assert.deepEqual(granted, [slotName('by-controller', 0)]);
+      await ticket.leave();
+    });
+    api.remove('pinnedimagesets', 'by-controller');
+  });
+
+  test('--rollout-grants=false: nothing is granted, the nodes poll', async () => {
+    await run(['--rollout-grants=false'], async () => {
+      const { granted, ticket } = await queued('no-grants');
+      await new Promise((r) => setTimeout(r, 2_000));
+      assert.deepEqual(granted, []);
+      assert.equal(api.openWatches().filter((w) => w.query.labelSelector === 'app.kubernetes.io/managed-by=pinset-agent').length, 0, 'no watch of the agents\' Leases');
+      await ticket.leave();
+    });
+    api.remove('pinnedimagesets', 'no-grants');
   });
 });
 

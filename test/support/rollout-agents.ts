@@ -27,6 +27,8 @@ export interface SimulatedRolloutOptions {
   timeoutMs?: number;
   /** Called when a node starts and ends downloading (for extra checks). */
   onChange?: (node: string, downloading: boolean, concurrent: number) => void;
+  /** Once aborted, nodes still waiting stop (a download under way ends first). */
+  signal?: AbortSignal;
 }
 
 export interface SimulatedRollout {
@@ -79,8 +81,11 @@ export async function simulateRollout(opts: SimulatedRolloutOptions): Promise<Si
       },
     });
     const image = { key: `image-of-${opts.set.name}`, sets: [key] };
+    const stop = () => wake?.();
+    opts.signal?.addEventListener('abort', stop);
     try {
       for (;;) {
+        if (opts.signal?.aborted) return;
         if (Date.now() > deadline) throw new Error(`${name} got no slot of ${opts.set.name} in time`);
         woken = false;
         const { allowed } = await gate.admit([image], limits, () => true);
@@ -109,6 +114,7 @@ export async function simulateRollout(opts: SimulatedRolloutOptions): Promise<Si
         wake = undefined;
       }
     } finally {
+      opts.signal?.removeEventListener('abort', stop);
       await gate.close();
     }
   };
