@@ -28,13 +28,20 @@
 //   - `pinset status` (table and JSON) over all nodes: wall time and maximum
 //     RSS (GNU time -v), median of BENCH_SCALE_STATUS_RUNS (3);
 //   - rollout slots: BENCH_SCALE_SLOT_NODES (1000) simulated nodes following
-//     the agents' slot protocol (src/rollout/gate.ts over Lease slots) for a
-//     set with maxConcurrentNodes BENCH_SCALE_SLOT_MAX (50), slot Leases of
-//     BENCH_SCALE_SLOT_LEASE_SECONDS (10; the agent's default is 60, which
-//     only slows the waiting nodes' pace), each downloading 1 to 5 s: the
-//     most downloading at once, and that every one finished;
+//     the agents' slot protocol (src/rollout/gate.ts over Lease slots, by
+//     polling) for a set with maxConcurrentNodes BENCH_SCALE_SLOT_MAX (50),
+//     slot Leases of BENCH_SCALE_SLOT_LEASE_SECONDS (10; the agent's default
+//     is 60, which only slows the waiting nodes' pace), each downloading 1
+//     to 5 s: the most downloading at once, and that every one finished;
+//   - the hand-over of rollout slots and the first wave's records
+//     (bench/scale-slots.ts: polling against the queue with the
+//     controller's granter, 6 and 5000 nodes; BENCH_SCALE_HANDOVER=0 skips
+//     it, about 20 minutes);
 //   - annotation writes per node per set rollout, from three real agents
 //     (bench/agent-writes.ts; BENCH_SCALE_AGENT_WRITES=0 skips it).
+// BENCH_SCALE_ONLY=slots runs the rollout slot sections alone (no Nodes,
+// no roll-ups: the slots' figures do not depend on them), raw results in
+// bench/scale-slots.json.
 // BENCH_SCALE_BEFORE=<dir of another checkout, with node_modules> measures
 // that checkout's sources the same way as the other builds, for a
 // before/after. Sources run with the bundle's Node.js flags
@@ -60,13 +67,16 @@ import { NODE_FLAGS } from '../scripts/build.ts';
 import { argvFor, bundledCli } from '../test/support/agent-process.ts';
 import { ApiServer, type RecordedRequest } from '../test/support/apiserver.ts';
 import { simulateRollout } from '../test/support/rollout-agents.ts';
+import { runSlotBench } from './scale-slots.ts';
 import { measureAgentWrites } from './agent-writes.ts';
 import { NODE_POOLS, nodeName, realisticNode } from './scale-nodes.ts';
 import { procStatus } from './proc.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const NODE = path.join(ROOT, 'node_modules/.bin/node');
-const RESULTS = process.env.BENCH_SCALE_RESULTS ? path.resolve(process.env.BENCH_SCALE_RESULTS) : fileURLToPath(new URL('./scale.json', import.meta.url));
+const ONLY = process.env.BENCH_SCALE_ONLY ?? '';
+if (ONLY !== '' && ONLY !== 'slots') throw new Error(`BENCH_SCALE_ONLY: ${JSON.stringify(ONLY)} is not "slots"`);
+const RESULTS = process.env.BENCH_SCALE_RESULTS ? path.resolve(process.env.BENCH_SCALE_RESULTS) : fileURLToPath(new URL(ONLY === 'slots' ? './scale-slots.json' : './scale.json', import.meta.url));
 const NODES = Number(process.env.BENCH_SCALE_NODES ?? 5000);
 const SETS = Number(process.env.BENCH_SCALE_SETS ?? 20);
 const SAMPLES = Number(process.env.BENCH_SCALE_SAMPLES ?? 10);
@@ -78,6 +88,7 @@ const SLOT_NODES = Number(process.env.BENCH_SCALE_SLOT_NODES ?? 1000);
 const SLOT_MAX = Number(process.env.BENCH_SCALE_SLOT_MAX ?? 50);
 const SLOT_LEASE_MS = Number(process.env.BENCH_SCALE_SLOT_LEASE_SECONDS ?? 10) * 1000;
 const AGENT_WRITES = process.env.BENCH_SCALE_AGENT_WRITES !== '0';
+const HANDOVER = process.env.BENCH_SCALE_HANDOVER !== '0';
 /** Node.js flags for programs run from sources: the bundle's (scripts/build.ts NODE_FLAGS) unless given. */
 const SOURCE_NODE_FLAGS: string[] = process.env.BENCH_SCALE_NODE_FLAGS !== undefined ? process.env.BENCH_SCALE_NODE_FLAGS.split(' ').filter(Boolean) : [...NODE_FLAGS];
 type Build = 'bundle' | 'sources';
@@ -477,7 +488,8 @@ async function slotRollout(api: ApiServer) {
   const r = await simulateRollout({
     nodes,
     set: { name: 'slots-bench', uid: set.metadata.uid, maxConcurrentNodes: SLOT_MAX },
-    slotsFor: (node) => new LeaseRolloutSlots({ api: leaseApi, namespace: DEFAULT_SLOT_NAMESPACE, identity: node, fieldManager: AGENT_FIELD_MANAGER, leaseDurationMs: SLOT_LEASE_MS }),
+    // Polling, as before the hand-over (bench/scale-slots.ts measures both).
+    slotsFor: (node) => new LeaseRolloutSlots({ api: leaseApi, namespace: DEFAULT_SLOT_NAMESPACE, identity: node, fieldManager: AGENT_FIELD_MANAGER, leaseDurationMs: SLOT_LEASE_MS, queue: false }),
     downloadMs: () => 1000 + Math.floor(Math.random() * 4000),
     timeoutMs: 30 * 60_000,
     onChange: (_node, downloading) => {
@@ -500,6 +512,35 @@ async function slotRollout(api: ApiServer) {
     leaseRequests: { lists: by('GET'), creates: by('POST'), updates: by('PUT'), deletes: by('DELETE'), conflicts409: conflicts },
     slotLeasesLeft: left,
   };
+}
+
+/** The rollout slot sections: the 1000-node rollout by polling, then the hand-over against polling (bench/scale-slots.ts). */
+async function slotSections(api: ApiServer, cli: Cli, kubeconfig: string, results: Record<string, unknown>): Promise<void> {
+  if (SLOT_NODES > 0) {
+    const slots = await slotRollout(api);
+    say(
+      `rollout slots: ${slots.nodes} simulated nodes, maxConcurrentNodes ${slots.maxConcurrentNodes}, slot Leases of ${slots.leaseDurationMs / 1000} s: ` +
+        `at most ${slots.maxDownloadingAtOnce} downloading at once (${slots.maxLiveSlotLeases} live slot Leases at most), ${slots.finished} of ${slots.nodes} finished in ${(slots.durationMs / 1000).toFixed(0)} s; ` +
+        `Lease requests ${JSON.stringify(slots.leaseRequests)}; ${slots.slotLeasesLeft} slot Leases left`,
+    );
+    results.slots = slots;
+  }
+  if (!HANDOVER) return;
+  const startController = async () => {
+    const c = new ControllerProcess(cli, kubeconfig, await freePort());
+    await waitFor(
+      () => {
+        if (c.child.exitCode !== null) throw new Error(`the controller exited (${c.child.exitCode}): ${c.stderr}`);
+        const leading = (api.get('leases', 'pinset-controller', DEFAULT_SLOT_NAMESPACE)?.spec as { holderIdentity?: string } | undefined)?.holderIdentity === 'bench-controller';
+        return leading && api.openWatches().some((w) => w.resource === 'leases' && w.query.labelSelector === 'app.kubernetes.io/managed-by=pinset-agent');
+      },
+      120_000,
+      'the controller leading, its granter watching the agents\' Leases',
+      50,
+    );
+    return { stop: () => c.stop() };
+  };
+  results.slotHandover = await runSlotBench({ api, say, startController });
 }
 
 async function statusRuns(cli: Cli, kubeconfig: string) {
@@ -531,6 +572,12 @@ export async function runScale(): Promise<Record<string, unknown>> {
   const results: Record<string, unknown> = { machine, nodes: NODES, sets: SETS, builds: clis.map((c) => ({ label: c.label, argv: c.argv })), date: new Date().toISOString() };
   try {
     const kubeconfig = await api.writeKubeconfig(dir);
+    if (ONLY === 'slots') {
+      await slotSections(api, main, kubeconfig, results);
+      await writeFile(RESULTS, JSON.stringify(results, null, 2) + '\n');
+      say(`raw results: ${path.relative(process.cwd(), RESULTS)}`);
+      return results;
+    }
     const sets = createSets(api);
 
     // What the controller holds with the sets and no Node: Node.js, the Kubernetes client, the caches empty.
@@ -587,15 +634,7 @@ export async function runScale(): Promise<Record<string, unknown>> {
     say(`pinset status over ${NODES} nodes: table ${status.table!.ms} ms, max RSS ${status.table!.maxRssMb} MB; -o json ${status.json!.ms} ms, max RSS ${status.json!.maxRssMb} MB`);
     results.status = status;
 
-    if (SLOT_NODES > 0) {
-      const slots = await slotRollout(api);
-      say(
-        `rollout slots: ${slots.nodes} simulated nodes, maxConcurrentNodes ${slots.maxConcurrentNodes}, slot Leases of ${slots.leaseDurationMs / 1000} s: ` +
-          `at most ${slots.maxDownloadingAtOnce} downloading at once (${slots.maxLiveSlotLeases} live slot Leases at most), ${slots.finished} of ${slots.nodes} finished in ${(slots.durationMs / 1000).toFixed(0)} s; ` +
-          `Lease requests ${JSON.stringify(slots.leaseRequests)}; ${slots.slotLeasesLeft} slot Leases left`,
-      );
-      results.slots = slots;
-    }
+    await slotSections(api, main, kubeconfig, results);
 
     if (AGENT_WRITES) results.agentWrites = await measureAgentWrites(say);
 

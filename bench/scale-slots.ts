@@ -1,0 +1,294 @@
+// The scale benchmark's rollout-slot sections (bench/scale.ts runs them):
+// the agents' slot protocol (src/rollout/gate.ts over Lease slots, the
+// in-process API server) driven by simulated nodes
+// (test/support/rollout-agents.ts), each case twice: "polling" is the
+// protocol before the hand-over (no queue, no granter: every waiting node
+// polls), "hand-over" is the queue with the controller's granter (`pinset
+// controller`, a process of its own, as deployed). Slot Leases of 60 s, the
+// agents' default, unless said.
+//
+//   - a small fleet (6 nodes, 2 s downloads): maxConcurrentNodes 1, the fleet
+//     time and how long each freed slot stayed free; maxConcurrentNodes 6,
+//     how long until every slot is taken (the first attempts' jitter);
+//   - 5000 nodes waiting for 50 slots: the API requests and writes per
+//     second while they wait (the holders hold for BENCH_SCALE_SLOT_HOLD_SECONDS,
+//     240; measured over its last 90 s, once the polls have reached their
+//     pace), then the slots handed over for 60 s of 1 to 5 s downloads, and
+//     how long each freed slot stayed free;
+//   - the first wave's records: BENCH_SCALE_WAVE_NODES (5000) nodes waiting
+//     on one set's first wave follow its record by name while the member
+//     lands 20 images, one every 2 s: the API cost of each landing and how
+//     long until every node has heard of it.
+import { setTimeout as sleep } from 'node:timers/promises';
+import { AGENT_FIELD_MANAGER } from '../src/agent/node-sinks.ts';
+import { API_VERSION, KIND } from '../src/api/types.ts';
+import { FirstWave, type WaveSet } from '../src/rollout/first-wave.ts';
+import { clientNodeLeaseApi } from '../src/rollout/lease-api.ts';
+import { LeaseWaveRecords } from '../src/rollout/lease-records.ts';
+import { LeaseRolloutSlots, type LeaseApi } from '../src/rollout/lease-slots.ts';
+import { DEFAULT_SLOT_NAMESPACE, landedName, type RolloutSet } from '../src/rollout/slots.ts';
+import { silentLogger } from '../src/util/log.ts';
+import type { ApiServer, RecordedRequest } from '../test/support/apiserver.ts';
+import { handoverLatencies, simulateRollout } from '../test/support/rollout-agents.ts';
+
+const NS = DEFAULT_SLOT_NAMESPACE;
+const LEASE_MS = 60_000;
+const BIG_NODES = Number(process.env.BENCH_SCALE_HANDOVER_NODES ?? 5000);
+const BIG_MAX = Number(process.env.BENCH_SCALE_HANDOVER_MAX ?? 50);
+const HOLD_S = Number(process.env.BENCH_SCALE_SLOT_HOLD_SECONDS ?? 240);
+const HANDOVER_S = 60;
+const SMALL_RUNS = Number(process.env.BENCH_SCALE_SLOT_SMALL_RUNS ?? 3);
+const WAVE_NODES = Number(process.env.BENCH_SCALE_WAVE_NODES ?? 5000);
+const WAVE_IMAGES = 20;
+
+export type Mode = 'polling' | 'hand-over';
+const MODES: Mode[] = ['polling', 'hand-over'];
+
+export interface SlotBenchOptions {
+  api: ApiServer;
+  say: (line?: string) => void;
+  /** `pinset controller` on this API server, leading (its granter on); stop() ends it. */
+  startController: () => Promise<{ stop(): Promise<void> }>;
+}
+
+const median = (xs: number[]) => {
+  if (xs.length === 0) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.floor((s.length - 1) / 2)]!;
+};
+const pct = (xs: number[], p: number) => {
+  if (xs.length === 0) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor(p * s.length))]!;
+};
+const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
+const r1 = (n: number) => Math.round(n * 10) / 10;
+
+function createSet(api: ApiServer, name: string, rollout: Record<string, unknown>): RolloutSet & { uid: string } {
+  const existing = api.get('pinnedimagesets', name);
+  if (existing) api.remove('pinnedimagesets', name);
+  const obj = api.create({ apiVersion: API_VERSION, kind: KIND, metadata: { name }, spec: { rollout, pinnedImages: [{ name: `registry.example.com/bench/${name}@sha256:${'e'.repeat(64)}` }] } });
+  return { name, uid: obj.metadata.uid!, maxConcurrentNodes: Number(rollout.maxConcurrentNodes ?? 1) };
+}
+
+function clearLeases(api: ApiServer): void {
+  for (const l of api.list('leases', { namespace: NS })) if (l.metadata.name !== 'pinset-controller') api.remove('leases', l.metadata.name!, NS);
+}
+
+/** The controller's requests: its granter (KubeHttp, User-Agent pinset-controller) and its leader election Lease. */
+const byController = (r: RecordedRequest) => r.userAgent.startsWith('pinset-controller') || r.path.endsWith('/leases/pinset-controller');
+
+/** The Lease requests of the agents (or the controller's) in [from, to), per second, by kind. */
+function leaseLoad(reqs: readonly RecordedRequest[], from: number, to: number, controller = false) {
+  const seconds = (to - from) / 1000;
+  const agents = reqs.filter((r) => r.at >= from && r.at < to && r.path.includes('/leases') && byController(r) === controller);
+  const kind = (r: RecordedRequest) => (r.query.watch === 'true' ? 'watch' : r.method === 'GET' ? (r.path.endsWith('/leases') ? 'list' : 'get') : r.method.toLowerCase());
+  const by: Record<string, number> = {};
+  for (const r of agents) by[kind(r)] = (by[kind(r)] ?? 0) + 1;
+  const perSecond = Object.fromEntries(Object.entries(by).map(([k, n]) => [k, r1(n / seconds)]));
+  const writes = agents.filter((r) => r.method !== 'GET').length;
+  return { seconds: Math.round(seconds), requestsPerSecond: r1(agents.length / seconds), writesPerSecond: r1(writes / seconds), conflictsPerSecond: r1(agents.filter((r) => r.status === 409).length / seconds), perSecond };
+}
+
+function watchEvents(api: ApiServer): Record<string, number> {
+  return { ...(api.watchEvents.leases ?? {}) };
+}
+
+function eventRate(before: Record<string, number>, after: Record<string, number>, seconds: number): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const k of new Set([...Object.keys(before), ...Object.keys(after)])) out[k] = r1(((after[k] ?? 0) - (before[k] ?? 0)) / seconds);
+  return out;
+}
+
+async function withController<T>(o: SlotBenchOptions, mode: Mode, f: () => Promise<T>): Promise<T> {
+  const c = mode === 'hand-over' ? await o.startController() : undefined;
+  try {
+    return await f();
+  } finally {
+    await c?.stop();
+    clearLeases(o.api);
+  }
+}
+
+function slotsFactory(leaseApi: LeaseApi, mode: Mode, leaseMs = LEASE_MS) {
+  return (node: string) => new LeaseRolloutSlots({ api: leaseApi, namespace: NS, identity: node, fieldManager: AGENT_FIELD_MANAGER, leaseDurationMs: leaseMs, queue: mode === 'hand-over' });
+}
+
+/** Six nodes, 2 s downloads: maxConcurrentNodes 1 (fleet time, slot idle) and 6 (time until every slot is taken). */
+async function smallFleet(o: SlotBenchOptions, leaseApi: LeaseApi, mode: Mode) {
+  const nodes = Array.from({ length: 6 }, (_, i) => `small-${i}`);
+  const one: { fleetMs: number; firstMs: number; idleMs: number; handoverMs: number[] }[] = [];
+  const six: number[] = [];
+  for (let run = 0; run < SMALL_RUNS; run++) {
+    await withController(o, mode, async () => {
+      const set = createSet(o.api, 'small-one', { maxConcurrentNodes: 1 });
+      const t0 = Date.now();
+      const r = await simulateRollout({ nodes, set, slotsFor: slotsFactory(leaseApi, mode), downloadMs: () => 2000, timeoutMs: 20 * 60_000 });
+      const latencies = handoverLatencies(r, 1);
+      const firstStart = Math.min(...r.starts) - t0;
+      one.push({ fleetMs: Math.max(...r.ends) - t0, firstMs: firstStart, idleMs: firstStart + sum(latencies), handoverMs: latencies });
+    });
+    await withController(o, mode, async () => {
+      const set = createSet(o.api, 'small-six', { maxConcurrentNodes: 6 });
+      const t0 = Date.now();
+      const r = await simulateRollout({ nodes, set, slotsFor: slotsFactory(leaseApi, mode), downloadMs: () => 2000, timeoutMs: 5 * 60_000 });
+      six.push(Math.max(...r.starts) - t0);
+    });
+  }
+  const all = one.flatMap((x) => x.handoverMs);
+  return {
+    runs: SMALL_RUNS,
+    maxOne: {
+      fleetSeconds: one.map((x) => r1(x.fleetMs / 1000)),
+      firstSlotSeconds: one.map((x) => r1(x.firstMs / 1000)),
+      slotIdleSeconds: one.map((x) => r1(x.idleMs / 1000)),
+      handoverMedianMs: median(all),
+      handoverMaxMs: Math.max(...all),
+    },
+    maxSix: { allSlotsTakenSeconds: six.map((ms) => r1(ms / 1000)) },
+  };
+}
+
+/** BIG_NODES nodes want a set of BIG_MAX slots: the cost while they wait, then the hand-overs. */
+async function bigFleet(o: SlotBenchOptions, leaseApi: LeaseApi, mode: Mode) {
+  return withController(o, mode, async () => {
+    const set = createSet(o.api, 'big-fleet', { maxConcurrentNodes: BIG_MAX });
+    const stop = new AbortController();
+    const t0 = Date.now();
+    const holdUntil = t0 + HOLD_S * 1000;
+    const run = simulateRollout({
+      nodes: Array.from({ length: BIG_NODES }, (_, i) => `big-${i}`),
+      set,
+      slotsFor: slotsFactory(leaseApi, mode),
+      // The first holders hold until the wait has been measured; then 1 to 5 s each.
+      downloadMs: () => (Date.now() < holdUntil ? holdUntil - Date.now() : 1000 + Math.floor(Math.random() * 4000)),
+      timeoutMs: 60 * 60_000,
+      signal: stop.signal,
+    });
+    const from = holdUntil - Math.min(90_000, HOLD_S * 500);
+    await sleep(from - Date.now());
+    const eventsBefore = watchEvents(o.api);
+    const openWatches = o.api.openWatches().filter((w) => w.resource === 'leases').length;
+    await sleep(holdUntil - Date.now());
+    const waiting = leaseLoad(o.api.requests, from, holdUntil);
+    const controller = leaseLoad(o.api.requests, from, holdUntil, true);
+    const events = eventRate(eventsBefore, watchEvents(o.api), (holdUntil - from) / 1000);
+    await sleep(HANDOVER_S * 1000);
+    stop.abort();
+    const r = await run;
+    const ends = [...r.ends].sort((a, b) => a - b);
+    const latencies = handoverLatencies(r, BIG_MAX).filter((_, i) => ends[i]! >= holdUntil);
+    return {
+      nodes: BIG_NODES,
+      maxConcurrentNodes: BIG_MAX,
+      waiting: { ...waiting, watchEventsPerSecond: events, openLeaseWatches: openWatches, controller },
+      handover: { handovers: latencies.length, medianMs: median(latencies), p99Ms: pct(latencies, 0.99), maxMs: Math.max(...latencies), maxDownloadingAtOnce: r.maxConcurrent },
+    };
+  });
+}
+
+/** WAVE_NODES nodes wait on a set's first wave, following its record by name; the member lands WAVE_IMAGES images, one every 2 s. */
+async function waveRecords(o: SlotBenchOptions, leaseApi: LeaseApi) {
+  const api = o.api;
+  const set = createSet(api, 'wave-bench', { firstWave: { nodes: 1 } });
+  const digests = Array.from({ length: WAVE_IMAGES }, (_, i) => `sha256:${i.toString(16).padStart(64, '0')}`);
+  const wave: WaveSet = { name: set.name, uid: set.uid, nodes: 1, digests };
+  const images = digests.map((d) => ({ key: `registry.example.com/bench/wave@${d}`, digest: d, sets: ['api/wave-bench'] }));
+  const waves = new Map([['api/wave-bench', wave]]);
+  const heard = new Map<number, number[]>();
+  let landing = -1;
+  const make = (node: string, onChange?: () => void) =>
+    new FirstWave({
+      // No queue here: the seats' queue is measured above; this is the records' cost.
+      slots: new LeaseRolloutSlots({ api: leaseApi, namespace: NS, identity: node, fieldManager: AGENT_FIELD_MANAGER, leaseDurationMs: LEASE_MS, queue: false }),
+      records: new LeaseWaveRecords({ api: leaseApi, namespace: NS, identity: node, fieldManager: AGENT_FIELD_MANAGER }),
+      logger: silentLogger(),
+      ...(onChange ? { onChange } : {}),
+    });
+  const member = make('wave-member');
+  await member.admit(images, waves);
+  const seatAt = Date.now() + 11_000; // after the first attempt's spread
+  await sleep(seatAt - Date.now());
+  if (!(await member.admit(images, waves)).sets.get('api/wave-bench')!.member) throw new Error('the bench member got no seat');
+  const others = Array.from({ length: WAVE_NODES }, (_, i) =>
+    make(`wave-${i}`, () => {
+      if (landing >= 0) heard.set(landing, [...(heard.get(landing) ?? []), Date.now()]);
+    }),
+  );
+  try {
+    for (const w of others) await w.admit(images, waves);
+    const name = landedName(set.name, 0);
+    await api.waitFor(() => api.openWatches().filter((w) => w.query.fieldSelector === `metadata.name=${name}`).length >= WAVE_NODES, 300_000, 'every node following the record');
+    const quietFrom = Date.now();
+    const quietEvents = watchEvents(api);
+    await sleep(30_000);
+    const quiet = { ...leaseLoad(api.requests, quietFrom, Date.now()), watchEventsPerSecond: eventRate(quietEvents, watchEvents(api), (Date.now() - quietFrom) / 1000) };
+    const perLanding: { writes: number; events: number; heardBy: number; allHeardMs: number; medianHeardMs: number; recordBytes: number }[] = [];
+    for (let i = 0; i < WAVE_IMAGES; i++) {
+      const from = api.requests.length;
+      const before = watchEvents(api).MODIFIED ?? 0;
+      landing = i;
+      const t = Date.now();
+      await member.held(new Set(digests.slice(0, i + 1)));
+      await api.waitFor(() => (heard.get(i)?.length ?? 0) >= WAVE_NODES, 60_000, `every node told of landing ${i}`).catch(() => undefined);
+      await sleep(Math.max(0, t + 2000 - Date.now()));
+      const times = (heard.get(i) ?? []).map((h) => h - t);
+      const writes = api.requests.slice(from).filter((r) => r.path.includes('/leases') && r.method !== 'GET').length;
+      perLanding.push({
+        writes,
+        events: (watchEvents(api).MODIFIED ?? 0) - before,
+        heardBy: times.length,
+        allHeardMs: times.length ? Math.max(...times) : NaN,
+        medianHeardMs: median(times),
+        recordBytes: Buffer.byteLength(JSON.stringify(api.get('leases', name, NS))),
+      });
+    }
+    return {
+      nodes: WAVE_NODES,
+      images: WAVE_IMAGES,
+      quiet,
+      perLanding: {
+        writes: median(perLanding.map((p) => p.writes)),
+        watchEvents: median(perLanding.map((p) => p.events)),
+        heardByAll: perLanding.every((p) => p.heardBy >= WAVE_NODES),
+        allHeardMedianMs: median(perLanding.map((p) => p.allHeardMs)),
+        allHeardMaxMs: Math.max(...perLanding.map((p) => p.allHeardMs)),
+        nodeHeardMedianMs: median(perLanding.map((p) => p.medianHeardMs)),
+        recordBytes: Math.max(...perLanding.map((p) => p.recordBytes)),
+      },
+    };
+  } finally {
+    await Promise.all([member, ...others].map((w) => w.close()));
+    clearLeases(api);
+  }
+}
+
+export async function runSlotBench(o: SlotBenchOptions): Promise<Record<string, unknown>> {
+  const leaseApi = clientNodeLeaseApi(o.api.kubeConfig());
+  const out: Record<string, unknown> = {};
+  for (const mode of MODES) {
+    const small = await smallFleet(o, leaseApi, mode);
+    o.say(
+      `slots, ${mode}: 6 nodes, 2 s downloads, maxConcurrentNodes 1: fleet ${small.maxOne.fleetSeconds.join(', ')} s (12 s with no idle slot), slot free ${small.maxOne.slotIdleSeconds.join(', ')} s in all (of it before the first download ${small.maxOne.firstSlotSeconds.join(', ')} s), ` +
+        `each hand-over median ${small.maxOne.handoverMedianMs} ms, max ${small.maxOne.handoverMaxMs} ms; maxConcurrentNodes 6: every slot taken after ${small.maxSix.allSlotsTakenSeconds.join(', ')} s`,
+    );
+    out[`${mode} small`] = small;
+  }
+  for (const mode of MODES) {
+    const big = await bigFleet(o, leaseApi, mode);
+    o.say(
+      `slots, ${mode}: ${big.nodes} nodes waiting for ${big.maxConcurrentNodes} slots: ${big.waiting.requestsPerSecond} agent Lease requests/s ${JSON.stringify(big.waiting.perSecond)}, ${big.waiting.writesPerSecond} writes/s (${big.waiting.conflictsPerSecond} 409/s), ` +
+        `watch events/s ${JSON.stringify(big.waiting.watchEventsPerSecond)}, ${big.waiting.openLeaseWatches} Lease watches open; the controller ${big.waiting.controller.requestsPerSecond} requests/s ${JSON.stringify(big.waiting.controller.perSecond)}; then ${big.handover.handovers} hand-overs: median ${big.handover.medianMs} ms, p99 ${big.handover.p99Ms} ms, max ${big.handover.maxMs} ms (at most ${big.handover.maxDownloadingAtOnce} downloading)`,
+    );
+    out[`${mode} ${BIG_NODES}`] = big;
+  }
+  if (WAVE_NODES > 0) {
+    const w = await waveRecords(o, leaseApi);
+    o.say(
+      `first wave: ${w.nodes} nodes following one record: quiet ${w.quiet.requestsPerSecond} requests/s ${JSON.stringify(w.quiet.perSecond)}, watch events/s ${JSON.stringify(w.quiet.watchEventsPerSecond)}; ` +
+        `per landing ${w.perLanding.writes} write(s), ${w.perLanding.watchEvents} watch events of ${w.perLanding.recordBytes} B, every node told after ${w.perLanding.allHeardMedianMs} ms (median; max ${w.perLanding.allHeardMaxMs} ms, half of them after ${w.perLanding.nodeHeardMedianMs} ms)`,
+    );
+    out.firstWaveRecords = w;
+  }
+  return out;
+}
