@@ -25,9 +25,7 @@
 // kubelets of 5000 nodes make anyway) and writes only when a slot looks
 // free; and it watches one Lease, its own queue entry, by name, which no
 // renewal touches (./grants.ts).
-import type { Logger } from 'pino';
-import type { BackoffPolicy } from '../util/backoff.ts';
-import { SlotClaims } from './claims.ts';
+import { SlotClaims, type SlotClaimsOptions } from './claims.ts';
 import type { RolloutSet, RolloutSlots } from './slots.ts';
 
 /** An image to download, by its key and the keys of the sets that want it. */
@@ -52,25 +50,12 @@ export interface Admission<T> {
   unenforced: Map<string, string>;
 }
 
-export interface RolloutGateOptions {
-  slots: RolloutSlots;
-  logger: Logger;
-  /** Renew a held slot this often; default a third of the lease duration. */
-  renewIntervalMs?: number;
-  /** Pace of a waiting set's attempts; default from a twelfth of the lease duration up to all of it. */
-  retry?: BackoffPolicy;
-  /** A set seen for the first time is tried after a random delay of up to this; default a sixth of the lease duration. */
-  firstAttemptSpreadMs?: number;
-  /** Called when a held slot turns out to be another node's (this node could not renew it in time). */
-  onLost?: (setKey: string) => void;
-  /**
-   * Called when a slot was handed over from the queue: admit again now.
-   * Without it the node does not queue and only polls (./claims.ts).
-   */
-  onChange?: (why: string) => void;
-  now?: () => number;
-  random?: () => number;
-}
+/**
+ * Pacing, renewal and the callbacks: ./claims.ts. onChange: a slot was
+ * handed over from the queue, admit again now; without it the node does
+ * not queue and only polls.
+ */
+export type RolloutGateOptions = SlotClaimsOptions;
 
 export class RolloutGate {
   readonly slots: RolloutSlots;

@@ -65,6 +65,19 @@ async function pull(n: Node, ...digests: string[]) {
   await settle();
 }
 
+/** With a granter: a takes the set's seat (the first to queue), then b waits. */
+async function memberAndWaiter(): Promise<[Node, Node]> {
+  granter = new MemoryGranter(store);
+  const a = node('a');
+  const b = node('b');
+  await admit(a);
+  await settle();
+  await admit(a);
+  await admit(b);
+  await settle();
+  return [a, b];
+}
+
 beforeEach(() => {
   now = Date.parse('2026-01-01T00:00:00Z');
   store = new MemorySlotStore({ now: () => now });
@@ -215,14 +228,7 @@ describe('FirstWave, on the in-memory twin', () => {
   });
 
   test('done: a node with nothing left to fetch frees its seat and follows no record; close() leaves nothing behind', async () => {
-    granter = new MemoryGranter(store);
-    const a = node('a');
-    const b = node('b');
-    await admit(a);
-    await settle();
-    await admit(a);
-    await admit(b);
-    await settle();
+    const [a, b] = await memberAndWaiter();
     assert.ok(store.openWatches >= 2, 'each node follows the set\'s record');
     await pull(a, X, Y);
     await a.wave.admit([], new Map([['api/upgrade', SET]]));
@@ -242,14 +248,7 @@ describe('FirstWave, on the in-memory twin', () => {
   });
 
   test('the API unreachable while a member records: retried, paced; the others see the landing once it is back', async () => {
-    granter = new MemoryGranter(store);
-    const a = node('a');
-    const b = node('b');
-    await admit(a);
-    await settle();
-    await admit(a);
-    await admit(b);
-    await settle();
+    const [a, b] = await memberAndWaiter();
     store.unavailable = 'connection refused';
     a.has.add(X);
     await a.wave.held(a.has);
