@@ -19,7 +19,7 @@ import { RolloutGranter, type GrantedSet } from '../../src/rollout/granter.ts';
 import { clientNodeLeaseApi } from '../../src/rollout/lease-api.ts';
 import { LeaseWaveRecords } from '../../src/rollout/lease-records.ts';
 import { LeaseRolloutSlots, type LeaseApi } from '../../src/rollout/lease-slots.ts';
-import { LANDED_BITS_ANNOTATION, LANDED_IMAGES_ANNOTATION, imageListHash } from '../../src/rollout/landed.ts';
+import { LANDED_BITS_ANNOTATION, LANDED_IMAGES_ANNOTATION, imageListHash, staticWaveName } from '../../src/rollout/landed.ts';
 import { GRANT_ANNOTATION, queueName, slotName, setLabelValue, SLOT_QUEUE_LABEL, type RolloutSet } from '../../src/rollout/slots.ts';
 import { silentLogger } from '../../src/util/log.ts';
 
@@ -277,6 +277,33 @@ describe('`pinset controller` grants', () => {
 });
 
 describe('the first wave on Leases', () => {
+  test('a static set (no object in the API): seats and records by its name and images\' hash; the granter takes the nodes\' word for the limit', async () => {
+    startGranter();
+    const X = `sha256:${'3'.repeat(64)}`;
+    const name = staticWaveName('boot', [X]);
+    const set = { name, nodes: 1, digests: [X] };
+    const granted: string[] = [];
+    const wave = new FirstWave({
+      slots: slotsOf('n1'),
+      records: new LeaseWaveRecords({ api: leaseApi, namespace: NS, identity: 'n1', fieldManager: 'pinset-agent' }),
+      logger: silentLogger(),
+      claims: SLOW_POLLS,
+      onChange: (why) => granted.push(why),
+    });
+    const waves = new Map([['static/boot', set]]);
+    const imgs = [{ key: `registry.test/boot@${X}`, digest: X, sets: ['static/boot'] }];
+    try {
+      await wave.admit(imgs, waves);
+      await api.waitFor(() => granted.includes('first-wave seat granted'), 5000, 'the seat granted');
+      assert.equal((await wave.admit(imgs, waves)).sets.get('static/boot')!.member, true);
+      const seat = api.get('leases', `${name}-0.first-wave`, NS)!;
+      assert.equal(seat.metadata.ownerReferences, undefined, 'no owner: the set is on the nodes only');
+      assert.equal((api.get('leases', queueName(name, 'n1', 'first-wave'), NS) ?? { metadata: {} }).metadata.annotations?.['pinset.dev/limit'], undefined, 'the entry is gone once served');
+    } finally {
+      await wave.close();
+    }
+  });
+
   test('the member\'s record, watched by name, lets each image go as it lands; the record as stored', async () => {
     startGranter();
     limited('payload', 3, 1);

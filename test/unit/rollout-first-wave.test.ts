@@ -6,6 +6,7 @@
 import { afterEach, beforeEach, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { FirstWave, type WaveImage, type WaveSet } from '../../src/rollout/first-wave.ts';
+import { RolloutGate } from '../../src/rollout/gate.ts';
 import { decodeLanded, encodeLanded, imageListHash, sortedDigests, staticWaveName } from '../../src/rollout/landed.ts';
 import { MemoryGranter, MemoryRolloutSlots, MemorySlotStore, MemoryWaveRecords } from '../../src/rollout/memory-slots.ts';
 import { landedName } from '../../src/rollout/slots.ts';
@@ -145,6 +146,43 @@ describe('FirstWave, on the in-memory twin', () => {
     const r = await admit(b, SET, [img(Z, 'api/upgrade', 'api/plain')]);
     assert.deepEqual(keys(r.allowed), [Z], 'Z is also wanted by a set without a first wave');
     assert.deepEqual(keys(r.waiting), [X, Y]);
+  });
+
+  test('with maxConcurrentNodes: only landed images ask for a slot, and the first wave is granted slots before the nodes queued earlier', async () => {
+    granter = new MemoryGranter(store);
+    const limits = new Map([['api/upgrade', { name: 'upgrade', uid: 'uid-upgrade', maxConcurrentNodes: 1 }]]);
+    const gates = new Map<string, RolloutGate>();
+    const gateOf = (n: string) => {
+      let g = gates.get(n);
+      if (!g) gates.set(n, (g = new RolloutGate({ slots: new MemoryRolloutSlots(store, n, { leaseDurationMs: LEASE_MS }), logger: silentLogger(), now: () => now, random: () => 0.5, onChange: () => {} })));
+      return g;
+    };
+    /** The agent's order: the first wave, then the slots for what may go. */
+    const go = async (n: Node, name: string) => {
+      const w = await admit(n);
+      return keys((await gateOf(name).admit(w.allowed, limits, () => true)).allowed);
+    };
+    const [a, b] = await memberAndWaiter();
+    const c = node('c');
+    await go(a, 'a');
+    await settle();
+    assert.deepEqual(await go(a, 'a'), [X, Y], 'the member holds the slot');
+    assert.deepEqual(await go(b, 'b'), [], 'nothing landed: b asks for no slot');
+    assert.equal(store.queue.has('upgrade.b.queue'), false);
+    await pull(a, X);
+    await gateOf('a').releaseAll(); // its round ends with Y still to fetch (to be retried)
+    now += 1;
+    assert.deepEqual(await go(b, 'b'), [], 'X landed: b queues for a slot');
+    now += 1;
+    await go(c, 'c');
+    await settle();
+    assert.deepEqual([...store.holders('upgrade').values()], ['b'], 'the slot freed by a went to b');
+    now += 1;
+    await go(a, 'a'); // the member queues again, after c
+    await gateOf('b').releaseAll();
+    await settle();
+    assert.deepEqual([...store.holders('upgrade').values()], ['a'], 'the first-wave member before c, queued earlier');
+    await Promise.all([...gates.values()].map((g) => g.close()));
   });
 
   test('a member whose pull fails steps out; another node takes its seat and fetches what has not landed', async () => {
