@@ -134,6 +134,8 @@ interface SetState {
   cooldownUntil: number;
   /** This node waits for images the records do not show yet. */
   waiting: boolean;
+  /** The last seat attempt was refused (403). */
+  forbidden?: boolean;
 }
 
 export class FirstWave {
@@ -214,6 +216,9 @@ export class FirstWave {
         if (state === 'forbidden') forbidden = wait?.error ?? 'forbidden';
       }
       await this.#becameMember(k, st);
+      // A node refused the Leases (403) cannot read the records either: it follows none until a seat attempt gets through.
+      st.forbidden = forbidden !== undefined;
+      this.#follow(k, st, st.forbidden ? 0 : st.wave.nodes);
       const member = st.writer !== undefined;
       if (!member && st.waiting && !st.stalled && this.#now() - st.progressAt >= this.#stallMs) {
         st.stalled = true;
@@ -298,13 +303,13 @@ export class FirstWave {
     }
     st.wave = wave;
     st.seat = { ...st.seat, maxConcurrentNodes: wave.nodes };
-    this.#follow(k, st);
+    if (!st.forbidden) this.#follow(k, st, wave.nodes);
     return st;
   }
 
-  /** Watch the set's records, one per seat, by name. */
-  #follow(k: string, st: SetState): void {
-    for (let i = 0; i < st.wave.nodes; i++) {
+  /** Watch the set's first `count` records (one per seat), by name, and no other. */
+  #follow(k: string, st: SetState, count: number): void {
+    for (let i = 0; i < count; i++) {
       if (st.watches.has(i)) continue;
       st.watches.set(
         i,
@@ -316,7 +321,7 @@ export class FirstWave {
       );
     }
     for (const [i, w] of st.watches) {
-      if (i < st.wave.nodes) continue;
+      if (i < count) continue;
       st.watches.delete(i);
       st.records.delete(i);
       void w.close();

@@ -249,6 +249,7 @@ describe('FirstWave, on the in-memory twin', () => {
     const r = await admit(a);
     assert.deepEqual(keys(r.allowed), [X, Y]);
     assert.match(r.sets.get('api/upgrade')!.forbidden!, /forbidden/);
+    assert.equal(store.openWatches, 0, 'it follows no record it may not read');
   });
 
   test('a new image list is a new first wave: the old landings do not count', async () => {
