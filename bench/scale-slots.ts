@@ -42,7 +42,9 @@ const WAVE_NODES = Number(process.env.BENCH_SCALE_WAVE_NODES ?? 5000);
 const WAVE_IMAGES = 20;
 
 export type Mode = 'polling' | 'hand-over';
-const MODES: Mode[] = ['polling', 'hand-over'];
+/** BENCH_SCALE_SLOT_MODES, BENCH_SCALE_SLOT_PARTS: which of them to run (all by default). */
+const MODES = (process.env.BENCH_SCALE_SLOT_MODES ?? 'polling,hand-over').split(',') as Mode[];
+const PARTS = new Set((process.env.BENCH_SCALE_SLOT_PARTS ?? 'small,big,wave').split(','));
 
 export interface SlotBenchOptions {
   api: ApiServer;
@@ -266,7 +268,7 @@ async function waveRecords(o: SlotBenchOptions, leaseApi: LeaseApi) {
 export async function runSlotBench(o: SlotBenchOptions): Promise<Record<string, unknown>> {
   const leaseApi = clientNodeLeaseApi(o.api.kubeConfig());
   const out: Record<string, unknown> = {};
-  for (const mode of MODES) {
+  for (const mode of PARTS.has('small') ? MODES : []) {
     const small = await smallFleet(o, leaseApi, mode);
     o.say(
       `slots, ${mode}: 6 nodes, 2 s downloads, maxConcurrentNodes 1: fleet ${small.maxOne.fleetSeconds.join(', ')} s (12 s with no idle slot), slot free ${small.maxOne.slotIdleSeconds.join(', ')} s in all (of it before the first download ${small.maxOne.firstSlotSeconds.join(', ')} s), ` +
@@ -274,7 +276,7 @@ export async function runSlotBench(o: SlotBenchOptions): Promise<Record<string, 
     );
     out[`${mode} small`] = small;
   }
-  for (const mode of MODES) {
+  for (const mode of PARTS.has('big') ? MODES : []) {
     const big = await bigFleet(o, leaseApi, mode);
     o.say(
       `slots, ${mode}: ${big.nodes} nodes waiting for ${big.maxConcurrentNodes} slots: ${big.waiting.requestsPerSecond} agent Lease requests/s ${JSON.stringify(big.waiting.perSecond)}, ${big.waiting.writesPerSecond} writes/s (${big.waiting.conflictsPerSecond} 409/s), ` +
@@ -282,7 +284,7 @@ export async function runSlotBench(o: SlotBenchOptions): Promise<Record<string, 
     );
     out[`${mode} ${BIG_NODES}`] = big;
   }
-  if (WAVE_NODES > 0) {
+  if (WAVE_NODES > 0 && PARTS.has('wave')) {
     const w = await waveRecords(o, leaseApi);
     o.say(
       `first wave: ${w.nodes} nodes following one record: quiet ${w.quiet.requestsPerSecond} requests/s ${JSON.stringify(w.quiet.perSecond)}, watch events/s ${JSON.stringify(w.quiet.watchEventsPerSecond)}; ` +

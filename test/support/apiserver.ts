@@ -1330,12 +1330,23 @@ export class ApiServer {
     return this.#objects.get(rt.plural)!;
   }
 
+  /** Per resource, its keys in order, kept until an object is created or deleted (the watch cache's B-tree is ordered too). */
+  readonly #sortedKeys = new Map<ResourceName, string[]>();
+
   /** Objects of a type in key order (namespace, name), as etcd lists them. */
   #objectsOf(rt: ResourceType, namespace: string | undefined): KubeObject[] {
-    return [...this.#bucket(rt).entries()]
-      .filter(([, o]) => namespace === undefined || o.metadata.namespace === namespace)
-      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
-      .map(([, o]) => o);
+    const bucket = this.#bucket(rt);
+    let keys = this.#sortedKeys.get(rt.plural);
+    if (!keys || keys.length !== bucket.size) {
+      keys = [...bucket.keys()].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+      this.#sortedKeys.set(rt.plural, keys);
+    }
+    const out: KubeObject[] = [];
+    for (const k of keys) {
+      const o = bucket.get(k);
+      if (o && (namespace === undefined || o.metadata.namespace === namespace)) out.push(o);
+    }
+    return out;
   }
 
   #mustGet(rt: ResourceType, namespace: string | undefined, name: string): KubeObject {
@@ -1363,6 +1374,7 @@ export class ApiServer {
     this.#rv += 1;
     obj.metadata.resourceVersion = String(this.#rv);
     this.#bucket(rt).set(objectKey(obj.metadata.namespace, obj.metadata.name!), obj);
+    this.#sortedKeys.delete(rt.plural);
     this.#record(rt, 'ADDED', obj);
     return clone(obj);
   }
@@ -1392,6 +1404,7 @@ export class ApiServer {
   #commitDelete(rt: ResourceType, stored: KubeObject): void {
     this.#rv += 1;
     this.#bucket(rt).delete(objectKey(stored.metadata.namespace, stored.metadata.name!));
+    this.#sortedKeys.delete(rt.plural);
     const last = clone(stored);
     last.metadata.resourceVersion = String(this.#rv);
     this.#record(rt, 'DELETED', last, stored);
