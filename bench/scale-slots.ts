@@ -223,7 +223,8 @@ async function waveRecords(o: SlotBenchOptions, leaseApi: LeaseApi) {
     await api.waitFor(() => api.openWatches().filter((w) => w.query.fieldSelector === `metadata.name=${name}`).length >= WAVE_NODES, 300_000, 'every node following the record');
     const quietFrom = Date.now();
     const quietEvents = watchEvents(api);
-    await sleep(30_000);
+    // Longer than the watch cache's bookmark interval (1 minute): the quiet cost includes the bookmarks.
+    await sleep(75_000);
     const quiet = { ...leaseLoad(api.requests, quietFrom, Date.now()), watchEventsPerSecond: eventRate(quietEvents, watchEvents(api), (Date.now() - quietFrom) / 1000) };
     const perLanding: { writes: number; events: number; heardBy: number; allHeardMs: number; medianHeardMs: number; recordBytes: number }[] = [];
     for (let i = 0; i < WAVE_IMAGES; i++) {

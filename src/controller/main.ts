@@ -97,7 +97,7 @@ export async function run(argv: string[]): Promise<number> {
     minWatchTimeoutMs: minWatchTimeout,
     onSetChange: () => granter?.kick(),
   });
-  if (values['rollout-grants']) granter = rolloutGranter(kc, values['lease-namespace'] as string, controller, log, minWatchTimeout);
+  if (values['rollout-grants']) granter = rolloutGranter(kc, values['lease-namespace'] as string, identity, controller, log, minWatchTimeout);
   let server: Awaited<ReturnType<typeof startHealthServer>> | undefined;
   if (metricsAddr) {
     try {
@@ -173,7 +173,7 @@ export async function run(argv: string[]): Promise<number> {
  * The granter of rollout slots and first-wave seats, on the agents' Leases
  * in `namespace`; the sets' limits come from the controller's cache of sets.
  */
-function rolloutGranter(kc: KubeConfig, namespace: string, controller: SetStatusController, log: ReturnType<typeof createLogger>, minWatchTimeoutMs: number): RolloutGranter {
+function rolloutGranter(kc: KubeConfig, namespace: string, identity: string, controller: SetStatusController, log: ReturnType<typeof createLogger>, minWatchTimeoutMs: number): RolloutGranter {
   let byLabel: Map<string, GrantedSet> | undefined;
   let seen: readonly PinnedImageSet[] | undefined;
   const setOf = (label: string) => {
@@ -196,6 +196,7 @@ function rolloutGranter(kc: KubeConfig, namespace: string, controller: SetStatus
     log,
     setOf,
     fieldManager: CONTROLLER_FIELD_MANAGER,
+    identity,
     // A controller that may not watch the agents' Leases (RBAC of an older install) tries again every few minutes, not every 30 s.
     watch: { minWatchTimeoutMs, backoff: { baseMs: 1_000, capMs: 5 * 60_000 } },
   });

@@ -14,7 +14,12 @@
 //   is taken at once (accept) and the caller told to look again; the polls
 //   go on meanwhile, so a queue nobody serves costs only its entry. The
 //   queue is joined at once, not after the first attempt's delay: a free
-//   slot is granted to the first node that queues.
+//   slot is granted to the first node that queues. While queued, an attempt
+//   first reads the granter's heartbeat (one object): with a granter alive
+//   it skips the LIST (which reads every Lease of the namespace, the queue's
+//   thousands of entries included), but for one attempt in
+//   QUEUED_LIST_EVERY, a safety net for a granter that is alive and yet does
+//   not serve this node.
 // - a held slot is renewed every third of the lease duration; a renewal
 //   that finds the slot another node's reports it lost (onLost).
 // Every call is one step; retries are paced, never a loop.
@@ -72,7 +77,12 @@ interface Waiting extends ClaimWait {
   queueBackoff: Backoff;
   /** The queue cannot be used for this set (403 on the entry or its watch): polling only. */
   queueOff?: boolean;
+  /** Attempts skipped because a granter serves the queue, since the last LIST. */
+  skipped: number;
 }
+
+/** A queued node with a live granter still lists the slots at one attempt in this many. */
+export const QUEUED_LIST_EVERY = 10;
 
 function errText(e: unknown): string {
   return (e instanceof Error ? e.message : String(e)).split('\n')[0]!.slice(0, 300);
@@ -177,6 +187,7 @@ export class SlotClaims {
           backoff: new Backoff(this.#retry, this.#random),
           nextAttemptAt: now + Math.floor(this.#random() * this.#spreadMs),
           queueAt: now,
+          skipped: 0,
           queueBackoff: new Backoff({ baseMs: 1_000, capMs: this.slots.leaseDurationMs }, this.#random),
         };
         this.#waiting.set(key, w);
@@ -191,6 +202,13 @@ export class SlotClaims {
   async #attempt(key: string, w: Waiting): Promise<ClaimState> {
     const set = w.set;
     const what = poolOf(set).what;
+    if (w.ticket && w.skipped + 1 < QUEUED_LIST_EVERY && (await this.#granterAlive())) {
+      // Queued, and a granter serves the queue: it hands the slot over; no LIST this time.
+      w.skipped++;
+      w.nextAttemptAt = this.#now() + w.backoff.fail();
+      return 'waiting';
+    }
+    w.skipped = 0;
     let slot: HeldSlot | null = null;
     const wasForbidden = w.forbidden;
     w.forbidden = false;
@@ -218,6 +236,15 @@ export class SlotClaims {
       this.#log.info({ set: set.name, max: set.maxConcurrentNodes, retryInMs: w.nextAttemptAt - this.#now(), queued: !!w.ticket }, `every ${what} of the set is held; waiting for one`);
     }
     return w.forbidden ? 'forbidden' : 'waiting';
+  }
+
+  /** Whether the granter's heartbeat is live; false when it cannot be told (polling then goes on as ever). */
+  async #granterAlive(): Promise<boolean> {
+    try {
+      return (await this.slots.granterAlive?.()) ?? false;
+    } catch {
+      return false;
+    }
   }
 
   /** Join the set's queue when there is one, someone acts on grants, and it is time. */

@@ -14,6 +14,12 @@
 // window is counted from the answer to its write, not from the time in the
 // Lease: an API server slow to answer does not shorten it.
 //
+// While it leads and its last pass wrote what it meant to, the granter
+// renews its heartbeat, the Lease GRANTER_LEASE (every 10 s, for 30 s): a
+// queued node that reads it live skips most of its polls (./claims.ts).
+// The heartbeat goes when the replica stops leading, or lapses when its
+// writes fail, and the nodes poll as ever again.
+//
 // A set's limits come from its object (the controller's cache of sets);
 // a set the API does not have (a static set, on the nodes only) is granted
 // by the smallest limit its queued nodes read in their copies.
@@ -26,6 +32,7 @@ import { DEFAULT_ACCEPT_MS, planGrants, type QueueEntryView, type SlotView } fro
 import { microTime, timeMs, type LeaseObject } from './lease-slots.ts';
 import {
   GRANT_ANNOTATION,
+  GRANTER_LEASE,
   POOLS,
   QUEUE_LIMIT_ANNOTATION,
   QUEUE_SET_ANNOTATION,
@@ -37,6 +44,9 @@ import {
 /** How long a granted slot waits to be taken before the grant lapses. */
 /** Changes within this window are planned together. */
 const BATCH_MS = 20;
+/** The heartbeat is renewed this often, and holds this long. */
+const HEARTBEAT_EVERY_MS = 10_000;
+const HEARTBEAT_SECONDS = 30;
 /** Writes of one pass in flight at once (grants of different slots do not depend on each other). */
 const PARALLEL_WRITES = 16;
 
@@ -56,6 +66,8 @@ export interface RolloutGranterOptions {
   setOf: (labelValue: string) => GrantedSet | undefined;
   /** Field manager of every write. */
   fieldManager: string;
+  /** This replica's name, in the heartbeat. */
+  identity: string;
   acceptMs?: number;
   watch?: Partial<Pick<ListWatchOptions, 'minWatchTimeoutMs' | 'backoff'>>;
   now?: () => number;
@@ -134,6 +146,11 @@ export class RolloutGranter {
   #running: Promise<void> | undefined;
   #again = false;
   #notBefore = 0;
+  /** The last pass wrote what it meant to (the heartbeat is renewed only then). */
+  #healthy = true;
+  #heartbeat: NodeJS.Timeout | undefined;
+  /** When the heartbeat was last written (0: not since this replica leads). */
+  #beatAt = 0;
 
   constructor(opts: RolloutGranterOptions) {
     this.#o = opts;
@@ -149,7 +166,11 @@ export class RolloutGranter {
     const changed = (l: LeaseObject) => {
       if (kindOf(l)) this.kick();
     };
-    this.#cache.on('add', changed).on('update', changed).on('delete', changed).on('synced', () => this.kick());
+    this.#cache.on('add', changed).on('update', changed).on('delete', changed).on('synced', () => {
+      this.kick();
+      // The first beat waits for the cache: a granter that cannot watch the Leases serves nobody.
+      if (this.#beatAt === 0) void this.#beat();
+    });
   }
 
   get synced(): boolean {
@@ -164,21 +185,71 @@ export class RolloutGranter {
 
   async stop(): Promise<void> {
     this.#stopped = true;
-    this.setLeading(false);
+    const was = this.#leading;
+    this.#leading = false;
+    clearInterval(this.#heartbeat);
+    clearTimeout(this.#timer);
     await this.#cache.stop();
     await this.#running;
+    if (was) await this.#endHeartbeat();
   }
 
   /** Grant only while this replica leads. */
   setLeading(leading: boolean): void {
+    const was = this.#leading;
     this.#leading = leading;
-    if (leading) this.kick();
-    else {
+    if (leading) {
+      this.kick();
+      if (!this.#heartbeat) {
+        this.#heartbeat = setInterval(() => void this.#beat(), HEARTBEAT_EVERY_MS);
+        this.#heartbeat.unref?.();
+        void this.#beat();
+      }
+    } else {
       clearTimeout(this.#timer);
+      clearInterval(this.#heartbeat);
+      this.#heartbeat = undefined;
       this.#timer = undefined;
       this.#timerAt = Infinity;
       this.#written.clear();
       this.#granted.clear();
+      this.#beatAt = 0;
+      if (was) void this.#endHeartbeat();
+    }
+  }
+
+  /** Renew the heartbeat, if the grants go through. A failure waits for the next beat. */
+  async #beat(): Promise<void> {
+    if (!this.#leading || !this.#healthy || !this.#cache.synced) return;
+    this.#beatAt = this.#now();
+    const { http, namespace, fieldManager, identity } = this.#o;
+    const path = `${LEASES(namespace)}/${GRANTER_LEASE}`;
+    const now = microTime(this.#now());
+    try {
+      let cur: LeaseObject | undefined;
+      try {
+        cur = await http.json<LeaseObject>('GET', path);
+      } catch (e) {
+        if (codeOf(e) !== 404) throw e;
+      }
+      const spec = { holderIdentity: identity, leaseDurationSeconds: HEARTBEAT_SECONDS, renewTime: now };
+      if (cur) await http.json('PUT', path, { fieldManager }, { ...cur, spec: { ...cur.spec, ...spec } });
+      else await http.json('POST', LEASES(namespace), { fieldManager }, { apiVersion: 'coordination.k8s.io/v1', kind: 'Lease', metadata: { name: GRANTER_LEASE, namespace }, spec: { ...spec, acquireTime: now } });
+    } catch (e) {
+      this.#o.log.debug({ err: errText(e) }, 'the granter\'s heartbeat was not renewed; the next beat tries again');
+    }
+  }
+
+  /** No longer granting: the heartbeat goes now, so the queued nodes poll again at once. */
+  async #endHeartbeat(): Promise<void> {
+    const { http, namespace, identity } = this.#o;
+    const path = `${LEASES(namespace)}/${GRANTER_LEASE}`;
+    try {
+      const cur = await http.json<LeaseObject>('GET', path);
+      if (cur.spec?.holderIdentity !== identity) return;
+      await http.json('DELETE', path, {}, { preconditions: { uid: cur.metadata.uid, resourceVersion: cur.metadata.resourceVersion } });
+    } catch {
+      // It lapses on its own.
     }
   }
 
@@ -305,6 +376,7 @@ export class RolloutGranter {
       if (plan.nextCheckAt !== undefined) next = Math.min(next, plan.nextCheckAt);
     }
     await bounded(tasks, PARALLEL_WRITES);
+    this.#healthy = counts.errors === 0;
     if (counts.errors > 0) this.#notBefore = this.#now() + this.#backoff.fail();
     else this.#backoff.reset();
     this.#o.onPass?.(counts);

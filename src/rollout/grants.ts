@@ -38,11 +38,15 @@
 //   once: the granter sees each expiry time and every free slot.
 // What it costs instead: the controller watches every Lease the agents write
 // in their namespace (each renewal once, to one watcher), and grants stop
-// while no replica leads (the Lease's 15 s). Every node also keeps polling
-// (./claims.ts) as before, so without a granter (none installed, an older
-// controller, no leader, RBAC that forbids the watch) the rollout goes on
-// at the polling pace, and a slot whose holder dies is freed by its expiry
-// as before. The figures are in BENCHMARKS.md, section 11 ("Rollout slots:
+// while no replica leads (the Lease's 15 s). The queue's entries live
+// beside the slots, so a node's poll (a LIST of the set's slots by label,
+// from the watch cache) now reads them too: a queued node that finds the
+// granter's heartbeat live (./granter.ts) lists at only one attempt in ten
+// and reads that one object otherwise (./claims.ts). Without a granter
+// (none installed, an older controller, no leader, RBAC that forbids the
+// watch, grants that fail) the heartbeat is gone and every node polls as
+// before, so the rollout goes on at the polling pace, and a slot whose
+// holder dies is freed by its expiry as before. The figures are in BENCHMARKS.md, section 11 ("Rollout slots:
 // the hand-over").
 import { slotFree } from './slots.ts';
 

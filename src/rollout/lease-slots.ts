@@ -34,6 +34,7 @@ import {
   QUEUE_LIMIT_ANNOTATION,
   QUEUE_SET_ANNOTATION,
   GRANT_ANNOTATION,
+  GRANTER_LEASE,
   SLOT_MANAGED_BY,
   type HeldSlot,
   type QueueEvents,
@@ -296,6 +297,12 @@ export class LeaseRolloutSlots implements RolloutSlots {
     const slot = this.#held(set, index, lease, timeMs(lease.spec.renewTime) ?? 0);
     return (await this.renew(slot)) ? slot : null;
   };
+
+  async granterAlive(): Promise<boolean> {
+    const l = await this.#api.get(this.namespace, GRANTER_LEASE);
+    const s = l?.spec;
+    return !!s && !slotFree(s.holderIdentity, timeMs(s.renewTime ?? s.acquireTime), (s.leaseDurationSeconds ?? 0) * 1000, this.#now());
+  }
 
   async renew(slot: HeldSlot): Promise<boolean> {
     let base = this.#last.get(slot.name);

@@ -62,9 +62,13 @@ export class MemorySlotStore {
   now: () => number;
   /** While set, every call fails with this message and code 403 (credentials that may not write the Leases). */
   forbidden: string | undefined;
+  /** A granter serves the queues (its heartbeat is live). */
+  granter = false;
   /** Writes made, by kind, and calls of any kind (a test's count of what a protocol costs). */
   readonly writes = { slots: 0, queue: 0, records: 0 };
   calls = 0;
+  /** tryAcquire calls (a LIST of the slots on the API server). */
+  polls = 0;
   #unavailable: string | undefined;
   #version = 0;
   /** Watches of one object, by name. */
@@ -199,6 +203,7 @@ export class MemoryRolloutSlots implements RolloutSlots {
   async tryAcquire(set: RolloutSet): Promise<HeldSlot | null> {
     const store = this.#store;
     store.check();
+    store.polls++;
     const now = store.now();
     const pool = poolOf(set).name;
     const ofSet = [...store.slots.entries()].filter(([, s]) => s.set === set.name && (s.pool ?? 'rollout') === pool);
@@ -234,6 +239,11 @@ export class MemoryRolloutSlots implements RolloutSlots {
     store.check();
     const s = store.slots.get(slot.name);
     if (s && s.holder === this.identity) store.deleteSlot(slot.name);
+  }
+
+  async granterAlive(): Promise<boolean> {
+    this.#store.check();
+    return this.#store.granter;
   }
 
   join?: RolloutSlots['join'] = async (set: RolloutSet, events: QueueEvents): Promise<QueueTicket> => {
@@ -340,6 +350,7 @@ export class MemoryGranter {
     this.#store = store;
     this.#opts = opts;
     this.#unlisten = store.listen(() => this.#schedule());
+    store.granter = true;
     this.#schedule();
   }
 
@@ -396,6 +407,7 @@ export class MemoryGranter {
 
   stop(): void {
     this.#stopped = true;
+    this.#store.granter = false;
     this.#unlisten();
     clearTimeout(this.#timer);
   }

@@ -83,6 +83,11 @@ export interface RolloutSlots {
    * grant lapsed, another node took it).
    */
   accept?(set: RolloutSet, slotName: string): Promise<HeldSlot | null>;
+  /**
+   * Whether a granter serves the queues now (its heartbeat, GRANTER_LEASE, is
+   * live): one read of one object. Absent: not known (poll as ever).
+   */
+  granterAlive?(): Promise<boolean>;
 }
 
 /** What a queued node hears about its entry. Called outside any caller's await; errors are the callee's. */
@@ -120,6 +125,13 @@ export const GRANT_ANNOTATION = 'pinset.dev/granted-slot';
  * set is on the nodes only, so the granter learns its limit from them).
  */
 export const QUEUE_LIMIT_ANNOTATION = 'pinset.dev/limit';
+/**
+ * The granter's heartbeat: a Lease the controller's leading replica renews
+ * while its grants go through. A queued node that finds it live skips most
+ * of its polls (each a LIST that reads every Lease of the namespace,
+ * queue entries included); one that finds it gone polls as ever.
+ */
+export const GRANTER_LEASE = 'pinset-rollout-granter';
 /** Annotation on a queue entry: the set's whole name (its label value may be cut and hashed). */
 export const QUEUE_SET_ANNOTATION = 'pinset.dev/set';
 /** Label on every slot Lease: who manages it. */

@@ -20,7 +20,7 @@ import { clientNodeLeaseApi } from '../../src/rollout/lease-api.ts';
 import { LeaseWaveRecords } from '../../src/rollout/lease-records.ts';
 import { LeaseRolloutSlots, type LeaseApi } from '../../src/rollout/lease-slots.ts';
 import { LANDED_BITS_ANNOTATION, LANDED_IMAGES_ANNOTATION, imageListHash, staticWaveName } from '../../src/rollout/landed.ts';
-import { GRANT_ANNOTATION, queueName, slotName, setLabelValue, SLOT_QUEUE_LABEL, type RolloutSet } from '../../src/rollout/slots.ts';
+import { GRANT_ANNOTATION, GRANTER_LEASE, queueName, slotName, setLabelValue, SLOT_QUEUE_LABEL, type RolloutSet } from '../../src/rollout/slots.ts';
 import { silentLogger } from '../../src/util/log.ts';
 
 const NS = 'pinset-system';
@@ -63,6 +63,7 @@ function startGranter(acceptMs = 10_000): RolloutGranter {
     log: silentLogger(),
     setOf: (label) => limits.get(label),
     fieldManager: 'pinset-controller',
+    identity: 'granter-test',
     acceptMs,
   });
   granter.start();
@@ -79,7 +80,8 @@ function limited(name: string, max: number, firstWave?: number): RolloutSet {
   return { name, uid, maxConcurrentNodes: max };
 }
 
-const leases = (labelSelector?: string) => api.list('leases', { namespace: NS, ...(labelSelector ? { labelSelector } : {}) });
+/** The rollout Leases (not the granter's heartbeat). */
+const leases = (labelSelector?: string) => api.list('leases', { namespace: NS, ...(labelSelector ? { labelSelector } : {}) }).filter((l) => l.metadata.name !== GRANTER_LEASE);
 
 describe('the hand-over on Leases', () => {
   test('the Leases as the API server stores them: the entry, the watch by name, the grant, the acceptance', async () => {
@@ -181,6 +183,27 @@ describe('the hand-over on Leases', () => {
     const entries = api.requests.filter((q) => q.method === 'POST' && q.path.endsWith('/leases') && (q.body as { metadata?: { name?: string } }).metadata?.name?.endsWith('.queue'));
     assert.deepEqual([...new Set(entries.map((q) => (q.body as { spec: { holderIdentity: string } }).spec.holderIdentity))].sort(), ['new-0', 'new-1', 'new-2'], 'only new nodes queue');
     await api.waitFor(() => leases().length === 0, 5000, 'nothing left behind');
+  });
+
+  test('the granter\'s heartbeat: renewed while it leads; a queued node reads it and lists the slots at one attempt in ten; gone when it stops', async () => {
+    startGranter();
+    await api.waitFor(() => api.get('leases', GRANTER_LEASE, NS), 5000, 'the heartbeat');
+    const hb = api.get('leases', GRANTER_LEASE, NS)!;
+    assert.deepEqual([(hb.spec as { holderIdentity: string }).holderIdentity, (hb.spec as { leaseDurationSeconds: number }).leaseDurationSeconds], ['granter-test', 30]);
+    assert.equal(hb.metadata.labels, undefined, 'no rollout label: no agent may write it (deploy/admission/rollout-slots.yaml)');
+    const set = limited('quiet', 1);
+    assert.ok(await slotsOf('holder').tryAcquire(set));
+    const from = api.requests.length;
+    const run = simulateRollout({ nodes: ['waiter'], set, slotsFor: (n) => slotsOf(n), downloadMs: () => 10, gate: { retry: { baseMs: 20, capMs: 40 }, firstAttemptSpreadMs: 0 }, timeoutMs: 30_000 });
+    await api.waitFor(() => api.requests.slice(from).filter((r) => r.path.endsWith(`/leases/${GRANTER_LEASE}`) && r.method === 'GET').length >= 30, 10_000, 'thirty attempts');
+    const reqs = api.requests.slice(from);
+    const lists = reqs.filter((r) => r.method === 'GET' && r.path.endsWith('/leases') && r.query.labelSelector?.startsWith('pinset.dev/rollout-set=')).length;
+    const beats = reqs.filter((r) => r.method === 'GET' && r.path.endsWith(`/leases/${GRANTER_LEASE}`)).length;
+    assert.ok(lists >= 2 && lists <= Math.ceil(beats / 9) + 1, `${lists} lists for ${beats} heartbeat reads`);
+    await slotsOf('holder').release((await slotsOf('holder').tryAcquire(set))!);
+    assert.equal((await run).finished.length, 1);
+    await stopGranter();
+    assert.equal(api.get('leases', GRANTER_LEASE, NS), undefined, 'a granter that stops takes its heartbeat with it');
   });
 
   test('no granter: the nodes queue, get their slots by polling, and leave nothing behind', async () => {

@@ -11,7 +11,7 @@ import { parseYamlDocuments } from '../../src/api/yaml.ts';
 import { admit, type AdmissionRequest } from '../support/admission.ts';
 import { LeaseRolloutSlots, LeaseApiError, type LeaseApi, type LeaseObject } from '../../src/rollout/lease-slots.ts';
 import { LeaseWaveRecords } from '../../src/rollout/lease-records.ts';
-import { GRANT_ANNOTATION, queueName, slotName, type RolloutSet } from '../../src/rollout/slots.ts';
+import { GRANT_ANNOTATION, GRANTER_LEASE, queueName, slotName, type RolloutSet } from '../../src/rollout/slots.ts';
 
 type Obj = Record<string, any>;
 const ROOT = path.resolve(import.meta.dirname, '../..');
@@ -172,6 +172,13 @@ describe('admission: the controller\'s grants', () => {
       assert.ok(v.applies, what);
       assert.ok(v.denied.some((m) => message.test(m)), `${what}: ${JSON.stringify(v.denied)}`);
     }
+  });
+
+  test('the granter\'s heartbeat is the controller\'s (not matched here); an agent may not write it (the slots\' policy)', () => {
+    const beat: Obj = { apiVersion: 'coordination.k8s.io/v1', kind: 'Lease', metadata: { name: GRANTER_LEASE, namespace: 'pinset-system' }, spec: { holderIdentity: 'pinset-controller-7d9f', leaseDurationSeconds: 30 } };
+    assert.deepEqual(admit(controllerPolicy, req('CREATE', GRANTER_LEASE, CONTROLLER), null, beat), { applies: false });
+    const v = admit(slotsPolicy, req('CREATE', GRANTER_LEASE, agentOn('worker-1')), null, { ...beat, spec: { ...beat.spec, holderIdentity: 'worker-1' } });
+    assert.ok(v.applies && v.denied.some((m) => /only rollout slot Leases/.test(m)), JSON.stringify(v));
   });
 
   test('not matched: the controller\'s leader election Lease, and anyone else\'s writes', () => {

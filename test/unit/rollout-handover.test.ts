@@ -204,6 +204,28 @@ describe('the hand-over, on the in-memory twin', () => {
     assert.deepEqual(b.gate.held(), ['api/web']);
   });
 
+  test('queued, with a granter alive: one attempt in ten lists the slots, the others only read the heartbeat; with none, every attempt lists', async () => {
+    const holder = node('holder');
+    await admit(holder, 1);
+    now = holder.gate.nextAttemptAt()!;
+    await admit(holder, 1); // polled its way in: nobody grants yet
+    const count = async (n: Node) => {
+      const before = store.polls;
+      for (let i = 0; i < 20; i++) {
+        now = n.gate.nextAttemptAt()!;
+        await admit(n, 1);
+      }
+      return store.polls - before;
+    };
+    const b = node('b');
+    assert.equal(await count(b), 20, 'no granter: twenty attempts, twenty lists');
+    granter = new MemoryGranter(store);
+    await settle();
+    assert.equal(await count(b), 2, 'a granter serves the queue: two lists in twenty attempts');
+    granter.stop();
+    assert.equal(await count(b), 20, 'the granter gone: every attempt lists again');
+  });
+
   test('close(): a queued node leaves its queue and a holder frees its slot; the granter moves on', async () => {
     granter = new MemoryGranter(store);
     const a = node('a');
