@@ -25,28 +25,24 @@
 // by the smallest limit its queued nodes read in their copies.
 import type { KubeHttp } from '../api/kube-http.ts';
 import { ListWatchCache, type ListWatchOptions } from '../api/list-watch.ts';
-import { API_VERSION, KIND } from '../api/types.ts';
 import { Backoff } from '../util/backoff.ts';
 import type { Logger } from '../util/log.ts';
 import { DEFAULT_ACCEPT_MS, planGrants, type QueueEntryView, type SlotView } from './grants.ts';
-import { microTime, timeMs, type LeaseObject } from './lease-slots.ts';
+import { dropEntry, writeGrant, type GrantCounts as Counts } from './grant-writes.ts';
+import { GranterHeartbeat } from './granter-heartbeat.ts';
+import { timeMs, type LeaseObject } from './lease-slots.ts';
 import {
   GRANT_ANNOTATION,
-  GRANTER_LEASE,
   POOLS,
   QUEUE_LIMIT_ANNOTATION,
   QUEUE_SET_ANNOTATION,
   SLOT_MANAGED_BY,
-  slotName,
+  slotFree,
   type SlotPoolName,
 } from './slots.ts';
 
-/** How long a granted slot waits to be taken before the grant lapses. */
 /** Changes within this window are planned together. */
 const BATCH_MS = 20;
-/** The heartbeat is renewed this often, and holds this long. */
-const HEARTBEAT_EVERY_MS = 10_000;
-const HEARTBEAT_SECONDS = 30;
 /** Writes of one pass in flight at once (grants of different slots do not depend on each other). */
 const PARALLEL_WRITES = 16;
 
@@ -72,20 +68,11 @@ export interface RolloutGranterOptions {
   watch?: Partial<Pick<ListWatchOptions, 'minWatchTimeoutMs' | 'backoff'>>;
   now?: () => number;
   /** Called after each pass with what it did. */
-  onPass?: (r: { grants: number; lapsed: number; conflicts: number; errors: number }) => void;
+  onPass?: (r: Counts) => void;
 }
 
 const LEASES = (ns: string) => `/apis/coordination.k8s.io/v1/namespaces/${encodeURIComponent(ns)}/leases`;
 const MANAGED_BY = Object.entries(SLOT_MANAGED_BY).map(([k, v]) => `${k}=${v}`).join(',');
-
-function codeOf(e: unknown): number | undefined {
-  const c = (e as { code?: unknown } | null)?.code;
-  return typeof c === 'number' ? c : undefined;
-}
-
-function errText(e: unknown): string {
-  return (e instanceof Error ? e.message : String(e)).split('\n')[0]!.slice(0, 300);
-}
 
 /** What a Lease is to the granter, from its labels and name. */
 type Kind = { kind: 'slot' | 'queue'; pool: SlotPoolName; set: string; index?: number } | undefined;
@@ -106,19 +93,43 @@ function kindOf(l: LeaseObject): Kind {
   return undefined;
 }
 
-interface Written {
-  lease: LeaseObject;
-  /** The version it replaced ('' for a create). */
-  base: string;
-  /** Forgotten after the accept window, whatever the cache shows. */
-  until: number;
+/** One set's pool: its slot Leases and its queue entries, kept from the watch's events. */
+interface Group {
+  pool: SlotPoolName;
+  /** The set's label value. */
+  set: string;
+  slots: Map<string, LeaseObject>;
+  queue: Map<string, LeaseObject>;
+  /** Entries marked with a grant (whose grant may lapse). */
+  pending: number;
 }
 
-/** A grant this replica wrote: when the write was answered, to the version written. */
-interface Granted {
-  node: string;
-  version: string;
-  at: number;
+/** A slot this replica wrote, until the watch shows it or something newer. */
+interface Written {
+  lease: LeaseObject;
+  /** The version it replaced ('' for a create): an event still showing that version is older than the write. */
+  base: string;
+}
+
+/** What a queue entry says, parsed once per version of it. */
+const entryViews = new WeakMap<LeaseObject, QueueEntryView>();
+
+function entryView(l: LeaseObject): QueueEntryView {
+  let v = entryViews.get(l);
+  if (!v) {
+    const granted = l.metadata.annotations?.[GRANT_ANNOTATION];
+    v = {
+      name: l.metadata.name,
+      node: l.spec?.holderIdentity ?? '',
+      queuedAt: timeMs(l.metadata.creationTimestamp) ?? timeMs(l.spec?.acquireTime) ?? Infinity,
+      tiebreak: timeMs(l.spec?.acquireTime) ?? 0,
+      ...(granted ? { granted } : {}),
+      version: l.metadata.resourceVersion ?? '',
+      ...(l.metadata.uid ? { uid: l.metadata.uid } : {}),
+    };
+    entryViews.set(l, v);
+  }
+  return v;
 }
 
 /** Run `tasks` with at most `n` at a time. */
@@ -135,10 +146,18 @@ export class RolloutGranter {
   readonly #cache: ListWatchCache<LeaseObject>;
   readonly #now: () => number;
   readonly #backoff = new Backoff({ baseMs: 1_000, capMs: 30_000 });
-  /** Slots this replica wrote that the cache has not shown yet, by name. */
+  readonly #heartbeat: GranterHeartbeat;
+  /** By `<pool>\0<set label>`. */
+  readonly #groups = new Map<string, Group>();
+  /** Which group each Lease is in. */
+  readonly #where = new Map<string, string>();
+  /** Groups to plan at the next pass. */
+  readonly #dirty = new Set<string>();
+  /** Per group, when its next live slot expires. */
+  readonly #expiries = new Map<string, number>();
   readonly #written = new Map<string, Written>();
-  /** Grants this replica wrote, by slot name, until the slot changes. */
-  readonly #granted = new Map<string, Granted>();
+  /** Grants this replica wrote, by slot name: the version written and when the write was answered (the accept window counts from there). */
+  readonly #grantedAt = new Map<string, { version: string; at: number }>();
   #leading = false;
   #stopped = true;
   #timer: NodeJS.Timeout | undefined;
@@ -148,13 +167,11 @@ export class RolloutGranter {
   #notBefore = 0;
   /** The last pass wrote what it meant to (the heartbeat is renewed only then). */
   #healthy = true;
-  #heartbeat: NodeJS.Timeout | undefined;
-  /** When the heartbeat was last written (0: not since this replica leads). */
-  #beatAt = 0;
 
   constructor(opts: RolloutGranterOptions) {
     this.#o = opts;
     this.#now = opts.now ?? Date.now;
+    this.#heartbeat = new GranterHeartbeat({ http: opts.http, namespace: opts.namespace, fieldManager: opts.fieldManager, identity: opts.identity, log: opts.log, now: this.#now });
     this.#cache = new ListWatchCache<LeaseObject>({
       http: opts.http,
       path: LEASES(opts.namespace),
@@ -163,14 +180,20 @@ export class RolloutGranter {
       labelSelector: MANAGED_BY,
       ...opts.watch,
     });
-    const changed = (l: LeaseObject) => {
-      if (kindOf(l)) this.kick();
-    };
-    this.#cache.on('add', changed).on('update', changed).on('delete', changed).on('synced', () => {
-      this.kick();
-      // The first beat waits for the cache: a granter that cannot watch the Leases serves nobody.
-      if (this.#beatAt === 0) void this.#beat();
-    });
+    this.#cache
+      .on('add', (l) => this.#seen(l))
+      .on('update', (l) => this.#seen(l))
+      .on('delete', (l) => this.#gone(l.metadata.name))
+      .on('synced', () => {
+        // A relist: the index again from the cache, every group planned.
+        this.#groups.clear();
+        this.#where.clear();
+        for (const l of this.#cache.list()) this.#seen(l);
+        for (const k of this.#groups.keys()) this.#dirty.add(k);
+        this.kick();
+        // The first beat waits for the cache: a granter that cannot watch the Leases serves nobody.
+        if (this.#leading) this.#heartbeat.start(() => this.#leading && this.#healthy);
+      });
   }
 
   get synced(): boolean {
@@ -185,76 +208,38 @@ export class RolloutGranter {
 
   async stop(): Promise<void> {
     this.#stopped = true;
-    const was = this.#leading;
     this.#leading = false;
-    clearInterval(this.#heartbeat);
     clearTimeout(this.#timer);
     await this.#cache.stop();
     await this.#running;
-    if (was) await this.#endHeartbeat();
+    await this.#heartbeat.stop();
   }
 
   /** Grant only while this replica leads. */
   setLeading(leading: boolean): void {
-    const was = this.#leading;
     this.#leading = leading;
     if (leading) {
+      for (const k of this.#groups.keys()) this.#dirty.add(k);
       this.kick();
-      if (!this.#heartbeat) {
-        this.#heartbeat = setInterval(() => void this.#beat(), HEARTBEAT_EVERY_MS);
-        this.#heartbeat.unref?.();
-        void this.#beat();
-      }
-    } else {
-      clearTimeout(this.#timer);
-      clearInterval(this.#heartbeat);
-      this.#heartbeat = undefined;
-      this.#timer = undefined;
-      this.#timerAt = Infinity;
-      this.#written.clear();
-      this.#granted.clear();
-      this.#beatAt = 0;
-      if (was) void this.#endHeartbeat();
+      if (this.#cache.synced) this.#heartbeat.start(() => this.#leading && this.#healthy);
+      return;
     }
+    clearTimeout(this.#timer);
+    this.#timer = undefined;
+    this.#timerAt = Infinity;
+    this.#written.clear();
+    this.#grantedAt.clear();
+    void this.#heartbeat.stop();
   }
 
-  /** Renew the heartbeat, if the grants go through. A failure waits for the next beat. */
-  async #beat(): Promise<void> {
-    if (!this.#leading || !this.#healthy || !this.#cache.synced) return;
-    this.#beatAt = this.#now();
-    const { http, namespace, fieldManager, identity } = this.#o;
-    const path = `${LEASES(namespace)}/${GRANTER_LEASE}`;
-    const now = microTime(this.#now());
-    try {
-      let cur: LeaseObject | undefined;
-      try {
-        cur = await http.json<LeaseObject>('GET', path);
-      } catch (e) {
-        if (codeOf(e) !== 404) throw e;
-      }
-      const spec = { holderIdentity: identity, leaseDurationSeconds: HEARTBEAT_SECONDS, renewTime: now };
-      if (cur) await http.json('PUT', path, { fieldManager }, { ...cur, spec: { ...cur.spec, ...spec } });
-      else await http.json('POST', LEASES(namespace), { fieldManager }, { apiVersion: 'coordination.k8s.io/v1', kind: 'Lease', metadata: { name: GRANTER_LEASE, namespace }, spec: { ...spec, acquireTime: now } });
-    } catch (e) {
-      this.#o.log.debug({ err: errText(e) }, 'the granter\'s heartbeat was not renewed; the next beat tries again');
-    }
-  }
-
-  /** No longer granting: the heartbeat goes now, so the queued nodes poll again at once. */
-  async #endHeartbeat(): Promise<void> {
-    const { http, namespace, identity } = this.#o;
-    const path = `${LEASES(namespace)}/${GRANTER_LEASE}`;
-    try {
-      const cur = await http.json<LeaseObject>('GET', path);
-      if (cur.spec?.holderIdentity !== identity) return;
-      await http.json('DELETE', path, {}, { preconditions: { uid: cur.metadata.uid, resourceVersion: cur.metadata.resourceVersion } });
-    } catch {
-      // It lapses on its own.
-    }
-  }
-
-  /** Something changed (a Lease, a set's limit): plan again soon. */
+  /** A set's limit changed (or a set came or went): plan every group soon. */
   kick(delayMs = BATCH_MS): void {
+    if (this.#stopped || !this.#leading) return;
+    if (delayMs === BATCH_MS && this.#dirty.size === 0) for (const k of this.#groups.keys()) this.#dirty.add(k);
+    this.#arm(delayMs);
+  }
+
+  #arm(delayMs: number): void {
     if (this.#stopped || !this.#leading) return;
     if (this.#running) {
       this.#again = true;
@@ -271,183 +256,163 @@ export class RolloutGranter {
         this.#running = undefined;
         if (this.#again) {
           this.#again = false;
-          this.kick();
+          this.#arm(BATCH_MS);
         }
       });
     }, Math.max(0, at - this.#now()));
     this.#timer.unref?.();
   }
 
-  /** A slot as the pass sees it: the cache's, or this replica's own write when the cache has not shown it yet. */
-  #view(l: LeaseObject): LeaseObject {
-    const w = this.#written.get(l.metadata.name);
-    if (!w) return l;
-    const rv = l.metadata.resourceVersion ?? '';
-    if (rv === w.lease.metadata.resourceVersion || rv !== w.base || this.#now() > w.until) {
-      this.#written.delete(l.metadata.name);
-      return l;
+  #group(pool: SlotPoolName, set: string): [string, Group] {
+    const key = `${pool}\u0000${set}`;
+    let g = this.#groups.get(key);
+    if (!g) this.#groups.set(key, (g = { pool, set, slots: new Map(), queue: new Map(), pending: 0 }));
+    return [key, g];
+  }
+
+  #touch(key: string, g: Group): void {
+    this.#dirty.add(key);
+    // A set's first-wave seats decide whom its rollout slots go to first.
+    if (g.pool === 'first-wave') this.#dirty.add(this.#group('rollout', g.set)[0]);
+    if (this.#leading) this.#arm(BATCH_MS);
+  }
+
+  /** A Lease as the watch shows it (unless this replica's own write is newer). */
+  #seen(l: LeaseObject): void {
+    const name = l.metadata.name;
+    const w = this.#written.get(name);
+    if (w) {
+      if ((l.metadata.resourceVersion ?? '') === w.base) return;
+      this.#written.delete(name);
     }
-    return w.lease;
+    this.#place(l);
+  }
+
+  #place(l: LeaseObject): void {
+    const name = l.metadata.name;
+    this.#remove(name);
+    const k = kindOf(l);
+    if (!k) return;
+    const [key, g] = this.#group(k.pool, k.set);
+    if (k.kind === 'queue') {
+      g.queue.set(name, l);
+      if (l.metadata.annotations?.[GRANT_ANNOTATION]) g.pending++;
+    } else g.slots.set(name, l);
+    this.#where.set(name, key);
+    this.#touch(key, g);
+  }
+
+  #remove(name: string): void {
+    const key = this.#where.get(name);
+    if (key === undefined) return;
+    this.#where.delete(name);
+    const g = this.#groups.get(key);
+    if (!g) return;
+    const entry = g.queue.get(name);
+    if (entry?.metadata.annotations?.[GRANT_ANNOTATION]) g.pending--;
+    g.queue.delete(name);
+    g.slots.delete(name);
+    this.#touch(key, g);
+    if (g.queue.size === 0 && g.slots.size === 0) this.#groups.delete(key);
+  }
+
+  #gone(name: string): void {
+    this.#written.delete(name);
+    this.#grantedAt.delete(name);
+    this.#remove(name);
+  }
+
+  #slotView(l: LeaseObject): SlotView {
+    const s = l.spec ?? {};
+    let renewedAt = timeMs(s.renewTime ?? s.acquireTime);
+    // A grant of this replica's, not taken yet: its window counts from the answer to the write.
+    const g = this.#grantedAt.get(l.metadata.name);
+    if (g && g.version === l.metadata.resourceVersion) renewedAt = Math.max(renewedAt ?? 0, g.at);
+    else if (g) this.#grantedAt.delete(l.metadata.name);
+    return {
+      name: l.metadata.name,
+      index: kindOf(l)!.index!,
+      ...(s.holderIdentity ? { holder: s.holderIdentity } : {}),
+      ...(renewedAt !== undefined ? { renewedAt } : {}),
+      durationMs: (s.leaseDurationSeconds ?? 0) * 1000,
+      version: l.metadata.resourceVersion ?? '',
+    };
   }
 
   async #pass(): Promise<void> {
     if (!this.#leading || !this.#cache.synced) return;
     const now = this.#now();
-    const groups = new Map<string, { pool: SlotPoolName; set: string; slots: LeaseObject[]; queue: LeaseObject[]; seats: LeaseObject[] }>();
-    const group = (pool: SlotPoolName, set: string) => {
-      const k = `${pool}\u0000${set}`;
-      let g = groups.get(k);
-      if (!g) groups.set(k, (g = { pool, set, slots: [], queue: [], seats: [] }));
-      return g;
-    };
-    const names = new Set<string>();
-    for (const raw of this.#cache.list()) {
-      names.add(raw.metadata.name);
-      const l = this.#view(raw);
-      const k = kindOf(l);
-      if (!k) continue;
-      if (k.kind === 'queue') group(k.pool, k.set).queue.push(l);
-      else {
-        group(k.pool, k.set).slots.push(l);
-        if (k.pool === 'first-wave') group('rollout', k.set).seats.push(l);
-      }
-    }
-    // Own creates the cache has not shown yet.
-    for (const [name, w] of this.#written) {
-      if (names.has(name)) continue;
-      if (now > w.until) {
-        this.#written.delete(name);
+    for (const [k, at] of this.#expiries) if (at <= now) (this.#dirty.add(k), this.#expiries.delete(k));
+    const dirty = [...this.#dirty];
+    this.#dirty.clear();
+    const counts: Counts = { grants: 0, lapsed: 0, conflicts: 0, errors: 0 };
+    const tasks: (() => Promise<void>)[] = [];
+    for (const key of dirty) {
+      const g = this.#groups.get(key);
+      if (!g || g.queue.size === 0) {
+        this.#expiries.delete(key);
         continue;
       }
-      const k = kindOf(w.lease);
-      if (k?.kind === 'slot') group(k.pool, k.set).slots.push(w.lease);
-    }
-    let next = Infinity;
-    const counts = { grants: 0, lapsed: 0, conflicts: 0, errors: 0 };
-    const tasks: (() => Promise<void>)[] = [];
-    for (const g of groups.values()) {
-      if (g.queue.length === 0) continue;
-      const api = this.#o.setOf(g.set);
-      const queueSetName = g.queue.map((e) => e.metadata.annotations?.[QUEUE_SET_ANNOTATION]).find((n) => n);
-      const setName = api?.name ?? queueSetName;
-      const declared = g.queue.map((e) => Number(e.metadata.annotations?.[QUEUE_LIMIT_ANNOTATION])).filter((n) => Number.isSafeInteger(n) && n >= 1);
-      const max = api ? api.limits[g.pool] : declared.length ? Math.min(...declared) : undefined;
-      if (!setName || max === undefined) continue;
-      const slots = g.slots.map((l): SlotView => {
-        const s = l.spec ?? {};
-        let renewedAt = timeMs(s.renewTime ?? s.acquireTime);
-        const mine = this.#granted.get(l.metadata.name);
-        if (mine && (mine.node !== s.holderIdentity || mine.version !== l.metadata.resourceVersion)) this.#granted.delete(l.metadata.name);
-        else if (mine) renewedAt = Math.max(renewedAt ?? 0, mine.at);
-        return {
-          name: l.metadata.name,
-          index: kindOf(l)!.index!,
-          ...(s.holderIdentity ? { holder: s.holderIdentity } : {}),
-          ...(renewedAt !== undefined ? { renewedAt } : {}),
-          durationMs: (s.leaseDurationSeconds ?? 0) * 1000,
-          version: l.metadata.resourceVersion ?? '',
-        };
-      });
-      const queue = g.queue.map((l): QueueEntryView => ({
-        name: l.metadata.name,
-        node: l.spec?.holderIdentity ?? '',
-        queuedAt: timeMs(l.metadata.creationTimestamp) ?? timeMs(l.spec?.acquireTime) ?? Infinity,
-        tiebreak: timeMs(l.spec?.acquireTime) ?? 0,
-        ...(l.metadata.annotations?.[GRANT_ANNOTATION] ? { granted: l.metadata.annotations[GRANT_ANNOTATION] } : {}),
-        version: l.metadata.resourceVersion ?? '',
-        ...(l.metadata.uid ? { uid: l.metadata.uid } : {}),
-      })).filter((e) => e.node !== '');
-      const preferred = new Set(
-        g.seats.filter((l) => {
-          const s = l.spec ?? {};
-          const at = timeMs(s.renewTime ?? s.acquireTime);
-          return s.holderIdentity && at !== undefined && now <= at + (s.leaseDurationSeconds ?? 0) * 1000;
-        }).map((l) => l.spec!.holderIdentity!),
-      );
-      const plan = planGrants({ max, slots, queue, preferred }, now);
-      for (const e of plan.lapsed) {
-        tasks.push(() => this.#dropEntry(e, counts));
-        this.#o.log.info({ set: setName, pool: g.pool, node: e.node, slot: e.granted }, 'a granted slot was not taken in time; the node leaves the queue');
-      }
-      for (const grant of plan.grants) {
-        const lease = g.slots.find((l) => l.metadata.name === grant.slot?.name);
-        tasks.push(() => this.#grant(g.pool, g.set, setName, api?.uid, grant.index, grant.node, grant.entry, lease, counts));
-      }
-      if (plan.nextCheckAt !== undefined) next = Math.min(next, plan.nextCheckAt);
+      tasks.push(...this.#plan(key, g, now, counts));
     }
     await bounded(tasks, PARALLEL_WRITES);
     this.#healthy = counts.errors === 0;
-    if (counts.errors > 0) this.#notBefore = this.#now() + this.#backoff.fail();
-    else this.#backoff.reset();
+    if (counts.errors > 0) {
+      this.#notBefore = this.#now() + this.#backoff.fail();
+      for (const k of dirty) this.#dirty.add(k);
+    } else this.#backoff.reset();
     this.#o.onPass?.(counts);
-    if (counts.errors > 0) this.kick();
-    else if (Number.isFinite(next)) this.kick(Math.max(BATCH_MS, next - this.#now()));
+    const next = Math.min(...this.#expiries.values());
+    if (this.#dirty.size > 0) this.#arm(BATCH_MS);
+    else if (Number.isFinite(next)) this.#arm(Math.max(BATCH_MS, next - this.#now()));
   }
 
-  async #grant(pool: SlotPoolName, label: string, setName: string, uid: string | undefined, index: number, node: string, entry: QueueEntryView, existing: LeaseObject | undefined, counts: { grants: number; conflicts: number; errors: number }): Promise<void> {
-    const { http, namespace, fieldManager } = this.#o;
-    const name = slotName(setName, index, pool);
-    const now = microTime(this.#now());
-    const seconds = Math.max(1, Math.round((this.#o.acceptMs ?? DEFAULT_ACCEPT_MS) / 1000));
-    const spec = { holderIdentity: node, leaseDurationSeconds: seconds, acquireTime: now, renewTime: now };
-    let written: LeaseObject;
-    try {
-      if (existing) {
-        const body: LeaseObject = { ...existing, spec: { ...existing.spec, ...spec, leaseTransitions: (existing.spec?.leaseTransitions ?? 0) + 1 } };
-        written = await http.json<LeaseObject>('PUT', `${LEASES(namespace)}/${encodeURIComponent(name)}`, { fieldManager }, body);
-      } else {
-        const body: LeaseObject = {
-          apiVersion: 'coordination.k8s.io/v1',
-          kind: 'Lease',
-          metadata: {
-            name,
-            namespace,
-            labels: { [POOLS[pool].slotLabel]: label, ...SLOT_MANAGED_BY },
-            ...(uid ? { ownerReferences: [{ apiVersion: API_VERSION, kind: KIND, name: setName, uid }] } : {}),
-          },
-          spec: { ...spec, leaseTransitions: 0 },
-        };
-        written = await http.json<LeaseObject>('POST', LEASES(namespace), { fieldManager }, body);
-      }
-    } catch (e) {
-      // Taken (or gone) since the cache saw it: the event that follows brings the next pass.
-      if (codeOf(e) === 409 || codeOf(e) === 404) counts.conflicts++;
-      else {
-        counts.errors++;
-        this.#o.log.warn({ set: setName, slot: name, node, err: errText(e) }, 'could not grant a slot; retrying');
-      }
-      return;
-    }
-    this.#written.set(name, { lease: written, base: existing?.metadata.resourceVersion ?? '', until: this.#now() + seconds * 1000 });
-    this.#granted.set(name, { node, version: written.metadata.resourceVersion ?? '', at: this.#now() });
-    try {
-      await http.json('PATCH', `${LEASES(namespace)}/${encodeURIComponent(entry.name)}`, { fieldManager }, { metadata: { annotations: { [GRANT_ANNOTATION]: name } } }, { contentType: 'application/merge-patch+json' });
-      counts.grants++;
-      this.#o.log.debug({ set: setName, slot: name, node }, 'granted a slot');
-    } catch (e) {
-      // The node left the queue meanwhile (404): the slot goes back now rather than after the accept window.
-      if (codeOf(e) !== 404) {
-        counts.errors++;
-        this.#o.log.warn({ set: setName, slot: name, node, err: errText(e) }, 'granted a slot but could not tell the node; the grant lapses');
-        return;
-      }
-      counts.conflicts++;
-      this.#written.delete(name);
-      await http.json('DELETE', `${LEASES(namespace)}/${encodeURIComponent(name)}`, {}, { preconditions: { uid: written.metadata.uid, resourceVersion: written.metadata.resourceVersion } }).catch(() => {});
-    }
-  }
-
-  async #dropEntry(e: QueueEntryView, counts: { lapsed: number; conflicts: number; errors: number }): Promise<void> {
-    const { http, namespace } = this.#o;
-    try {
-      await http.json('DELETE', `${LEASES(namespace)}/${encodeURIComponent(e.name)}`, {}, { preconditions: { ...(e.uid ? { uid: e.uid } : {}), ...(e.version ? { resourceVersion: e.version } : {}) } });
-      counts.lapsed++;
-    } catch (err) {
-      if (codeOf(err) === 409 || codeOf(err) === 404) counts.conflicts++;
-      else {
-        counts.errors++;
-        this.#o.log.warn({ entry: e.name, err: errText(err) }, 'could not drop a queue entry whose grant lapsed; retrying');
+  /** The writes one group needs now (none when every slot is live and no grant is pending: the queue is not even read). */
+  #plan(key: string, g: Group, now: number, counts: Counts): (() => Promise<void>)[] {
+    const api = this.#o.setOf(g.set);
+    let setName = api?.name;
+    let max = api?.limits[g.pool];
+    if (!api) {
+      // A static set: its name and limit as its queued nodes read them (the smallest limit).
+      for (const e of g.queue.values()) {
+        setName ??= e.metadata.annotations?.[QUEUE_SET_ANNOTATION];
+        const n = Number(e.metadata.annotations?.[QUEUE_LIMIT_ANNOTATION]);
+        if (Number.isSafeInteger(n) && n >= 1) max = max === undefined ? n : Math.min(max, n);
       }
     }
+    if (!setName || max === undefined) return [];
+    const slots = [...g.slots.values()].map((l) => this.#slotView(l));
+    const live = slots.filter((s) => !slotFree(s.holder, s.renewedAt, s.durationMs, now));
+    const expiry = Math.min(...live.map((s) => s.renewedAt! + s.durationMs! + 1));
+    if (Number.isFinite(expiry)) this.#expiries.set(key, expiry);
+    else this.#expiries.delete(key);
+    if (live.length >= max && g.pending === 0) return [];
+    const [seatsKey] = this.#group('first-wave', g.set);
+    const seats = g.pool === 'rollout' ? this.#groups.get(seatsKey) : undefined;
+    const preferred = new Set<string>();
+    for (const l of seats?.slots.values() ?? []) {
+      const s = this.#slotView(l);
+      if (!slotFree(s.holder, s.renewedAt, s.durationMs, now)) preferred.add(s.holder!);
+    }
+    const queue = [...g.queue.values()].map(entryView).filter((e) => e.node !== '');
+    const plan = planGrants({ max, slots, queue, preferred }, now);
+    const tasks: (() => Promise<void>)[] = [];
+    const w = { ...this.#o, acceptMs: this.#o.acceptMs ?? DEFAULT_ACCEPT_MS };
+    for (const e of plan.lapsed) {
+      tasks.push(() => dropEntry(w, e, counts));
+      this.#o.log.info({ set: setName, pool: g.pool, node: e.node, slot: e.granted }, 'a granted slot was not taken in time; the node leaves the queue');
+    }
+    for (const grant of plan.grants) {
+      const lease = grant.slot ? g.slots.get(grant.slot.name) : undefined;
+      tasks.push(async () => {
+        const written = await writeGrant(w, { pool: g.pool, label: g.set, setName: setName!, uid: api?.uid, index: grant.index, node: grant.node, entry: grant.entry, existing: lease }, counts);
+        if (!written) return;
+        // Planned on from now, even before the watch shows it.
+        this.#written.set(written.metadata.name, { lease: written, base: lease?.metadata.resourceVersion ?? '' });
+        this.#grantedAt.set(written.metadata.name, { version: written.metadata.resourceVersion ?? '', at: this.#now() });
+        this.#place(written);
+      });
+    }
+    return tasks;
   }
 }
