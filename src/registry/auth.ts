@@ -87,8 +87,11 @@ export function decodeDockerAuths(auths: unknown, strict: boolean): DockerAuths 
     // names no host it is connecting to, which a bare "host:port" does not.
     entries.push([key, auth]);
   }
-  return { entries, secrets: [...secrets].filter((s) => s.length >= 3) };
+  return { entries, secrets: [...secrets].filter((s) => s.length >= MIN_SCRUBBED_LENGTH) };
 }
+
+/** Secrets shorter than this are not scrubbed: replacing every "ab" in a message would hide it, and such a secret hides nothing. */
+export const MIN_SCRUBBED_LENGTH = 3;
 
 /** Replace every secret in `text`. */
 export function scrubSecrets(text: string, secrets: readonly string[]): string {

@@ -16,7 +16,12 @@
 //   - per-request timeouts, and paced retries (capped exponential backoff
 //     with jitter) of what is transient: connection failures, 429, 5xx;
 //   - proxies and trust from the environment (./transport.ts).
-// No credential or token appears in an error or a log line.
+// No credential or token appears in an error or a log line: every failure's
+// message is scrubbed of the credential source's secrets, of the bearer
+// tokens token services issued to this client, and of the values of the
+// headers a source's hosts.toml adds (an Authorization header written there
+// is a credential too) before it is kept (scrub()). A registry or a proxy
+// that echoes a request's headers in its error body is then harmless.
 //
 // Requests go through undici's request(), not fetch(): the agent runs
 // without V8's optimizing compilers (scripts/build.ts NODE_FLAGS), where
@@ -44,6 +49,7 @@ import { formatImageName, manifestReference, repositoryOf, type ImageName } from
 import { ContainerdHostsError, type ContainerdHosts } from './containerd-hosts.ts';
 import { connectionOf, sourceUrl, tlsAdvice, withHostHeaders } from './pull-source.ts';
 import { RegistriesConf, RegistriesConfError, type PullSource } from './registries-conf.ts';
+import { MIN_SCRUBBED_LENGTH, scrubSecrets } from './auth.ts';
 import { requestToken } from './token.ts';
 import { Transport } from './transport.ts';
 import { type Answer, AttemptError, type Challenge, describeBody, discard, errorCode, header, isCertificateError, isTlsOrProtocolError, kindOfStatus, MAX_REDIRECTIONS, networkMessage, parseChallenge, readLimited, RegistryError, type RegistryErrorKind, sha256, type SourceFailure, TRANSIENT_STATUS } from './http.ts';
@@ -119,6 +125,8 @@ export class RegistryClient {
   private readonly endpoints = new Map<string, EndpointState>();
   private readonly tokens = new Map<string, CachedToken>();
   private readonly tokenRequests = new Map<string, Promise<string>>();
+  /** Every bearer token issued to this client, the latest ISSUED_TOKENS_KEPT, for scrub(). */
+  private readonly issuedTokens = new Set<string>();
   private readonly cache = new Map<string, FetchedManifest>();
   /** Requests sent, by method (for tests and benchmarks). */
   readonly requests = { manifest: 0, blob: 0, token: 0 };
@@ -231,7 +239,7 @@ export class RegistryClient {
         return await op(src);
       } catch (e) {
         if (!(e instanceof AttemptError)) throw e;
-        failures.push({ registry: src.host, mirror: src.mirror, kind: e.kind, message: this.credentials.scrub(e.message) });
+        failures.push({ registry: src.host, mirror: src.mirror, kind: e.kind, message: this.scrub(e.message, src) });
         if (src !== sources[sources.length - 1]) this.debug({ image, registry: src.host, err: failures.at(-1)!.message }, 'mirror failed; trying the next source');
       }
     }
@@ -325,7 +333,8 @@ export class RegistryClient {
           }
         }
         const who = auth?.username ? `the credentials of ${auth.username} from ${credential!.from}` : auth ? `the token from ${credential!.from}` : 'anonymous access (no credentials for it)';
-        throw new AttemptError('Unauthorized', `refused ${who}: HTTP 401${body ? ` ${describeBody(body)}` : ''}`);
+        // Scrubbed before it is cut to size: a secret cut in two would escape scrub().
+        throw new AttemptError('Unauthorized', `refused ${who}: HTTP 401${body ? ` ${describeBody(this.scrub(body, src))}` : ''}`);
       }
       const status = res.statusCode;
       if (status >= 200 && status < 300) {
@@ -338,7 +347,7 @@ export class RegistryClient {
         continue;
       }
       if (method === 'HEAD') throw new AttemptError(kindOfStatus(status), `answered HTTP ${status}${status === 404 ? ': the manifest is unknown' : ''}`);
-      const what = describeBody(body);
+      const what = describeBody(this.scrub(body, src));
       throw new AttemptError(kindOfStatus(status), `answered HTTP ${status}${what ? ` ${what}` : ''}`);
     }
   }
@@ -408,11 +417,38 @@ export class RegistryClient {
       dispatcher: this.dispatcher(src),
       timeoutMs: this.timeoutMs,
       userAgent: this.userAgent,
-      scrub: (t) => this.credentials.scrub(t),
+      scrub: (t) => this.scrub(t, src),
       signal,
     });
     // The spec's default lifetime is 60 s; renew a little early.
     this.tokens.set(key, { value: token, expiresAt: Date.now() + ttlSeconds * 900 });
+    this.issuedTokens.delete(token);
+    this.issuedTokens.add(token);
+    if (this.issuedTokens.size > ISSUED_TOKENS_KEPT) this.issuedTokens.delete(this.issuedTokens.values().next().value!);
     return token;
   }
+
+  /**
+   * `text` without a secret this client knows of: the credential source's
+   * (passwords, identity and registry tokens), the bearer tokens it was
+   * issued, and the header values of `src`'s hosts.toml.
+   */
+  scrub(text: string, src?: PullSource): string {
+    const headerValues = Object.values(src?.connection?.header ?? {}).flat();
+    return scrubSecrets(this.credentials.scrub(text), [...this.issuedTokens, ...secretsOfHeaders(headerValues)]);
+  }
+}
+
+/** How many issued bearer tokens scrub() knows: far more than a client holds live at once (one per registry, scope and credential). */
+const ISSUED_TOKENS_KEPT = 1024;
+
+/** A header value, and its credential without the scheme ("Bearer xyz" → "xyz"), each long enough not to be a common word. */
+function secretsOfHeaders(values: readonly string[]): string[] {
+  const out = new Set<string>();
+  for (const v of values) {
+    out.add(v);
+    const m = /^[A-Za-z][A-Za-z0-9-]*\s+(\S.*)$/.exec(v);
+    if (m) out.add(m[1]!);
+  }
+  return [...out].filter((s) => s.length >= MIN_SCRUBBED_LENGTH);
 }
