@@ -4,6 +4,7 @@
 // path. For `pinset uninstall`.
 import { KubeApiError, type KubeHttp } from '../api/kube-http.ts';
 import { METADATA_WATCH_ACCEPT } from '../api/list-pages.ts';
+import { apiError } from './api-error.ts';
 import { describeObject, type ManifestObject } from './manifests.ts';
 
 /** What the cluster holds of one object. */
@@ -96,7 +97,7 @@ export class ClusterObjects {
       return 'present';
     } catch (err) {
       if (err instanceof KubeApiError && err.code === 404) return 'absent';
-      throw new Error(`${describeObject(o)}: ${err instanceof Error ? err.message : String(err)}`);
+      throw new Error(`${describeObject(o)}: ${apiError(err)}`);
     }
   }
 

@@ -26,6 +26,7 @@ import { listAll, METADATA_LIST_ACCEPT } from '../api/list-pages.ts';
 import { CRD_NAME, GROUP, PLURAL, VERSION } from '../api/types.ts';
 import { helpText, parseFlags, type FlagSpec } from '../util/flags.ts';
 import { createLogger } from '../util/log.ts';
+import { apiError } from './api-error.ts';
 import { ClusterObjects, inRemovalOrder, type ObjectState } from './cluster-objects.ts';
 import { describeObject, readManifests, type ManifestObject } from './manifests.ts';
 import { dropPinsAdvice, nodePins, podNames, podsOf, waitForNoPins, waitForPodsGone, type NodePins } from './uninstall-wait.ts';
@@ -51,9 +52,6 @@ const WORKLOAD_KINDS: ReadonlySet<string> = new Set(['DaemonSet', 'Deployment'])
 
 const plural = (n: number, one: string, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
 
-function errText(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
-}
 
 /** What the cluster holds now, for the plan. */
 interface Found {
@@ -154,7 +152,7 @@ export async function run(argv: string[]): Promise<number> {
     kc = loadClientKubeConfig(values.kubeconfig as string | undefined);
     manifests = await readManifests(values.manifests as string | undefined);
   } catch (err) {
-    return fail(errText(err));
+    return fail(apiError(err));
   }
   const timeoutMs = values['request-timeout'] as number;
   const waitMs = values['wait-timeout'] as number;
@@ -168,7 +166,7 @@ export async function run(argv: string[]): Promise<number> {
     try {
       found = await look(http, cluster, manifests.objects, timeoutMs);
     } catch (err) {
-      return fail(`cannot read the cluster at ${server}: ${errText(err)}; nothing was changed`);
+      return fail(`cannot read the cluster at ${server}: ${apiError(err)}; nothing was changed`);
     }
     process.stdout.write(planText(found, { keepPins, waitMs, server, from: manifests.from, crdInManifests: crdManifest !== undefined }));
     if (values['dry-run']) {
@@ -185,7 +183,7 @@ export async function run(argv: string[]): Promise<number> {
         // Listed once the type is served (Established): a CRD removed without
         // its finalizer leaves its objects in storage, and they come back with it.
         for (;;) {
-          const listed = await listSets(http, timeoutMs).catch((err: unknown) => errText(err));
+          const listed = await listSets(http, timeoutMs).catch((err: unknown) => apiError(err));
           if (Array.isArray(listed)) {
             sets = listed;
             break;
@@ -198,7 +196,7 @@ export async function run(argv: string[]): Promise<number> {
         try {
           await http.json('DELETE', `${SETS_PATH}/${encodeURIComponent(name)}`, {}, undefined, { timeoutMs });
         } catch (err) {
-          if (!(err instanceof KubeApiError && err.code === 404)) return fail(`cannot delete the PinnedImageSet ${name}: ${errText(err)}; nothing else was changed`);
+          if (!(err instanceof KubeApiError && err.code === 404)) return fail(`cannot delete the PinnedImageSet ${name}: ${apiError(err)}; nothing else was changed`);
         }
       }
       say(`Deleted ${plural(sets.length, 'PinnedImageSet')}.`);
@@ -219,8 +217,8 @@ export async function run(argv: string[]): Promise<number> {
           const was = await cluster.remove(o);
           say(was === 'present' ? `Removed ${describeObject(o)}.` : `${describeObject(o)}: ${was === 'absent' ? 'already gone' : 'not served by this cluster'}.`);
         } catch (err) {
-          failures.push(errText(err));
-          say(`Could not remove ${errText(err)}`);
+          failures.push(apiError(err));
+          say(`Could not remove ${apiError(err)}`);
         }
       }
     };
@@ -255,7 +253,7 @@ async function reinstallCrd(cluster: ClusterObjects, crd: ManifestObject, state:
   if (state === 'terminating') {
     say(`Waiting for the CustomResourceDefinition ${CRD_NAME} being deleted to go...`);
     for (;;) {
-      const now = await cluster.state(crd).catch((err: unknown) => errText(err));
+      const now = await cluster.state(crd).catch((err: unknown) => apiError(err));
       if (now === 'absent') break;
       if (Date.now() > deadline) return `the CustomResourceDefinition ${CRD_NAME} did not go within --wait-timeout (last: ${now})`;
       await new Promise((r) => setTimeout(r, 1_000));
@@ -264,7 +262,7 @@ async function reinstallCrd(cluster: ClusterObjects, crd: ManifestObject, state:
   try {
     await cluster.create(crd);
   } catch (err) {
-    return `cannot install the CustomResourceDefinition ${CRD_NAME} again: ${errText(err)}`;
+    return `cannot install the CustomResourceDefinition ${CRD_NAME} again: ${apiError(err)}`;
   }
   say(`Installed the CustomResourceDefinition ${CRD_NAME} again.`);
   return undefined;
