@@ -274,11 +274,9 @@ describe('kubectl kustomize deploy', { skip }, () => {
     test('the agent: read sets and their one CRD; read and patch Nodes; core Events in "default" only; rollout slot Leases and pull secrets in its namespace only', () => {
       assert.deepEqual(grants(AGENT_SA), [
         'cluster apiextensions.k8s.io/customresourcedefinitions/pinnedimagesets.pinset.dev get',
-        'cluster core/nodes get',
         'cluster core/nodes list',
         'cluster core/nodes patch',
         'cluster core/nodes watch',
-        'cluster pinset.dev/pinnedimagesets get',
         'cluster pinset.dev/pinnedimagesets list',
         'cluster pinset.dev/pinnedimagesets watch',
         'default core/events create',
@@ -288,7 +286,6 @@ describe('kubectl kustomize deploy', { skip }, () => {
         'pinset-system coordination.k8s.io/leases get',
         'pinset-system coordination.k8s.io/leases list',
         'pinset-system coordination.k8s.io/leases update',
-        'pinset-system core/secrets get',
         'pinset-system core/secrets list',
         'pinset-system core/secrets watch',
       ]);
@@ -307,11 +304,9 @@ describe('kubectl kustomize deploy', { skip }, () => {
       assert.deepEqual(grants(CONTROLLER_SA), [
         'cluster core/nodes list',
         'cluster core/nodes watch',
-        'cluster pinset.dev/pinnedimagesets get',
         'cluster pinset.dev/pinnedimagesets list',
         'cluster pinset.dev/pinnedimagesets watch',
         'cluster pinset.dev/pinnedimagesets/status patch',
-        'cluster pinset.dev/pinnedimagesets/status update',
         'pinset-system coordination.k8s.io/leases create',
         'pinset-system coordination.k8s.io/leases/pinset-controller get',
         'pinset-system coordination.k8s.io/leases/pinset-controller update',
@@ -324,7 +319,6 @@ describe('kubectl kustomize deploy', { skip }, () => {
       // Reading and patching their own Node and recording Events, nodes already may (the Node authorizer).
       assert.deepEqual(grants('system:nodes', 'Group'), [
         'cluster apiextensions.k8s.io/customresourcedefinitions/pinnedimagesets.pinset.dev get',
-        'cluster pinset.dev/pinnedimagesets get',
         'cluster pinset.dev/pinnedimagesets list',
         'cluster pinset.dev/pinnedimagesets watch',
       ]);
