@@ -149,7 +149,7 @@ describe('kubectl kustomize deploy', { skip }, () => {
       assert.match(await readFile(path.join(ROOT, 'deploy/agent/daemonset.yaml'), 'utf8'), /BENCHMARKS\.md/);
     });
 
-    test('host paths: the host\'s /run, /var/lib (read-only) and /etc (writable, for CRI-O\'s drop-in) under /host, and pinset\'s own state folder; nothing any runtime\'s own', () => {
+    test('host paths: the host\'s /run, /var/lib and /etc read-only under /host; writable only CRI-O\'s /etc/crio (over its place under /host/etc) and pinset\'s own state folder', () => {
       const volumes: Record<string, Obj> = Object.fromEntries((pod().volumes as Obj[]).map((v) => [v.name, v.hostPath]));
       const mounts: Record<string, Obj> = Object.fromEntries((container().volumeMounts as Obj[]).map((m) => [m.mountPath, m]));
       const expect: [string, string, string, boolean][] = [
@@ -158,9 +158,11 @@ describe('kubectl kustomize deploy', { skip }, () => {
         ['/run', 'Directory', '/host/run', true],
         // The image filesystems, k3s's and RKE2's containerd config and hosts, the kubelet's config.json.
         ['/var/lib', 'Directory', '/host/var/lib', true],
-        // One mount for crio.conf.d and the staging folder beside it (a rename between two mounts fails: EXDEV), and no /etc/crio created elsewhere.
-        ['/etc', 'Directory', '/host/etc', false],
-        // The node lock on containerd nodes: pinset's own folder.
+        // crio.conf, /etc/containerd, /etc/containers, the static sets: read, never written.
+        ['/etc', 'Directory', '/host/etc', true],
+        // One mount for crio.conf.d and the staging folder beside it (a rename between two mounts fails: EXDEV).
+        ['/etc/crio', 'DirectoryOrCreate', '/host/etc/crio', false],
+        // The node lock: pinset's own folder.
         ['/var/lib/pinset', 'DirectoryOrCreate', '/var/lib/pinset', false],
       ];
       assert.equal(Object.keys(volumes).length, expect.length, 'no other volumes');
@@ -174,9 +176,13 @@ describe('kubectl kustomize deploy', { skip }, () => {
         assert.equal(m.name, vol[0]);
         assert.equal(m.readOnly === true, readOnly, `${mountPath} readOnly`);
       }
-      // Created where missing only if it is pinset's own: a runtime's folder would appear on every other runtime's nodes.
-      for (const [, hp] of Object.entries(volumes)) if (hp.type === 'DirectoryOrCreate' || hp.type === '' || hp.type === undefined) assert.match(hp.path, /\/pinset(\/|$)/, `${hp.path} would be created on nodes that lack it`);
-      for (const p of ['/host/run', '/host/var/lib']) assert.equal(mounts[p]!.mountPropagation, 'HostToContainer', `${p}: what the host mounts or unmounts there later is seen`);
+      // Created where missing only if it is pinset's own, or CRI-O's folder, which must be writable and so mounted by itself.
+      for (const [, hp] of Object.entries(volumes)) {
+        if (hp.type === 'DirectoryOrCreate' || hp.type === '' || hp.type === undefined) assert.ok(/\/pinset(\/|$)/.test(hp.path) || hp.path === '/etc/crio', `${hp.path} would be created on nodes that lack it`);
+      }
+      for (const p of ['/host/run', '/host/var/lib', '/host/etc']) assert.equal(mounts[p]!.mountPropagation, 'HostToContainer', `${p}: what the host mounts or unmounts there later is seen`);
+      // The writable /etc/crio sits where the agent looks for it: under the read-only /etc, at the host path under --host-root.
+      assert.equal(mounts['/host/etc/crio']!.mountPath, path.posix.join(mounts['/host/etc']!.mountPath, 'crio'));
     });
 
     test('the agent finds its runtime under /host: no socket and no pin backend named; paths it reads given as the host\'s under /host', () => {
@@ -497,6 +503,74 @@ describe('kubectl kustomize with deploy/kubelet-config/<distribution>', { skip }
       for (const p of [want.file, want.dir].filter(Boolean)) assert.ok(added.some((m) => p === m.mountPath || p.startsWith(`${m.mountPath}/`)), `${p} is mounted`);
     });
   }
+});
+
+// ---------------------------------------------------------------------------
+// What the agent may write on a node: CRI-O's folder and pinset's state
+// folder, and nothing else, whichever components are added.
+
+/** Every host path a pod template of `objs` mounts writable (a mount without readOnly), sorted. */
+function writableHostPaths(objs: Obj[]): string[] {
+  const out = new Set<string>();
+  for (const o of objs) {
+    const pod = o.spec?.template?.spec;
+    if (!pod) continue;
+    const hostPaths = new Map<string, string>((pod.volumes ?? []).filter((v: Obj) => v.hostPath).map((v: Obj) => [v.name, v.hostPath.path]));
+    for (const c of [...(pod.initContainers ?? []), ...(pod.containers ?? [])] as Obj[]) {
+      for (const m of (c.volumeMounts ?? []) as Obj[]) if (hostPaths.has(m.name) && m.readOnly !== true) out.add(hostPaths.get(m.name)!);
+    }
+  }
+  return [...out].sort();
+}
+
+describe('writable host paths: CRI-O\'s folder and pinset\'s state only', { skip }, async () => {
+  const allowed = ['/etc/crio', '/var/lib/pinset'];
+  test('kubectl kustomize deploy/ and deploy/containerd/', async () => {
+    assert.deepEqual(writableHostPaths(objects), allowed);
+    assert.deepEqual(writableHostPaths(await build('deploy/containerd')), allowed);
+  });
+
+  const components = [
+    ...['eks', 'gke', 'aks'].map((c) => `deploy/credential-providers/${c}`),
+    ...['kubeadm', 'kubeadm-config-dir', 'k3s', 'rke2', 'eks'].map((c) => `deploy/kubelet-config/${c}`),
+    'deploy/placement/no-control-plane',
+  ];
+  test('with each component: what a component mounts is read-only', async () => {
+    for (const c of components) {
+      const built = await buildOverlay(['deploy'], c.endsWith('kubeadm-config-dir') ? ['deploy/kubelet-config/kubeadm', c] : [c]);
+      assert.deepEqual(writableHostPaths(built), allowed, c);
+    }
+  });
+
+  test('the drop-pins Jobs: CRI-O\'s folder (on CRI-O nodes only) and the lock\'s folder', async () => {
+    const job = async (f: string) => parseYamlDocuments(await readFile(path.join(ROOT, 'deploy/drop-pins', f), 'utf8')).map((d) => ('value' in d ? (d.value as Obj) : assert.fail(d.error)));
+    assert.deepEqual(writableHostPaths(await job('crio.yaml')), allowed);
+    assert.deepEqual(writableHostPaths(await job('containerd.yaml')), ['/var/lib/pinset']);
+    const crioVolumes = (await job('crio.yaml')).find((o) => o.kind === 'Job')!.spec.template.spec.volumes as Obj[];
+    assert.equal(crioVolumes.find((v) => v.hostPath.path === '/etc/crio')?.hostPath.type, 'Directory', 'the CRI-O Job never creates /etc/crio');
+  });
+});
+
+describe('kubectl kustomize with deploy/placement/no-control-plane', { skip }, async () => {
+  test('the agent is kept off control-plane nodes by a required node affinity; it still tolerates every taint; nothing else changed', async () => {
+    const base = objects;
+    const built = await buildOverlay(['deploy'], ['deploy/placement/no-control-plane']);
+    const id = (o: Obj) => `${o.kind} ${o.metadata.namespace ?? '-'}/${o.metadata.name}`;
+    assert.deepEqual(built.map(id).sort(), base.map(id).sort());
+    for (const o of built) if (o.kind !== 'DaemonSet') assert.deepEqual(o, base.find((b) => id(b) === id(o)), id(o));
+    const pod = built.find((o) => o.kind === 'DaemonSet')!.spec.template.spec;
+    assert.deepEqual(pod.affinity, {
+      nodeAffinity: {
+        requiredDuringSchedulingIgnoredDuringExecution: {
+          nodeSelectorTerms: [{ matchExpressions: [{ key: 'node-role.kubernetes.io/control-plane', operator: 'DoesNotExist' }, { key: 'node-role.kubernetes.io/master', operator: 'DoesNotExist' }] }],
+        },
+      },
+    });
+    assert.deepEqual(pod.tolerations, [{ operator: 'Exists' }]);
+    const { affinity: _a, ...rest } = pod;
+    const { affinity: _b, ...baseRest } = base.find((o) => o.kind === 'DaemonSet')!.spec.template.spec;
+    assert.deepEqual(rest, baseRest);
+  });
 });
 
 // ---------------------------------------------------------------------------
