@@ -369,13 +369,14 @@ describe('kubectl kustomize deploy', { skip }, () => {
     });
   });
 
-  test('the admission policies name the agent\'s service account as built here', () => {
+  test('the admission policies name the agent\'s service account as built here, in any namespace', () => {
     one('ServiceAccount', AGENT_SA, NS);
+    const identity = `request.userInfo.username.matches('^system:serviceaccount:[^:]+:${AGENT_SA}$')`;
     const policy = one('ValidatingAdmissionPolicy', 'pinset-agent-node-scope');
-    const [identity] = policy.spec.matchConditions.map((c: Obj) => c.expression as string);
-    assert.ok(identity!.startsWith(`request.userInfo.username == 'system:serviceaccount:${NS}:${AGENT_SA}' ||`), identity);
+    const [nodeScope] = policy.spec.matchConditions.map((c: Obj) => c.expression as string);
+    assert.ok(nodeScope!.startsWith(`${identity} ||`), nodeScope);
     const slots = one('ValidatingAdmissionPolicy', 'pinset-agent-rollout-slots');
-    assert.deepEqual(slots.spec.matchConditions.map((c: Obj) => c.expression), [`request.userInfo.username == 'system:serviceaccount:${NS}:${AGENT_SA}'`]);
+    assert.deepEqual(slots.spec.matchConditions.map((c: Obj) => c.expression), [identity]);
     for (const p of [policy, slots]) {
       const binding = one('ValidatingAdmissionPolicyBinding', p.metadata.name);
       assert.equal(binding.spec.policyName, p.metadata.name);
