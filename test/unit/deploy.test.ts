@@ -12,6 +12,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { AGENT_FLAGS } from '../../src/agent/agent-flags.ts';
 import { parseYamlDocuments } from '../../src/api/yaml.ts';
+import { PINSET_LABEL, PINSET_LABEL_VALUE } from '../../src/cli/manifests.ts';
 
 const run = promisify(execFile);
 const ROOT = path.resolve(import.meta.dirname, '../..');
@@ -102,6 +103,10 @@ describe('kubectl kustomize deploy', { skip }, () => {
       'ValidatingAdmissionPolicyBinding -/pinset-agent-node-scope',
       'ValidatingAdmissionPolicyBinding -/pinset-agent-rollout-slots',
     ]);
+  });
+
+  test('every object carries pinset\'s label, the one `pinset uninstall` removes by', () => {
+    for (const o of objects) assert.equal(o.metadata.labels?.[PINSET_LABEL], PINSET_LABEL_VALUE, `${o.kind} ${o.metadata.name}`);
   });
 
   test('every container runs the image of this version', () => {
