@@ -174,7 +174,7 @@ describe('registry client', () => {
         assert.doesNotMatch(e.message, /s3cr3t/, 'not even the part of the token before the cut');
         return true;
       });
-      assert.equal(client.scrub(`a message with ${token} in it`), 'a message with [redacted] in it');
+      assert.equal(client.scrubber.scrub(`a message with ${token} in it`), 'a message with [redacted] in it');
     } finally {
       await client.close();
       await srv.close();
