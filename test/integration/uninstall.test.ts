@@ -183,8 +183,9 @@ describe('pinset uninstall', () => {
     assert.equal(res.status, 200);
     await res.arrayBuffer();
     const running = uninstall('--wait-timeout', '60s');
-    // The finalizer's owner lets go a little later: until then the CRD is Terminating.
-    await new Promise((r) => setTimeout(r, 2_000));
+    // The finalizer's owner lets go a little later, once uninstall has seen the CRD Terminating (its start takes longer on a busy machine).
+    await api.waitFor(() => api.requests.some((q) => q.method === 'GET' && q.userAgent.startsWith('pinset-uninstall') && q.path.endsWith(`/customresourcedefinitions/${CRD_NAME}`)), 60_000, 'uninstall reading the CRD');
+    await new Promise((r) => setTimeout(r, 500));
     await fetch(`${api.url}/apis/pinset.dev/v1alpha1/pinnedimagesets/held`, { method: 'PATCH', headers: { 'Content-Type': 'application/merge-patch+json' }, body: JSON.stringify({ metadata: { finalizers: null } }) }).then((r) => r.arrayBuffer());
     const r = await running;
     assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}`);
