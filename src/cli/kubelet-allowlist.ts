@@ -25,6 +25,7 @@ import { GROUP, PLURAL, VERSION, type LabelSelector, type PinnedImageSet } from 
 import { describeProblems, validateSet } from '../api/validate.ts';
 import { parseYamlDocuments } from '../api/yaml.ts';
 import { helpText, parseFlags, UsageError, type FlagSpec } from '../util/flags.ts';
+import { apiError } from './api-error.ts';
 import type { CommandIO } from './resolve.ts';
 
 const FLAGS: readonly FlagSpec[] = [
@@ -248,7 +249,7 @@ export async function run(argv: string[], io: CommandIO = { stdin: process.stdin
       problems.push(...fromApi.problems);
       sets = [...fromApi.sets, ...sets].filter((s) => selectorMatches(s.selector, fromApi.labels));
     } catch (err) {
-      const why = err instanceof KubeApiError && err.code === 404 ? `Node ${nodeName} does not exist` : (err as Error).message;
+      const why = err instanceof KubeApiError && err.code === 404 ? `Node ${nodeName} does not exist` : apiError(err);
       io.stderr.write(`pinset kubelet-allowlist: cannot read the node and its sets from the API: ${why}\n`);
       return 1;
     }

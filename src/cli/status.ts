@@ -18,6 +18,7 @@ import { loadClientKubeConfig } from '../api/kubeconfig.ts';
 import { readNodeStatus, type NodeStatusReading } from '../api/node-status.ts';
 import { formatBytes } from '../registry/size.ts';
 import { helpText, parseFlags, type FlagSpec } from '../util/flags.ts';
+import { apiError } from './api-error.ts';
 import { kubeletVerificationLines, oneLine, pinsKeptLines, preloadOnlyLines, type KubeletNote } from './status-notes.ts';
 
 export const STATUS_FLAGS: readonly FlagSpec[] = [
@@ -203,25 +204,6 @@ function terminalWidth(): number {
   if (process.stdout.isTTY && process.stdout.columns) return process.stdout.columns;
   const env = Number(process.env.COLUMNS);
   return Number.isInteger(env) && env > 0 ? env : 120;
-}
-
-function apiError(err: unknown): string {
-  if (err instanceof KubeApiError) return err.message;
-  const code = (err as { code?: unknown } | null)?.code;
-  const body = (err as { body?: unknown } | null)?.body;
-  if (typeof code === 'number') {
-    let detail = '';
-    try {
-      const parsed = typeof body === 'string' ? JSON.parse(body) : body;
-      if (parsed && typeof parsed.message === 'string') detail = parsed.message;
-    } catch {
-      // not a Status object
-    }
-    return `HTTP ${code}${detail ? `: ${detail}` : ''}`;
-  }
-  const e = err as { message?: unknown; cause?: { message?: unknown; code?: unknown } };
-  const cause = e?.cause?.code ?? e?.cause?.message;
-  return `${String(e?.message ?? err)}${cause ? ` (${String(cause)})` : ''}`;
 }
 
 /** One node in `-o json`. */

@@ -500,7 +500,7 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
     })) rbac[what] = await canI([...args, ...as]);
     t.diagnostic(`kubectl auth can-i ... ${as.join(' ')}: ${JSON.stringify(rbac)}`);
     assert.deepEqual(rbac, {
-      'get secrets -n pinset-system': 'yes',
+      'get secrets -n pinset-system': 'no',
       'list secrets -n pinset-system': 'yes',
       'watch secrets -n pinset-system': 'yes',
       'get secrets --all-namespaces': 'no',

@@ -8,7 +8,8 @@
 //   core v1 nodes (cluster-scoped; /status), core v1 events (namespaced),
 //   core v1 pods (namespaced; /status; list across namespaces at /api/v1/pods),
 //   coordination.k8s.io/v1 leases (namespaced),
-//   core v1 secrets (namespaced; see "Secrets" below),
+//   core v1 secrets (namespaced; see "Secrets" below), core v1 configmaps
+//   (namespaced; see "ConfigMaps" below),
 //   pinset.dev/v1alpha1 pinnedimagesets (cluster-scoped CRD with the status
 //   subresource), served while its CustomResourceDefinition stands (below),
 //   and, as plain stored objects for what deploy/ installs: core v1
@@ -116,6 +117,10 @@
 //   needs data[.dockerconfigjson] and kubernetes.io/dockercfg data[.dockercfg],
 //   each a JSON object (else 422 with the content redacted); `type` cannot
 //   change on update (422, field is immutable). Field selector `type`.
+// - ConfigMaps (pkg/apis/core/v1, ValidateConfigMap): `data` values are
+//   strings and `binaryData` values base64 (anything else is 400, as the JSON
+//   decoder refuses it); each key is a config key, and no key is in both
+//   (422).
 // - Lease spec.acquireTime/renewTime and Event eventTime (metav1.MicroTime) are
 //   stored in the server's microsecond format, 2006-01-02T15:04:05.000000Z.
 // Seen from client-node 2.0.1: ListWatch/makeInformer never ask for bookmarks,
@@ -195,6 +200,7 @@ export type ResourceName =
   | 'leases'
   | 'pods'
   | 'secrets'
+  | 'configmaps'
   | 'pinnedimagesets'
   | 'customresourcedefinitions'
   | 'namespaces'
@@ -411,6 +417,35 @@ function checkSecret(obj: KubeObject, old: KubeObject | undefined): StatusCause[
   return causes;
 }
 
+// ConfigMaps: pkg/apis/core/v1 (data is map[string]string, binaryData
+// map[string][]byte as base64: anything else fails to decode, 400),
+// pkg/apis/core/validation ValidateConfigMap (each key a config key, and no
+// key in both data and binaryData: 422).
+function decodeConfigMap(obj: KubeObject): void {
+  for (const field of ['data', 'binaryData'] as const) {
+    const m = obj[field];
+    if (m === undefined || m === null) continue;
+    if (!isMap(m)) throw badRequest(`ConfigMap in version "v1" cannot be handled as a ConfigMap: ${field} must be an object`);
+    for (const [k, v] of Object.entries(m)) {
+      const ok = typeof v === 'string' && (field === 'data' || (/^[A-Za-z0-9+/]*={0,2}$/.test(v) && v.length % 4 === 0));
+      if (!ok) throw badRequest(`ConfigMap in version "v1" cannot be handled as a ConfigMap: ${field === 'data' ? `json: cannot unmarshal ${typeof v} into Go struct field ConfigMap.data of type string` : `illegal base64 data in binaryData[${JSON.stringify(k)}]`}`);
+    }
+  }
+}
+
+function checkConfigMap(obj: KubeObject): StatusCause[] {
+  const causes: StatusCause[] = [];
+  const data = isMap(obj.data) ? obj.data : {};
+  const binary = isMap(obj.binaryData) ? obj.binaryData : {};
+  for (const [field, m] of [['data', data], ['binaryData', binary]] as const) {
+    for (const k of Object.keys(m)) {
+      if (!/^[-._a-zA-Z0-9]+$/.test(k) || k.length > 253) causes.push({ reason: 'FieldValueInvalid', field: `${field}[${k}]`, message: `Invalid value: ${JSON.stringify(k)}: a valid config key must consist of alphanumeric characters, '-', '_' or '.'` });
+    }
+  }
+  for (const k of Object.keys(binary)) if (k in data) causes.push({ reason: 'FieldValueInvalid', field: `data[${k}]`, message: `Invalid value: ${JSON.stringify(k)}: duplicate of key present in binaryData` });
+  return causes;
+}
+
 const TYPES: readonly ResourceType[] = [
   {
     group: '', version: 'v1', plural: 'nodes', singular: 'node', kind: 'Node', namespaced: false, builtin: true,
@@ -436,6 +471,11 @@ const TYPES: readonly ResourceType[] = [
     group: '', version: 'v1', plural: 'secrets', singular: 'secret', kind: 'Secret', namespaced: true, builtin: true,
     statusSubresource: false, statusOnCreate: true, generation: false, requireResourceVersion: false,
     fields: { type: at('type') }, decode: decodeSecret, check: checkSecret,
+  },
+  {
+    group: '', version: 'v1', plural: 'configmaps', singular: 'configmap', kind: 'ConfigMap', namespaced: true, builtin: true,
+    statusSubresource: false, statusOnCreate: true, generation: false, requireResourceVersion: false,
+    fields: {}, decode: decodeConfigMap, check: checkConfigMap,
   },
   {
     group: GROUP, version: VERSION, plural: PLURAL as ResourceName, singular: KIND.toLowerCase(), kind: KIND, namespaced: false, builtin: false,
