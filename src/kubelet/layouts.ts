@@ -155,14 +155,8 @@ async function matches(host: HostView, layout: KubeletLayout): Promise<boolean> 
   return layout === 'k3s' || layout === 'rke2' ? rancherMarkers(RANCHER[layout])(host) : SYSTEMD_LAYOUTS[layout].markers(host);
 }
 
-interface Found {
-  configFile?: string;
-  configDir?: string;
-  featureGates: Record<string, boolean>;
-  evidence: string[];
-  problems: string[];
-  inputs: string[];
-}
+/** What a layout's files say, paths on the host. */
+type Found = Omit<KubeletConfigLocation, 'source' | 'layout'>;
 
 /** The kubelet's command line from its systemd unit, and where each flag of it came from. */
 async function fromSystemd(host: HostView, l: SystemdLayout): Promise<Found> {
