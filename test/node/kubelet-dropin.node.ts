@@ -10,7 +10,8 @@
 // says of the same files:
 // - `pinset kubelet-allowlist --node` prints the drop-in for that kubelet
 //   version (with --kubelet-gate-on when the gate is on) exactly when the
-//   kubelet takes it;
+//   kubelet takes it, and the kubelet takes the form printed for its
+//   version (exact entries from 1.36, "/*" entries before);
 // - the agent's reading of the files (src/agent/kubelet-config.ts) is
 //   Invalid exactly when the kubelet refuses them.
 import { after, before, describe, test } from 'node:test';
@@ -89,7 +90,8 @@ describe("pinset's kubelet drop-in on real kubelets of each version: taken, or r
         await writeFile(join(root, 'config.yaml'), `${HEAD}failSwapOn: false\nfailCgroupV1: false\ncgroupDriver: cgroupfs\n`);
         if (gate !== 'default') await writeFile(join(root, 'conf.d', '40-gate.conf'), `${HEAD}featureGates:\n  KubeletEnsureSecretPulledImages: ${gate === 'on'}\n`);
 
-        const printed = await runCli(kubeletAllowlist, [join(dir, 'set.yaml')]);
+        // The drop-in for this version (from 1.36 exact entries, "/*" before); before 1.33 the command prints none, so the "/*" form.
+        const printed = await runCli(kubeletAllowlist, [...(gateDefault(version).known ? ['--kubelet-version', version, '--kubelet-gate-on'] : []), join(dir, 'set.yaml')]);
         assert.equal(printed.code, 0, printed.stderr);
         await writeFile(join(root, 'conf.d', '50-pinset.conf'), printed.stdout);
         const kubeletDid = await startWith(kubelet, root);
