@@ -13,7 +13,7 @@ import * as path from 'node:path';
 export const LAYERS: readonly (readonly string[])[] = [
   ['util'],
   ['api', 'cri'],
-  ['registry', 'metrics', 'rollout'],
+  ['registry', 'metrics', 'rollout', 'kubelet'],
   ['pins'],
   ['crio', 'containerd'],
   ['agent', 'controller'],
