@@ -48,7 +48,8 @@ const SUMMARY =
   'FILE: PinnedImageSet YAML; DIR: its .yaml, .yml and .json files (as the agent\'s static folder).\n' +
   "With --node, the sets that select that node, from the API and the FILEs, for that node's kubelet version.\n" +
   'Exit status: 0 printed, 1 nothing printed (a set or the API could not be read, no set selects the node,\n' +
-  "or the node's kubelet has no use for the drop-in or would refuse it), 2 usage error.\n" +
+  "or the node's kubelet has no use for the drop-in or would refuse it), 2 usage error or a FILE or DIR\n" +
+  'that cannot be read.\n' +
   'See docs/kubelet-credential-verification.md.';
 
 export const flags = FLAGS;
@@ -100,7 +101,8 @@ async function filesOf(arg: string): Promise<string[]> {
   return names.map((n) => path.join(arg, n));
 }
 
-async function setsOfFiles(args: readonly string[]): Promise<{ sets: AllowlistSet[]; problems: string[] }> {
+/** The sets of FILE and DIR arguments, with what is wrong in them; an unreadable one is a usage error (exit 2). */
+export async function setsOfFiles(args: readonly string[]): Promise<{ sets: AllowlistSet[]; problems: string[] }> {
   const out = { sets: [] as AllowlistSet[], problems: [] as string[] };
   for (const arg of args) {
     for (const file of await filesOf(arg)) {

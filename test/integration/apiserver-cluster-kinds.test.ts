@@ -82,6 +82,21 @@ describe('the in-process API server as clusters of several kinds', () => {
     assert.deepEqual(listed.items.map((i: any) => [i.metadata.name, i.allowHostDirVolumePlugin, i.users]), [['privileged', true, ['system:admin']]]);
   });
 
+  test('RBAC names are path segments, as ValidateRBACName checks them: colons taken, "/" and ".." refused', async (t) => {
+    const server = await startServer(t);
+    const role = (name: string) => ({ apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: { name }, rules: [] });
+    const created = await call(server, 'POST', '/apis/rbac.authorization.k8s.io/v1/clusterroles', role('system:openshift:scc:privileged'));
+    assert.equal(created.code, 201);
+    assert.equal(created.body.metadata.name, 'system:openshift:scc:privileged');
+    for (const [name, why] of [['a/b', "may not contain '/'"], ['..', "may not be '..'"], ['50%', "may not contain '%'"]] as const) {
+      const r = await call(server, 'POST', '/apis/rbac.authorization.k8s.io/v1/clusterroles', role(name));
+      assert.equal(r.code, 422, name);
+      assert.equal(r.body.message, `ClusterRole.rbac.authorization.k8s.io "${name}" is invalid: metadata.name: Invalid value: ${JSON.stringify(name)}: ${why}`);
+    }
+    const ns = await call(server, 'POST', '/api/v1/namespaces', { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'a:b' } });
+    assert.equal(ns.code, 422, 'other kinds keep DNS names');
+  });
+
   test('ResourceQuotas: namespaced, with a status subresource; the status a create sends is dropped', async (t) => {
     const server = await startServer(t);
     assert.ok(((await resourcesOf(server, 'v1')) as string[]).includes('resourcequotas'));

@@ -367,6 +367,13 @@ interface ResourceType {
   initialStatus?: () => Record<string, unknown>;
   /** Conversion and defaults as the server decodes a request body (may throw 400). */
   decode?: (obj: KubeObject) => void;
+  /**
+   * Names checked as path segments (no "/" or "%", not "." or ".."), not
+   * as DNS subdomains: RBAC's kinds (pkg/apis/rbac/validation
+   * ValidateRBACName), whose names read "system:node" or
+   * "system:openshift:scc:privileged".
+   */
+  pathSegmentNames?: boolean;
   /** The type's own validation (ValidateX / ValidateXUpdate), after the metadata's. */
   check?: (obj: KubeObject, old: KubeObject | undefined) => StatusCause[];
 }
@@ -504,6 +511,7 @@ const TYPES: readonly ResourceType[] = [
     ([group, version, plural, kind, namespaced]): ResourceType => ({
       group, version, plural, singular: kind.toLowerCase(), kind, namespaced, builtin: true,
       statusSubresource: false, statusOnCreate: true, generation: false, requireResourceVersion: false, fields: {},
+      pathSegmentNames: group === 'rbac.authorization.k8s.io',
     }),
   ),
 ];
@@ -1012,11 +1020,21 @@ function stringMap(v: unknown, field: string): Record<string, string> | undefine
   return v as Record<string, string>;
 }
 
-function metaCauses(meta: ObjectMeta): StatusCause[] {
+/** Why a name is not a path segment (apimachinery pkg/api/validation/path IsValidPathSegmentName), or undefined. */
+function pathSegmentProblem(name: string): string | undefined {
+  if (name === '.' || name === '..') return `may not be '${name}'`;
+  for (const c of ['/', '%']) if (name.includes(c)) return `may not contain '${c}'`;
+  return undefined;
+}
+
+function metaCauses(meta: ObjectMeta, pathSegmentNames = false): StatusCause[] {
   const causes: StatusCause[] = [];
   const bad = (field: string, message: string, reason = 'FieldValueInvalid') => causes.push({ reason, message, field });
+  const segment = pathSegmentNames && typeof meta.name === 'string' ? pathSegmentProblem(meta.name) : undefined;
   if (!meta.name) bad('metadata.name', 'Required value: name or generateName is required', 'FieldValueRequired');
-  else if (typeof meta.name !== 'string' || meta.name.length > MAX_OBJECT_NAME_LENGTH || !NAME_RE.test(meta.name))
+  else if (pathSegmentNames) {
+    if (segment) bad('metadata.name', `Invalid value: ${JSON.stringify(meta.name)}: ${segment}`);
+  } else if (typeof meta.name !== 'string' || meta.name.length > MAX_OBJECT_NAME_LENGTH || !NAME_RE.test(meta.name))
     bad(
       'metadata.name',
       `Invalid value: ${JSON.stringify(meta.name)}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character`,
@@ -1445,7 +1463,7 @@ export class ApiServer {
 
   #validate(rt: ResourceType, obj: KubeObject, old?: KubeObject): void {
     normalizeMicroTimes(rt, obj);
-    const causes = metaCauses(obj.metadata);
+    const causes = metaCauses(obj.metadata, rt.pathSegmentNames);
     if (causes.length === 0 && rt.check) causes.push(...rt.check(obj, old));
     if (causes.length === 0) {
       for (const line of this.#validators?.[rt.plural]?.(clone(obj)) ?? []) {
