@@ -137,6 +137,27 @@ describe('pinset preflight: a cluster where nothing will fail', () => {
   });
 });
 
+describe("pinset preflight: the README's walk-through", () => {
+  test('its sample is what preflight prints for the cluster it describes (Kubernetes 1.35, three Linux nodes on containerd 2.1.4, before the install)', async (t) => {
+    const readme = await readFile(path.join(ROOT, 'README.md'), 'utf8');
+    const lines = readme.split('\n');
+    const start = lines.findIndex((l) => l.trim() === '$ pinset preflight examples/first-set.yaml');
+    assert.ok(start > 0, 'the README runs `pinset preflight examples/first-set.yaml`');
+    const indent = /^ */.exec(lines[start]!)![0].length;
+    const end = lines.findIndex((l, i) => i > start && l.trim() === '```');
+    const sample = lines.slice(start + 1, end).map((l) => l.slice(indent)).join('\n');
+
+    const nodes = ['cp-1', 'worker-1', 'worker-2'].map((name) => node(name, { runtime: 'containerd://2.1.4', kubelet: 'v1.35.1' }));
+    const kc = await cluster(t, { version: { gitVersion: 'v1.35.1' }, crd: false }, nodes);
+    const columns = process.env.COLUMNS;
+    process.env.COLUMNS = '80';
+    t.after(() => (columns === undefined ? delete process.env.COLUMNS : (process.env.COLUMNS = columns)));
+    const r = await runCli(run, ['--kubeconfig', kc, path.join(ROOT, 'examples/first-set.yaml')]);
+    assert.equal(r.code, 0, r.stderr);
+    assert.equal(r.stdout.trimEnd().replace(/^(pinset preflight: )\S+,/, '$1https://192.0.2.10:6443,'), sample);
+  });
+});
+
 describe('pinset preflight: the API server', () => {
   test('Kubernetes 1.29 without ValidatingAdmissionPolicy v1: fails, saying deploy/admission cannot be applied and to upgrade', async (t) => {
     const kc = await cluster(t, { version: { gitVersion: 'v1.29.7' }, notServed: ['validatingadmissionpolicies', 'validatingadmissionpolicybindings'] }, [node('a', { kubelet: 'v1.29.7' })]);
