@@ -12,7 +12,8 @@ import path from 'node:path';
 import { parse } from 'yaml';
 import { encodeNodeStatus } from '../../src/api/node-status.ts';
 import { STATUS_ANNOTATION, type KubeletVerificationStatus } from '../../src/api/types.ts';
-import { run, type CheckOutcome } from '../../src/cli/preflight.ts';
+import type { CheckOutcome } from '../../src/cli/preflight-checks.ts';
+import { run } from '../../src/cli/preflight.ts';
 import { ApiServer, type ApiServerOptions, type KubeObject } from '../support/apiserver.ts';
 import { runCli } from '../support/cli-run.ts';
 

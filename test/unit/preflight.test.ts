@@ -1,5 +1,5 @@
 // `pinset preflight`'s checks as pure functions of what was read
-// (src/cli/preflight.ts): versions as managed clusters report them, the
+// (src/cli/preflight-checks.ts): versions as managed clusters report them, the
 // SCC fields that admit the agent's pod, ResourceQuota quantities and
 // scopes, and what each check says when a read failed (a note, never a
 // verdict it cannot give). The checks against clusters of each kind, over
@@ -17,8 +17,8 @@ import {
   quantityOfPods,
   sccAdmitsAgent,
   setsCheck,
-  type SecurityContextConstraintsFacts,
-} from '../../src/cli/preflight.ts';
+} from '../../src/cli/preflight-checks.ts';
+import type { SecurityContextConstraintsFacts } from '../../src/cli/preflight-facts.ts';
 
 describe('preflight: reading what the API server reports', () => {
   test('the minor version from the gitVersion of kubeadm, GKE, EKS and AKS, else from major and minor', () => {
