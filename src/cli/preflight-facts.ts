@@ -9,7 +9,6 @@ import { DEFAULT_PAGE_SIZE, listAll } from '../api/list-pages.ts';
 import { readNodeStatus } from '../api/node-status.ts';
 import { GROUP, PLURAL, VERSION, type KubeletVerificationStatus, type LabelSelector } from '../api/types.ts';
 
-
 /** A read that failed: the check it serves says it could not tell, and why. */
 export interface Unreadable {
   unreadable: string;
@@ -95,7 +94,6 @@ export interface ClusterFacts {
   /** What is wrong in the FILEs (each a failure of the sets check). */
   fileProblems: string[];
 }
-
 
 // TODO: src/cli's one formatter of API errors replaces this once it exists.
 export function apiErrorText(err: unknown): string {

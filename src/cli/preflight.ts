@@ -57,7 +57,6 @@ const SUMMARY =
 
 export const flags = FLAGS;
 
-
 /** `text` in lines of at most `width` characters, every line after the first indented by `indent`. */
 function wrap(text: string, width: number, indent: number): string {
   const room = Math.max(40, width - indent);
