@@ -8,9 +8,9 @@ import { containerdCanPin, PINNING_VERSIONS } from '../containerd/versions.ts';
 import { isUnreadable, type ClusterFacts, type NodeFacts, type PolicyRule, type ResourceQuotaFacts, type RoleBindingFacts, type SecurityContextConstraintsFacts } from './preflight-facts.ts';
 
 /** The agent's service account (deploy/agent/serviceaccount.yaml). */
-const AGENT_SERVICE_ACCOUNT = 'pinset-agent';
+export const AGENT_SERVICE_ACCOUNT = 'pinset-agent';
 /** The agent's priority class (deploy/agent/daemonset.yaml). */
-const AGENT_PRIORITY_CLASS = 'system-node-critical';
+export const AGENT_PRIORITY_CLASS = 'system-node-critical';
 /** The ResourceQuota component that admits it where the class is limited. */
 const QUOTA_COMPONENT = 'deploy/critical-pods-quota';
 

@@ -6,7 +6,11 @@
 // HTTP: test/integration/preflight-cli.test.ts.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { parse } from 'yaml';
 import {
+  AGENT_PRIORITY_CLASS,
+  AGENT_SERVICE_ACCOUNT,
   coversAgentClass,
   isGkeVersion,
   kubernetesCheck,
@@ -19,6 +23,14 @@ import {
   setsCheck,
 } from '../../src/cli/preflight-checks.ts';
 import type { SecurityContextConstraintsFacts } from '../../src/cli/preflight-facts.ts';
+
+describe('preflight: the agent it checks for is the one deploy/ installs', () => {
+  test('its service account and priority class are the DaemonSet\'s', () => {
+    const ds = parse(readFileSync(new URL('../../deploy/agent/daemonset.yaml', import.meta.url), 'utf8')) as { spec: { template: { spec: { serviceAccountName: string; priorityClassName: string } } } };
+    assert.equal(ds.spec.template.spec.serviceAccountName, AGENT_SERVICE_ACCOUNT);
+    assert.equal(ds.spec.template.spec.priorityClassName, AGENT_PRIORITY_CLASS);
+  });
+});
 
 describe('preflight: reading what the API server reports', () => {
   test('the minor version from the gitVersion of kubeadm, GKE, EKS and AKS, else from major and minor', () => {
