@@ -75,7 +75,8 @@ const SUMMARY =
   "With --node, the sets that select that node, from the API and the FILEs, for that node's kubelet version;\n" +
   'with --kubelet-version, for that version; with neither, the "/*" form (said on the standard error).\n' +
   'Exit status: 0 printed, 1 nothing printed (a set or the API could not be read, no set selects the node,\n' +
-  "or the node's kubelet has no use for the drop-in or would refuse it), 2 usage error.\n" +
+  "or the node's kubelet has no use for the drop-in or would refuse it), 2 usage error or a FILE or DIR\n" +
+  'that cannot be read.\n' +
   'See docs/kubelet-credential-verification.md.';
 
 export const flags = FLAGS;
@@ -127,7 +128,8 @@ async function filesOf(arg: string): Promise<string[]> {
   return names.map((n) => path.join(arg, n));
 }
 
-async function setsOfFiles(args: readonly string[]): Promise<{ sets: AllowlistSet[]; problems: string[] }> {
+/** The sets of FILE and DIR arguments, with what is wrong in them; an unreadable one is a usage error (exit 2). */
+export async function setsOfFiles(args: readonly string[]): Promise<{ sets: AllowlistSet[]; problems: string[] }> {
   const out = { sets: [] as AllowlistSet[], problems: [] as string[] };
   for (const arg of args) {
     for (const file of await filesOf(arg)) {

@@ -200,7 +200,8 @@ export function renderTable(rows: readonly StatusRow[], width: number, wide = fa
   return [...tableLines(rows, width, wide)].join('\n') + '\n';
 }
 
-function terminalWidth(): number {
+/** The width to fit lines to: the terminal's, else COLUMNS, else 120. */
+export function terminalWidth(): number {
   if (process.stdout.isTTY && process.stdout.columns) return process.stdout.columns;
   const env = Number(process.env.COLUMNS);
   return Number.isInteger(env) && env > 0 ? env : 120;

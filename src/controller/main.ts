@@ -16,7 +16,8 @@ export const CONTROLLER_FLAGS: readonly FlagSpec[] = [
   { name: 'leader-elect', env: 'PINSET_LEADER_ELECT', type: 'bool', default: true, help: 'elect one active replica through a Lease' },
   { name: 'lease-namespace', env: 'POD_NAMESPACE', type: 'string', default: 'pinset-system', help: 'namespace of the leader election Lease' },
   { name: 'lease-name', env: 'PINSET_LEASE_NAME', type: 'string', default: 'pinset-controller', help: 'name of the leader election Lease' },
-  { name: 'identity', env: 'POD_NAME', type: 'string', default: hostname(), help: 'this replica\'s name in the Lease' },
+  // No default in the table: it is the host name where the controller runs, not where --help or the reference is made.
+  { name: 'identity', env: 'POD_NAME', type: 'string', help: 'this replica\'s name in the Lease (unset: this host\'s name)' },
   { name: 'lease-duration', env: 'PINSET_LEASE_DURATION', type: 'duration', default: '15s', help: 'how long a Lease holds without renewal before others may take it' },
   { name: 'renew-deadline', env: 'PINSET_RENEW_DEADLINE', type: 'duration', default: '10s', help: 'the leader steps down when it cannot renew for this long' },
   { name: 'retry-period', env: 'PINSET_RETRY_PERIOD', type: 'duration', default: '2s', help: 'interval between attempts to acquire or renew' },
@@ -62,7 +63,7 @@ export async function run(argv: string[]): Promise<number> {
     }
   }
   const minWatchTimeout = minWatchTimeoutMs(values);
-  const identity = values.identity as string;
+  const identity = (values.identity as string | undefined) ?? hostname();
   if (!identity) throw new UsageError('--identity (or POD_NAME) must not be empty');
 
   const log = createLogger({ level: values['log-level'] as string, name: 'pinset-controller' });

@@ -138,6 +138,10 @@ describe('kubectl kustomize deploy', { skip }, () => {
       for (const [k, v] of Object.entries(ds().spec.selector.matchLabels as Obj)) assert.equal(ds().spec.template.metadata.labels[k], v);
     });
 
+    test('on Linux nodes only: a node selector on the OS label every kubelet sets', () => {
+      assert.deepEqual(pod().nodeSelector, { 'kubernetes.io/os': 'linux' });
+    });
+
     test('NODE_NAME from the downward API, metrics on :9402', () => {
       const env = Object.fromEntries((container().env as Obj[]).map((e) => [e.name, e]));
       assert.deepEqual(env.NODE_NAME.valueFrom, { fieldRef: { fieldPath: 'spec.nodeName' } });
@@ -469,6 +473,27 @@ describe('kubectl kustomize with deploy/credential-providers/<cloud>', { skip },
       assert.equal(added.length, new Set([want.config, want.binDir, ...want.extra].map((p) => added.find((m) => p === m.mountPath || p.startsWith(`${m.mountPath}/`))!.mountPath)).size, 'no other mount');
     });
   }
+});
+
+// ---------------------------------------------------------------------------
+// deploy/critical-pods-quota: for clusters that admit the agent's priority
+// class only in namespaces with a ResourceQuota for it (GKE).
+
+describe('kubectl kustomize with deploy/critical-pods-quota', { skip }, async () => {
+  test("adds one ResourceQuota, in the agent's namespace, whose scope covers the agent's priority class and no other; nothing else changed", async () => {
+    const base = await build('deploy');
+    const built = await buildOverlay(['deploy'], ['deploy/critical-pods-quota']);
+    const id = (o: Obj) => `${o.kind} ${o.metadata.namespace ?? '-'}/${o.metadata.name}`;
+    const added = built.filter((o) => !base.some((b) => id(b) === id(o)));
+    assert.deepEqual(added.map(id), ['ResourceQuota pinset-system/pinset-critical-pods']);
+    for (const o of built) if (o !== added[0]) assert.deepEqual(o, base.find((b) => id(b) === id(o)), id(o));
+    const agent = base.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'pinset-agent')!;
+    const quota = added[0]!;
+    assert.equal(quota.metadata.namespace, agent.metadata.namespace);
+    assert.equal(quota.metadata.labels['app.kubernetes.io/part-of'], 'pinset');
+    assert.deepEqual(quota.spec.scopeSelector.matchExpressions, [{ scopeName: 'PriorityClass', operator: 'In', values: [agent.spec.template.spec.priorityClassName] }]);
+    assert.deepEqual(Object.keys(quota.spec.hard), ['pods'], 'counts pods and nothing else');
+  });
 });
 
 // ---------------------------------------------------------------------------
