@@ -11,8 +11,8 @@
 // kept per request, with the client's User-Agent: a pull-through cache's
 // fetches and a runtime's own can be told apart.
 //
-// hold() stops the link (no byte passes until release()), to catch every
-// node asking at the same moment.
+// hold() stops the link, or the transfers it picks (no body byte passes
+// until release()), to catch every node asking at the same moment.
 import http from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { Transform, type TransformCallback } from 'node:stream';
@@ -45,7 +45,6 @@ export class TokenBucket {
   #last = performance.now();
   readonly #queue: { n: number; resolve: () => void }[] = [];
   #timer: NodeJS.Timeout | undefined;
-  #held = false;
 
   constructor(bytesPerSecond: number, burst: number) {
     if (!(bytesPerSecond > 0)) throw new Error(`a link needs a rate above 0, not ${bytesPerSecond}`);
@@ -62,32 +61,20 @@ export class TokenBucket {
     });
   }
 
-  /** No byte passes (and no token accrues) until release(). */
-  hold(): void {
-    this.#refill();
-    this.#held = true;
-  }
-
-  release(): void {
-    this.#last = performance.now();
-    this.#held = false;
-    this.#pump();
-  }
-
   #refill(): void {
     const now = performance.now();
-    if (!this.#held) this.#tokens = Math.min(this.burst, this.#tokens + ((now - this.#last) * this.bytesPerSecond) / 1000);
+    this.#tokens = Math.min(this.burst, this.#tokens + ((now - this.#last) * this.bytesPerSecond) / 1000);
     this.#last = now;
   }
 
   #pump(): void {
     this.#refill();
-    while (this.#queue.length > 0 && !this.#held && this.#tokens >= this.#queue[0]!.n) {
+    while (this.#queue.length > 0 && this.#tokens >= this.#queue[0]!.n) {
       const w = this.#queue.shift()!;
       this.#tokens -= w.n;
       w.resolve();
     }
-    if (this.#queue.length === 0 || this.#held || this.#timer) return;
+    if (this.#queue.length === 0 || this.#timer) return;
     const wait = Math.max(1, Math.ceil(((this.#queue[0]!.n - this.#tokens) * 1000) / this.bytesPerSecond));
     this.#timer = setTimeout(() => {
       this.#timer = undefined;
@@ -101,14 +88,14 @@ export class TokenBucket {
   }
 }
 
-/** A stream that lets its bytes through as the bucket allows, in pieces of at most `piece` bytes. */
+/** A stream that lets its bytes through as `pass` allows, in pieces of at most `piece` bytes. */
 class Shaped extends Transform {
-  readonly #bucket: TokenBucket;
+  readonly #pass: (n: number) => Promise<void>;
   readonly #piece: number;
 
-  constructor(bucket: TokenBucket, piece: number) {
+  constructor(pass: (n: number) => Promise<void>, piece: number) {
     super();
-    this.#bucket = bucket;
+    this.#pass = pass;
     this.#piece = piece;
   }
 
@@ -116,7 +103,7 @@ class Shaped extends Transform {
     void (async () => {
       for (let at = 0; at < chunk.length; at += this.#piece) {
         const part = chunk.subarray(at, at + this.#piece);
-        await this.#bucket.take(part.length);
+        await this.#pass(part.length);
         if (this.destroyed) return;
         this.push(part);
       }
@@ -141,6 +128,7 @@ export class ThinLink {
   /** Upstream sockets of transfers still running, to read their counts so far. */
   readonly #open = new Map<LinkTransfer, Socket>();
   readonly #piece: number;
+  #hold: { match: (t: LinkTransfer) => boolean; released: Promise<void>; release: () => void } | undefined;
 
   private constructor(opts: ThinLinkOptions) {
     this.#target = new URL(opts.target);
@@ -201,7 +189,7 @@ export class ThinLink {
     upstream.on('response', (up) => {
       t.status = up.statusCode ?? 0;
       res.writeHead(up.statusCode ?? 502, up.headers);
-      up.pipe(new Shaped(this.#down, this.#piece)).pipe(res);
+      up.pipe(new Shaped((n) => this.#pass(t, this.#down, n), this.#piece)).pipe(res);
     });
     upstream.on('error', (e) => {
       if (t.status === 0) t.status = 502;
@@ -214,7 +202,13 @@ export class ThinLink {
     res.on('close', () => {
       if (!res.writableFinished) upstream.destroy();
     });
-    req.pipe(new Shaped(this.#up, this.#piece)).pipe(upstream);
+    req.pipe(new Shaped((n) => this.#pass(t, this.#up, n), this.#piece)).pipe(upstream);
+  }
+
+  /** Resolves when `n` bytes of `t` may cross: not while the link holds it, then as the bucket allows. */
+  async #pass(t: LinkTransfer, bucket: TokenBucket, n: number): Promise<void> {
+    while (this.#hold?.match(t)) await this.#hold.released;
+    await bucket.take(n);
   }
 
   /** http://127.0.0.1:<port>: the registry, as seen across the link. */
@@ -254,15 +248,22 @@ export class ThinLink {
     return this.transfers.filter((t) => t.method === 'GET' && t.path.includes(`/blobs/${digest}`));
   }
 
-  /** Stop every byte until release(). */
-  hold(): void {
-    this.#down.hold();
-    this.#up.hold();
+  /**
+   * Until release(), no body byte of the transfers `match` picks (every one
+   * by default) crosses, in either direction: they wait, as on a link that
+   * stalls. Their requests still reach the registry.
+   */
+  hold(match: (t: LinkTransfer) => boolean = () => true): void {
+    this.release();
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    this.#hold = { match, released, release };
   }
 
   release(): void {
-    this.#down.release();
-    this.#up.release();
+    const h = this.#hold;
+    this.#hold = undefined;
+    h?.release();
   }
 
   /** Forget the transfers so far, those still running too: counting starts again from here. */
