@@ -15,6 +15,7 @@ import { requireComponents } from '../support/components.ts';
 import { CACHE_CONFIG } from '../support/fleet-bed.ts';
 import { pushRandom, sha256, type PushedImage } from '../support/images.ts';
 import { Registry } from '../support/registry.ts';
+import { TokenServer } from '../support/token-server.ts';
 import { ThinLink } from '../support/thin-link.ts';
 
 /** A GET on a connection of its own; resolves with the status, the body's length and the bytes read off the socket. */
@@ -165,6 +166,34 @@ describe('distribution as a pull-through cache (deploy/cache/config.yml) behind 
       await cache.stop();
       await link.stop();
       await upstream.stop();
+    }
+  });
+
+  // distribution's proxy logs in where the registry hands out bearer tokens
+  // (Docker Hub, Quay, Harbor: the token protocol): registry/proxy/
+  // proxyauth.go keeps the credentials by the realms the registry's /v2/
+  // challenge names. (A registry with basic auth only gets none from 2.8.)
+  test('a cache of a private registry logs in with the credentials its environment gives it (deploy/cache/credentials)', async (t) => {
+    if (!requireComponents(t, ['docker-registry', 'openssl'])) return;
+    const auth = { username: 'robot', password: 'cache-Secret-7f3a' };
+    const tokens = await TokenServer.start({ users: { [auth.username]: auth.password }, allow: (user) => user !== null });
+    const upstream = await Registry.start({ tokenAuth: tokens.registryConfig() });
+    const link = await ThinLink.start({ target: upstream.url, bitsPerSecond: 80e6 });
+    const withCredentials = await Registry.start({ configFile: CACHE_CONFIG, proxy: { remoteurl: link.url, ...auth } });
+    const without = await Registry.start({ configFile: CACHE_CONFIG, proxy: { remoteurl: link.url } });
+    try {
+      upstream.bearer = tokens.adminToken(['private/one']);
+      const image = await pushRandom(upstream, 'private/one', 50_000);
+      const accept = { accept: 'application/vnd.oci.image.manifest.v1+json' };
+      assert.equal((await get(`${withCredentials.url}/v2/${image.repo}/manifests/${image.digest}`, accept)).status, 200, 'served to a client that sent none');
+      assert.ok(tokens.requests.some((r) => r.user === auth.username && r.granted), 'the cache logged in as its robot');
+      assert.notEqual((await get(`${without.url}/v2/${image.repo}/manifests/${image.digest}`, accept)).status, 200, 'a cache without them gets nothing');
+    } finally {
+      await without.stop();
+      await withCredentials.stop();
+      await link.stop();
+      await upstream.stop();
+      await tokens.stop();
     }
   });
 });

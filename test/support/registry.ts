@@ -58,13 +58,15 @@ export async function freePort(): Promise<number> {
   return port;
 }
 
-/** distribution's environment names for the `proxy` section. */
+/** distribution's environment names for the `proxy` section's keys (REGISTRY_<SECTION>_<KEY>), as deploy/cache/ sets them. */
+export const PROXY_ENV = { remoteurl: 'REGISTRY_PROXY_REMOTEURL', username: 'REGISTRY_PROXY_USERNAME', password: 'REGISTRY_PROXY_PASSWORD' } as const;
+
 function proxyEnv(proxy: RegistryOptions['proxy']): NodeJS.ProcessEnv {
   if (!proxy) return {};
   return {
-    REGISTRY_PROXY_REMOTEURL: proxy.remoteurl,
-    ...(proxy.username !== undefined ? { REGISTRY_PROXY_USERNAME: proxy.username } : {}),
-    ...(proxy.password !== undefined ? { REGISTRY_PROXY_PASSWORD: proxy.password } : {}),
+    [PROXY_ENV.remoteurl]: proxy.remoteurl,
+    ...(proxy.username !== undefined ? { [PROXY_ENV.username]: proxy.username } : {}),
+    ...(proxy.password !== undefined ? { [PROXY_ENV.password]: proxy.password } : {}),
   };
 }
 
