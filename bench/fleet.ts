@@ -228,6 +228,32 @@ function table(rows: readonly RowResult[]): string[] {
   return out;
 }
 
+/**
+ * The targets the first wave and the slot hand-over are built to meet
+ * (N = 6): with the first wave, egress at most 1.1 x one copy through the
+ * cache and the fleet at most 1.5 x one node's time; with one slot, at most
+ * 5 s of free slot in all and the fleet at most 1.75 x one node's time.
+ */
+function targets(rows: readonly RowResult[]): string[] {
+  const solo = rows.find((r) => r.row === 'solo' && r.egressBytes !== undefined);
+  if (!solo) return [];
+  const check = (ok: boolean) => (ok ? 'met' : 'NOT met');
+  const out: string[] = [];
+  const wave = rows.find((r) => r.row === 'first-wave');
+  if (wave?.notMeasured) out.push('- first wave: not measured');
+  else if (wave) {
+    const egress = wave.egressBytes! / solo.egressBytes!;
+    const time = wave.fleetMs! / solo.fleetMs!;
+    out.push(`- first wave: egress ${f2(egress)} x one copy (target <= 1.1: ${check(egress <= 1.1)}), fleet ${f2(time)} x one node's (target <= 1.5: ${check(time <= 1.5)})`);
+  }
+  const one = rows.find((r) => r.row === 'one-slot' && r.fleetMs !== undefined);
+  if (one) {
+    const time = one.fleetMs! / solo.fleetMs!;
+    out.push(`- one slot: ${f1(one.freeSlotSeconds)} s of free slot in all (target <= 5: ${check((one.freeSlotSeconds ?? Infinity) <= 5)}), fleet ${f2(time)} x one node's (target <= 1.75: ${check(time <= 1.75)})`);
+  }
+  return out;
+}
+
 /** Per node: when its first image started and its last finished, and when it was Ready (s after the set's creation). */
 function timeline(r: RowResult): string[] {
   if (!r.pulls) return [];
@@ -263,6 +289,8 @@ async function main(): Promise<void> {
     say(`Run ${run} of ${RUNS}:`);
     say();
     for (const l of table(rows)) say(l);
+    say();
+    for (const l of targets(rows)) say(l);
     say();
   }
   let previous: unknown[] = [];
