@@ -202,8 +202,11 @@ export async function watchStatus(o: WatchOptions, out: WatchOutput, opts: { sig
   try {
     let finished = false;
     while (!finished) {
-      const tick = new Promise<'tick'>((resolve) => setTimeout(() => resolve('tick'), o.intervalMs).unref());
-      if ((await Promise.race([tick, stopped.then(() => 'stop' as const)])) === 'stop') break;
+      let timer: NodeJS.Timeout | undefined;
+      const tick = new Promise<'tick'>((resolve) => (timer = setTimeout(() => resolve('tick'), o.intervalMs)));
+      const woke = await Promise.race([tick, stopped.then(() => 'stop' as const)]);
+      clearTimeout(timer);
+      if (woke === 'stop') break;
       if (!nodes.synced || !sets.synced) {
         if (problem && changed && !tty) out.write(`pinset status: the API server: ${problem} (retrying)\n`);
         changed = false;
