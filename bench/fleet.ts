@@ -22,20 +22,52 @@
 // had not started (slots are the set's Leases, src/rollout/slots.ts, read
 // every 50 ms) and those free slot-seconds summed; the GETs per layer across
 // the link. And, for every node and image, when its agent logged `pulling
-// image` and `pulled image` (relative to the set's creation), kept in the
-// results to judge a progress estimate against later.
+// image` and `pulled image` (relative to the set's creation).
+//
+// The ETA: `pinset controller` (the bundle) runs beside the fleet and
+// writes the set's status.progress; the set's status is read every 100 ms.
+// At half-way (the first status with half the set present across the
+// fleet, and again at half the fleet's time) the ETA it gave is compared
+// with when the last node really was ready. The fleet here is a rollout
+// shrunk in time: one node takes ~15 s where a 15 GB upgrade payload over
+// 100 Mbit/s takes 20 minutes, about 80 times less. So the paces of the
+// progress reports are shrunk alike: the agents write progress 1 s after
+// their last write (--status-progress-interval; 1 minute by default), the
+// controller measures its rate over 10 s (--progress-window; 10 minutes,
+// twice the agents' longest pace) and writes progress every 500 ms
+// (--progress-interval; 30 s).
+//
+// The agents of this build report images, not bytes: their progress moves
+// by whole images, in bursts (--max-parallel-pulls land together). Beside
+// the controller's own ETA, each row is therefore replayed through the
+// controller's estimator (src/controller/progress.ts) as agents reporting
+// bytes would feed it: each node's bytes rebuilt from its agent's log (an
+// image's bytes arriving evenly between its `pulling image` and `pulled
+// image`), written at the agent reporter's pace shrunk as the rest (at once
+// when the node starts pulling and when it is ready; progress 1 s after the
+// last write, then each time twice as long up to 5 s, as 1 then up to 5
+// minutes by default: the agents of this build cannot be given that cap,
+// and uncapped their writes drift 16 s apart), the estimator fed at every
+// write. It is a replay under that assumption, not a measurement: the
+// measurement comes once the agents report bytes.
 //
 // Knobs: BENCH_FLEET_NODES (6), BENCH_FLEET_IMAGES (6),
 // BENCH_FLEET_IMAGE_BYTES (5000000: a 30 MB set), BENCH_FLEET_MBIT (40),
-// BENCH_FLEET_RUNS (1), BENCH_FLEET_ROWS (all: solo,no-cache,cache,first-wave,one-slot).
+// BENCH_FLEET_RUNS (1), BENCH_FLEET_ROWS (all: solo,no-cache,cache,first-wave,one-slot),
+// BENCH_FLEET_AGENT_PROGRESS (1s), BENCH_FLEET_PROGRESS_WINDOW (10s),
+// BENCH_FLEET_PROGRESS_INTERVAL (500ms).
 // Results printed as Markdown and appended to bench/fleet.json (delete it
 // to start over). Runs as root (containerd).
+import { spawn } from 'node:child_process';
 import { readFile, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { validateSet } from '../src/api/validate.ts';
 import { slotFree, slotSelector, DEFAULT_SLOT_NAMESPACE } from '../src/rollout/slots.ts';
-import { bundledCli } from '../test/support/agent-process.ts';
+import type { SetProgress } from '../src/api/types.ts';
+import { fleetWork, ProgressTracker, type NodeProgressInput } from '../src/controller/progress.ts';
+import { parseDuration } from '../src/util/flags.ts';
+import { AgentProcess, argvFor, bundledCli } from '../test/support/agent-process.ts';
 import { missingComponents, missingMessage, type ComponentName } from '../test/support/components.ts';
 import { FleetBed, FLEET_REGISTRY, type ImagePull } from '../test/support/fleet-bed.ts';
 import type { PushedImage } from '../test/support/images.ts';
@@ -45,6 +77,9 @@ const IMAGES = Number(process.env.BENCH_FLEET_IMAGES ?? 6);
 const IMAGE_BYTES = Number(process.env.BENCH_FLEET_IMAGE_BYTES ?? 5_000_000);
 const MBIT = Number(process.env.BENCH_FLEET_MBIT ?? 40);
 const RUNS = Number(process.env.BENCH_FLEET_RUNS ?? 1);
+const AGENT_PROGRESS = process.env.BENCH_FLEET_AGENT_PROGRESS ?? '1s';
+const PROGRESS_WINDOW = process.env.BENCH_FLEET_PROGRESS_WINDOW ?? '10s';
+const PROGRESS_INTERVAL = process.env.BENCH_FLEET_PROGRESS_INTERVAL ?? '500ms';
 const RESULTS = fileURLToPath(new URL('./fleet.json', import.meta.url));
 const READY_LIMIT_MS = 15 * 60_000;
 const NEEDS: ComponentName[] = ['containerd-1.7', 'containerd-2.1', 'runc', 'docker-registry'];
@@ -93,6 +128,32 @@ interface RowResult {
   images?: { ref: string; bytes: number }[];
   /** Per node and image, ms after the set's creation. */
   pulls?: { node: string; version: string; image: string; startedMs: number; finishedMs?: number }[];
+  /** The ETA the controller gave at half-way, and what was left really. */
+  eta?: { halfPresent?: EtaCheck; halfTime?: EtaCheck };
+  /** The same, from the estimator replayed on the row's timelines with bytes (see the top). */
+  replayedEta?: { halfPresent?: EtaCheck; halfTime?: EtaCheck };
+  /** Every change of the set's status.progress, ms after the set's creation. */
+  progress?: ProgressSample[];
+}
+
+/** One reading of the set's status.progress (ms after the set's creation; eta too). */
+interface ProgressSample {
+  atMs: number;
+  unit: string;
+  present: number;
+  total: number;
+  rate?: number;
+  etaMs?: number;
+}
+
+/** At `atMs`, the controller said the fleet would be done `saidMs` later; it took `tookMs`. */
+interface EtaCheck {
+  atMs: number;
+  saidMs?: number;
+  tookMs: number;
+  unit: string;
+  present: number;
+  total: number;
 }
 
 /** Why this build's agent would not accept the row's set, or undefined. */
@@ -153,6 +214,90 @@ function freeSlots(samples: readonly { at: number; held: number }[], max: number
   return { longestMs: longest, slotSeconds: slotMs / 1000 };
 }
 
+/** `pinset controller` as shipped, against the bed's API server, with the paces shrunk as the fleet is (see the top). */
+function startController(bed: FleetBed, cli: string): AgentProcess {
+  const flags = [
+    'controller', '--kubeconfig', bed.kubeconfig, '--leader-elect=false', '--metrics-addr', '', '--log-level', 'warn',
+    '--debounce', '100ms', '--progress-window', PROGRESS_WINDOW, '--progress-interval', PROGRESS_INTERVAL,
+  ];
+  return AgentProcess.attach(spawn(process.execPath, [...argvFor(cli), ...flags], { stdio: ['ignore', 'pipe', 'pipe'] }));
+}
+
+/** The set's status.progress every 100 ms, each change kept (ms after `created`). */
+function sampleProgress(bed: FleetBed, set: string, created: number): { stop: () => ProgressSample[] } {
+  const samples: ProgressSample[] = [];
+  let last = '';
+  const timer = setInterval(() => {
+    const p = (bed.api.get('pinnedimagesets', set)?.status as { progress?: SetProgress } | undefined)?.progress;
+    if (!p) return;
+    const eta = p.estimatedCompletionTime ? Date.parse(p.estimatedCompletionTime) - created : undefined;
+    const key = JSON.stringify([p.unit, p.present, p.total, p.rate, eta]);
+    if (key === last) return;
+    last = key;
+    samples.push({ atMs: Date.now() - created, unit: p.unit, present: p.present, total: p.total, ...(p.rate !== undefined ? { rate: p.rate } : {}), ...(eta !== undefined ? { etaMs: eta } : {}) });
+  }, 100);
+  return { stop: () => (clearInterval(timer), samples) };
+}
+
+/** What the status said at `atMs` (the last reading at or before it), against the fleet's end. */
+function etaAt(samples: readonly ProgressSample[], atMs: number, fleetMs: number): EtaCheck | undefined {
+  const s = samples.filter((x) => x.atMs <= atMs).at(-1);
+  if (!s) return undefined;
+  return { atMs, tookMs: fleetMs - atMs, unit: s.unit, present: s.present, total: s.total, ...(s.etaMs !== undefined ? { saidMs: s.etaMs - atMs } : {}) };
+}
+
+/** The ETA at half-way: when the status first showed half the set present, and at half the fleet's time. */
+function etaChecks(samples: readonly ProgressSample[], fleetMs: number): RowResult['eta'] {
+  const half = samples.find((s) => s.total > 0 && s.present * 2 >= s.total);
+  const halfPresent = half ? etaAt(samples, half.atMs, fleetMs) : undefined;
+  const halfTime = etaAt(samples, fleetMs / 2, fleetMs);
+  return { ...(halfPresent ? { halfPresent } : {}), ...(halfTime ? { halfTime } : {}) };
+}
+
+/**
+ * The row replayed through the controller's estimator as agents reporting
+ * bytes would feed it (see the top): each node's bytes at time t rebuilt
+ * from its image timeline, written at the reporter's pace, observed at
+ * every write. Returns the estimator's readings, as sampleProgress would.
+ */
+function replayBytes(r: RowResult, slots: number | undefined): ProgressSample[] {
+  const size = new Map((r.images ?? []).map((i) => [i.ref, i.bytes]));
+  const total = [...size.values()].reduce((a, b) => a + b, 0);
+  const nodes = Object.keys(r.readyMs ?? {}).map((name) => {
+    const pulls = (r.pulls ?? []).filter((p) => p.node === name);
+    return { name, pulls, start: Math.min(...pulls.map((p) => p.startedMs)), ready: r.readyMs![name]! };
+  });
+  const bytesAt = (n: (typeof nodes)[number], t: number) =>
+    n.pulls.reduce((sum, p) => {
+      const b = size.get(p.image) ?? 0;
+      const end = p.finishedMs ?? n.ready;
+      return sum + (t >= end ? b : t <= p.startedMs ? 0 : (b * (t - p.startedMs)) / (end - p.startedMs));
+    }, 0);
+  // Each node's writes: news when it starts pulling and when it is ready;
+  // progress `first` after the last write, then twice as long each time up
+  // to 5 x `first` (the reporter's 1 minute up to 5 minutes, shrunk).
+  const first = parseDuration(AGENT_PROGRESS);
+  const writes: { at: number; node: number }[] = [];
+  nodes.forEach((n, i) => {
+    writes.push({ at: 0, node: i }, { at: n.start, node: i }, { at: n.ready, node: i });
+    for (let at = n.start + first, wait = first; at < n.ready; wait = Math.min(5 * first, wait * 2), at += wait) writes.push({ at, node: i });
+  });
+  writes.sort((a, b) => a.at - b.at);
+  const reported: NodeProgressInput[] = nodes.map(() => ({ verdict: 'progressing', entry: { reason: 'WaitingForRolloutSlot' } }));
+  const tracker = new ProgressTracker(parseDuration(PROGRESS_WINDOW));
+  const samples: ProgressSample[] = [];
+  const t0 = Date.UTC(2026, 0, 1);
+  for (const w of writes) {
+    const n = nodes[w.node]!;
+    if (w.at >= n.ready) reported[w.node] = { verdict: 'ready', entry: { reason: 'AllImagesPinned', bytes: { present: total, total } } };
+    else if (w.at >= n.start) reported[w.node] = { verdict: 'progressing', entry: { reason: 'Pulling', bytes: { present: Math.round(bytesAt(n, w.at)), total } } };
+    const p = tracker.observe({ name: r.row, generation: 1, ...(slots ? { slots } : {}) }, fleetWork(reported, size.size), new Date(t0 + w.at));
+    const eta = p.estimatedCompletionTime ? Date.parse(p.estimatedCompletionTime) - t0 : undefined;
+    samples.push({ atMs: w.at, unit: p.unit, present: p.present, total: p.total, ...(p.rate !== undefined ? { rate: p.rate } : {}), ...(eta !== undefined ? { etaMs: eta } : {}) });
+  }
+  return samples;
+}
+
 async function layerSizes(bed: FleetBed, images: readonly PushedImage[]): Promise<string[]> {
   const digests: string[] = [];
   for (const i of images) {
@@ -165,7 +310,8 @@ async function layerSizes(bed: FleetBed, images: readonly PushedImage[]): Promis
 async function runRow(plan: RowPlan, cli: string, run: number): Promise<RowResult> {
   const why = refused(plan);
   if (why) return { row: plan.name, label: plan.label, notMeasured: `this build's agent refuses the set (${why}): the first wave is not in it yet, so nothing is measured` };
-  const bed = await FleetBed.start({ nodes: plan.nodes, cli, linkBitsPerSecond: MBIT * 1e6, cache: plan.cache });
+  const bed = await FleetBed.start({ nodes: plan.nodes, cli, linkBitsPerSecond: MBIT * 1e6, cache: plan.cache, agentFlags: ['--status-progress-interval', AGENT_PROGRESS] });
+  const controller = startController(bed, cli);
   try {
     const images = await bed.pushImages(`run${run}-${plan.name}`, IMAGES, IMAGE_BYTES);
     const payload = images.reduce((n, i) => n + i.size, 0);
@@ -173,7 +319,10 @@ async function runRow(plan: RowPlan, cli: string, run: number): Promise<RowResul
     bed.link.reset();
     const slots = plan.rollout ? sampleSlots(bed, setName) : undefined;
     const created = bed.createSet(setName, images, plan.rollout);
+    const progress = sampleProgress(bed, setName, created);
     const ready = await bed.waitAllReady(setName, IMAGES, READY_LIMIT_MS);
+    const progressSamples = progress.stop();
+    if (!controller.running) throw new Error(`the controller exited:\n${controller.output().slice(-3000)}`);
     const samples = slots?.stop();
     const fleetMs = Math.max(...ready.values()) - created;
     const pulls: ImagePull[] = bed.pulls();
@@ -182,7 +331,7 @@ async function runRow(plan: RowPlan, cli: string, run: number): Promise<RowResul
     const max = typeof plan.rollout?.maxConcurrentNodes === 'number' ? plan.rollout.maxConcurrentNodes : undefined;
     const free = samples && max !== undefined ? freeSlots(samples, max, firstPull) : undefined;
     const gets = (await layerSizes(bed, images)).map((d) => bed.link.blobGets(d).filter((g) => g.status === 200).length);
-    return {
+    const result: RowResult = {
       row: plan.name,
       label: plan.label,
       payloadBytes: payload,
@@ -201,8 +350,13 @@ async function runRow(plan: RowPlan, cli: string, run: number): Promise<RowResul
         startedMs: p.startedAt - created,
         ...(p.finishedAt !== undefined ? { finishedMs: p.finishedAt - created } : {}),
       })),
+      eta: etaChecks(progressSamples, fleetMs),
+      progress: progressSamples,
     };
+    result.replayedEta = etaChecks(replayBytes(result, max), fleetMs);
+    return result;
   } finally {
+    await controller.stop();
     await bed.stop();
   }
 }
@@ -224,6 +378,28 @@ function table(rows: readonly RowResult[]): string[] {
     out.push(
       `| ${r.label} | ${f2(r.egressBytes! / r.payloadBytes!)} | ${solo ? f2(r.egressBytes! / solo.egressBytes!) : '-'} | ${f1(r.fleetMs! / 1000)} | ${solo ? f2(r.fleetMs! / solo.fleetMs!) : '-'} | ${f1(r.longestFreeSlotMs === undefined ? undefined : r.longestFreeSlotMs / 1000)} | ${f1(r.freeSlotSeconds)} | ${f1(r.layerGets!.mean)}, ${r.layerGets!.max} |`,
     );
+  }
+  return out;
+}
+
+const pct = (c: EtaCheck) => (c.saidMs === undefined ? undefined : ((c.saidMs - c.tookMs) / c.tookMs) * 100);
+
+/** "said 12.0 s, took 10.0 s (+20%)", or why there was no ETA. */
+function etaText(c: EtaCheck | undefined): string {
+  if (!c) return 'no progress in the status yet';
+  const at = `at ${f1(c.atMs / 1000)} s (${c.present} of ${c.total} ${c.unit})`;
+  if (c.saidMs === undefined) return `${at}: no ETA, took ${f1(c.tookMs / 1000)} s`;
+  const e = pct(c)!;
+  return `${at}: said ${f1(c.saidMs / 1000)} s, took ${f1(c.tookMs / 1000)} s (${e >= 0 ? '+' : ''}${e.toFixed(0)}%)`;
+}
+
+/** Per row: the ETA the controller gave at half-way (half the set present; half the fleet's time) and what was really left. */
+function etaLines(rows: readonly RowResult[]): string[] {
+  const out: string[] = [];
+  for (const r of rows) {
+    if (!r.eta) continue;
+    out.push(`- ${r.label}: half present ${etaText(r.eta.halfPresent)}; half the time ${etaText(r.eta.halfTime)}`);
+    if (r.replayedEta) out.push(`  - replayed with bytes: half present ${etaText(r.replayedEta.halfPresent)}; half the time ${etaText(r.replayedEta.halfTime)}`);
   }
   return out;
 }
@@ -292,6 +468,10 @@ async function main(): Promise<void> {
     say();
     for (const l of targets(rows)) say(l);
     say();
+    say(`The controller's ETA at half-way (agents' progress every ${AGENT_PROGRESS}, the controller's window ${PROGRESS_WINDOW}, its progress written every ${PROGRESS_INTERVAL}):`);
+    say();
+    for (const l of etaLines(rows)) say(l);
+    say();
   }
   let previous: unknown[] = [];
   try {
@@ -300,7 +480,11 @@ async function main(): Promise<void> {
   } catch {
     // none yet
   }
-  const invocation = { started, nodes: NODES, images: IMAGES, imageBytes: IMAGE_BYTES, mbit: MBIT, loadAverageAtEnd: os.loadavg(), runs };
+  const invocation = {
+    started, nodes: NODES, images: IMAGES, imageBytes: IMAGE_BYTES, mbit: MBIT,
+    paces: { agentProgress: AGENT_PROGRESS, progressWindow: PROGRESS_WINDOW, progressInterval: PROGRESS_INTERVAL },
+    loadAverageAtEnd: os.loadavg(), runs,
+  };
   await writeFile(RESULTS, `${JSON.stringify({ invocations: [...previous, invocation] }, null, 1)}\n`);
   say(`raw: ${RESULTS}`);
 }

@@ -118,6 +118,11 @@ export class FleetBed {
     }
   }
 
+  /** The kubeconfig file of the bed's API server (for a controller or `pinset status` beside the agents). */
+  get kubeconfig(): string {
+    return this.#kubeconfig;
+  }
+
   /** The hosts.toml every node has for FLEET_REGISTRY, as `pinset mirror-config` prints it (or the link alone, without a cache). */
   hostsToml(): string {
     if (this.cache) return renderHostsToml(parseRoute(`${FLEET_REGISTRY}=${this.cache.url}`), { url: new URL(this.link.url) });
