@@ -21,6 +21,7 @@ export const commands: Record<string, { summary: string; load: () => Promise<Com
   resolve: { summary: 'turn sets or image lists with tags (or a release image) into sets with digests', load: () => import('./resolve.ts') },
   size: { summary: 'download size and estimated disk of the images of sets or image lists', load: () => import('./size.ts') },
   'kubelet-allowlist': { summary: "a kubelet config drop-in that keeps its credential verification from refusing the sets' images offline", load: () => import('./kubelet-allowlist.ts') },
+  'mirror-config': { summary: 'the node config (containerd, CRI-O, k3s, OpenShift) that sends pulls through a pull-through cache first', load: () => import('./mirror-config.ts') },
   snapshot: { summary: 'a set of the images that pods run now', load: () => import('./snapshot.ts') },
   uninstall: { summary: 'remove pinset from the cluster, leaving no pin on any node', load: () => import('./uninstall.ts') },
 };

@@ -31,6 +31,8 @@ export const CONTROLLER_FLAGS: readonly FlagSpec[] = [
   },
   minWatchTimeoutFlag(),
   { name: 'debounce', env: 'PINSET_CONTROLLER_DEBOUNCE', type: 'duration', default: '500ms', help: 'changes within this window are rolled up together' },
+  { name: 'progress-window', env: 'PINSET_CONTROLLER_PROGRESS_WINDOW', type: 'duration', default: '10m', help: 'a set\'s download rate, and its ETA from it (status.progress), is measured over this much of the recent past (at least twice the agents\' longest progress pace, 5m)' },
+  { name: 'progress-interval', env: 'PINSET_CONTROLLER_PROGRESS_INTERVAL', type: 'duration', default: '30s', help: 'a change of a set\'s progress alone is written to its status at most this often; other changes at once' },
   { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['debug', 'info', 'warn', 'error'], help: 'log level' },
 ];
 
@@ -63,6 +65,7 @@ export async function run(argv: string[]): Promise<number> {
     }
   }
   const minWatchTimeout = minWatchTimeoutMs(values);
+  if (!((values['progress-window'] as number) > 0)) throw new UsageError('--progress-window must be longer than 0');
   const identity = (values.identity as string | undefined) ?? hostname();
   if (!identity) throw new UsageError('--identity (or POD_NAME) must not be empty');
 
@@ -81,6 +84,8 @@ export async function run(argv: string[]): Promise<number> {
     log,
     metrics,
     debounceMs: values.debounce as number,
+    progressWindowMs: values['progress-window'] as number,
+    progressIntervalMs: values['progress-interval'] as number,
     minWatchTimeoutMs: minWatchTimeout,
   });
   let server: Awaited<ReturnType<typeof startHealthServer>> | undefined;
