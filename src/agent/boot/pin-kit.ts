@@ -26,6 +26,7 @@
 // backend is chosen; the choice that keeps the backend in use
 // (src/pins/choice.ts).
 import { existsSync } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
 import { ContainerdImages } from '../../containerd/images.ts';
@@ -134,12 +135,19 @@ function crashHooks(at: PinsConfig['killAfterStep']): PinFileHooks {
   return at ? { afterStep: (step) => void (step === at && process.kill(process.pid, 'SIGKILL')) } : {};
 }
 
-/** CRI-O's drop-in, where it is used: its pin file and its reloader. */
+/**
+ * CRI-O's drop-in, where it is used: its pin file and its reloader. The
+ * staging folder is made now: one that cannot be (a read-only root, CRI-O's
+ * folder not mounted writable) stops the agent at start saying what it
+ * needs, rather than failing every write.
+ */
 async function crioDropIn(profile: KitProfile, cfg: PinsConfig, logger: Logger): Promise<{ pinFile: PinFile; reloader: Reloader } | undefined> {
   if (!profile.usesDropIn) return undefined;
   const reloader = createReloader(cfg.reload, { unit: cfg.crioUnit, logger, ...(cfg.busAddress ? { busAddress: cfg.busAddress } : {}) });
   try {
-    return { pinFile: await PinFile.open(profile.dropInDir, { hooks: crashHooks(cfg.killAfterStep) }), reloader };
+    const pinFile = await PinFile.open(profile.dropInDir, { hooks: crashHooks(cfg.killAfterStep) });
+    await mkdir(pinFile.stagingDir, { recursive: true, mode: 0o700 });
+    return { pinFile, reloader };
   } catch (e) {
     reloader.close();
     throw e;

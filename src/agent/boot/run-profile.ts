@@ -12,6 +12,7 @@ import * as path from 'node:path';
 import type { Logger } from 'pino';
 import type { NodeSetStatus } from '../../api/types.ts';
 import { unixSocketPath } from '../../cri/client.ts';
+import { stagingDirFor } from '../../crio/pinfile.ts';
 import type { AgentMetrics } from '../../metrics/agent-metrics.ts';
 import { Backoff } from '../../util/backoff.ts';
 import { STEP_RETRY } from '../../util/retry.ts';
@@ -149,7 +150,7 @@ function cannotStart(logger: Logger, lock: NodeLock, prof: NodeProfile, e: unkno
   if (lock.isHeld)
     logger.error(
       { lock: lock.path, err },
-      `cannot open the drop-in folder: the agent needs ${prof.dropInDir} and its staging folder beside it writable, on one mount (the DaemonSet mounts the host's /etc/crio read-write; the systemd unit has ReadWritePaths=/etc/crio)`,
+      `cannot open the drop-in folder: the agent needs ${stagingDirFor(prof.dropInDir)} and ${prof.dropInDir} writable, on one mount (the DaemonSet mounts the host's /etc/crio read-write; the systemd unit has ReadWritePaths=/etc/crio)`,
     );
   else logger.error({ lock: lock.path, err }, `cannot take the node lock: the agent needs ${path.dirname(lock.path)} writable (--state-dir; the DaemonSet mounts /var/lib/pinset; the systemd unit has StateDirectory=pinset)`);
   return 2;
