@@ -11,8 +11,6 @@ import { AGENT_FLAGS } from '../agent-flags.ts';
 import { agentConfig, type AgentConfig } from './config.ts';
 import { runProfile, startProfile, type Process } from './run-profile.ts';
 
-export { EXIT_LOCK_BUSY, EXIT_RESTART_FOR_KUBECONFIG } from './run-profile.ts';
-
 const SUMMARY = `Pins and pre-loads the images of the PinnedImageSets that select this node:
 writes one CRI-O drop-in with their union, reloads CRI-O, pulls missing images
 through the CRI socket and reports per-set status on the Node annotation

@@ -19,12 +19,12 @@ import type { Logger } from 'pino';
 import { CriImageRuntime } from '../../cri/client.ts';
 import type { ImageRuntime, RuntimeImage, RuntimeInfo } from '../../cri/runtime.ts';
 import type { PinBackend, PinRemoval } from '../../pins/backend.ts';
-import { helpText, parseFlags, type FlagSpec, type FlagValues } from '../../util/flags.ts';
+import { helpText, parseFlags, type FlagSpec } from '../../util/flags.ts';
 import { createLogger } from '../../util/log.ts';
 import { errMessage } from '../../util/problem-log.ts';
 import { RetryGate } from '../../util/retry.ts';
 import { AGENT_FLAGS } from '../agent-flags.ts';
-import { lockConfig, pinsConfig, profileConfig } from '../boot/config.ts';
+import { lockConfig, pinsConfig, profileConfig, type LockConfig, type ProfileConfig } from '../boot/config.ts';
 import { nodeLock } from '../boot/node-lock-place.ts';
 import { nodeProfile, type NodeProfile } from '../boot/node-profile.ts';
 import { pinKit, type PinKit } from '../boot/pin-kit.ts';
@@ -69,8 +69,8 @@ interface DropContext {
 }
 
 /** The node's runtime as the agent finds it (or as the flags say), and what it answered; or why nothing can be done (exit 1). */
-async function reachRuntime(f: FlagValues, out: (line: string) => void): Promise<{ profile: NodeProfile; runtime: ImageRuntime; info: RuntimeInfo } | undefined> {
-  const profile = await nodeProfile(profileConfig(f));
+async function reachRuntime(cfg: ProfileConfig, out: (line: string) => void): Promise<{ profile: NodeProfile; runtime: ImageRuntime; info: RuntimeInfo } | undefined> {
+  const profile = await nodeProfile(cfg);
   if (profile.problem) {
     out(`${profile.problem}; nothing was changed`);
     return undefined;
@@ -91,17 +91,18 @@ export async function runDropPins(argv: string[]): Promise<number> {
     process.stdout.write(helpText('pinset agent --drop-pins [flags]', SUMMARY, DROP_PINS_FLAGS));
     return 0;
   }
+  // The sections of the agent's configuration it needs, from its own flags, once.
   const nodeName = String(f['node-name'] || hostname());
-  const pins = pinsConfig(f);
+  const cfg = { profile: profileConfig(f), pins: pinsConfig(f), lock: lockConfig(f, nodeName) };
   // stdout carries the report; logs go to stderr.
   const logger = createLogger({ level: String(f['log-level']), base: { node: nodeName }, destination: process.stderr });
   const out = (line: string) => process.stdout.write(`${line}\n`);
-  const reached = await reachRuntime(f, out);
+  const reached = await reachRuntime(cfg.profile, out);
   if (!reached) return 1;
   const { profile, runtime, info } = reached;
   try {
-    return await withNodeLock(lockConfig(f, nodeName), logger, out, async () => {
-      const kit = await pinKit(profile, pins, { runtime, logger });
+    return await withNodeLock(cfg.lock, logger, out, async () => {
+      const kit = await pinKit(profile, cfg.pins, { runtime, logger });
       try {
         return await dropPins({ info, runtime, logger, out }, kit);
       } finally {
@@ -114,7 +115,7 @@ export async function runDropPins(argv: string[]): Promise<number> {
 }
 
 /** Runs `work` with the node lock held (as the agent takes it: never beside a running agent); exit 3 when an agent held it for all of --lock-timeout, 2 when it cannot be taken. */
-async function withNodeLock(cfg: ReturnType<typeof lockConfig>, logger: Logger, out: (line: string) => void, work: () => Promise<number>): Promise<number> {
+async function withNodeLock(cfg: LockConfig, logger: Logger, out: (line: string) => void, work: () => Promise<number>): Promise<number> {
   const lock = nodeLock(cfg);
   let locked: boolean;
   try {
