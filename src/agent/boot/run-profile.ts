@@ -84,9 +84,11 @@ export async function runProfile(p: Process, prof: NodeProfile): Promise<number 
   }
 }
 
+/** The builders in order, each pushing its close() on `parts`. */
 async function runParts(p: Process, prof: NodeProfile, parts: CloseStack): Promise<number | 'again'> {
   const { cfg, logger } = p;
   const lock = nodeLock(cfg.lock);
+  // Made first, so released last: the final status goes out while this agent still holds the node.
   parts.defer(() => lock.release());
   const api = parts.push(await apiSide(cfg.api, logger));
   const rt = parts.push(runtimeParts(prof, { highWatermarkPercent: cfg.loop.highWatermarkPercent, logger }));
