@@ -1,10 +1,11 @@
 // One writer per node. Two agents on one node (the DaemonSet's pod and the
 // systemd unit during a migration, two pods in an overlapping rollout) would
-// each rewrite the pin file with their own view and reload CRI-O back and
-// forth. So the agent takes an exclusive flock(2) on
-// `<parent of crio.conf.d>/.pinset/agent.lock` before it touches anything,
-// and holds it for its whole life; a second agent waits, says why, and takes
-// over the moment the first exits.
+// each rewrite the pins with their own view (and reload CRI-O back and
+// forth). So the agent takes an exclusive flock(2) on the node lock before it
+// touches anything, and holds it for its whole life; a second agent waits,
+// says why, and takes over the moment the first exits. Where the lock lives
+// is the composition root's (./boot/node-lock-place.ts); a node lock may be
+// several files, always taken in the same order, all held or none.
 //
 // flock(2) is released by the kernel when the last descriptor of the open
 // file goes away, so a holder that is SIGKILLed, OOM-killed or loses its node
@@ -24,7 +25,6 @@ import { constants as fsc } from 'node:fs';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
-import { stagingDirFor } from '../crio/pinfile.ts';
 
 export const LOCK_FILE_NAME = 'agent.lock';
 
@@ -51,26 +51,81 @@ const BUSY_EXIT = 75;
  */
 const WAIT_ROUND_SECONDS = 15;
 
-export function lockPathFor(dropInDir: string): string {
-  return path.join(stagingDirFor(dropInDir), LOCK_FILE_NAME);
-}
-
 export function describeHolder(h: LockHolder | null): string {
   if (!h) return 'another pinset agent (it has not said who it is)';
   return `pinset agent pid ${h.pid} on ${h.runsIn === 'pod' ? `pod ${h.host}` : `host ${h.host}`} (node ${h.node}, started ${h.startedAt})`;
 }
 
+/** One file of a node lock. */
+export interface LockFileSpec {
+  path: string;
+  /**
+   * Taken only where it can be: a file this process cannot create (its
+   * folder read-only here) is locked read-only if it exists (flock(2) needs
+   * no write access), and left out if it does not (no agent holds a lock
+   * file that was never created).
+   */
+  bestEffort?: boolean;
+}
+
+/** The node lock: its files, taken in order, all held or none. */
 export class NodeLock {
+  /** The node's lock (the first file); the others are taken after it. */
   readonly path: string;
+  private readonly files: LockFile[];
+
+  constructor(files: readonly (LockFileSpec | string)[], identity: Omit<LockHolder, 'lockedAt'>, opts: { flockBin?: string } = {}) {
+    this.files = files.map((f) => new LockFile(typeof f === 'string' ? { path: f } : f, identity, opts.flockBin ?? 'flock'));
+    this.path = this.files[0]!.path;
+  }
+
+  get isHeld(): boolean {
+    return this.files.every((f) => f.isHeld);
+  }
+
+  /**
+   * Wait for every file in order. `onWait` is called when one is held by
+   * another agent (again whenever the holder changes), with that file's
+   * path. Resolves true once all are held, false (none held) when `signal`
+   * aborts or `timeoutMs` passes first.
+   */
+  async acquire(opts: { signal?: AbortSignal; timeoutMs?: number; onWait?: (holder: LockHolder | null, path: string) => void } = {}): Promise<boolean> {
+    const deadline = opts.timeoutMs === undefined ? undefined : Date.now() + opts.timeoutMs;
+    try {
+      for (const f of this.files) {
+        const timeoutMs = deadline === undefined ? undefined : Math.max(0, deadline - Date.now());
+        if (!(await f.acquire({ signal: opts.signal, timeoutMs, onWait: (h) => opts.onWait?.(h, f.path) }))) {
+          this.release();
+          return false;
+        }
+      }
+    } catch (e) {
+      this.release();
+      throw e;
+    }
+    return true;
+  }
+
+  /** Release every file, the last taken first (the kernel drops each lock). Exiting does the same. */
+  release(): void {
+    for (const f of [...this.files].reverse()) f.release();
+  }
+}
+
+class LockFile {
+  readonly path: string;
+  private readonly bestEffort: boolean;
   private readonly flockBin: string;
   private readonly identity: Omit<LockHolder, 'lockedAt'>;
   private fd: number | undefined;
+  private readOnly = false;
   private held = false;
 
-  constructor(lockPath: string, identity: Omit<LockHolder, 'lockedAt'>, opts: { flockBin?: string } = {}) {
-    this.path = lockPath;
+  constructor(spec: LockFileSpec, identity: Omit<LockHolder, 'lockedAt'>, flockBin: string) {
+    this.path = spec.path;
+    this.bestEffort = spec.bestEffort ?? false;
     this.identity = identity;
-    this.flockBin = opts.flockBin ?? 'flock';
+    this.flockBin = flockBin;
   }
 
   get isHeld(): boolean {
@@ -78,7 +133,7 @@ export class NodeLock {
   }
 
   /** Take the lock if it is free; false when another agent holds it. */
-  async tryAcquire(): Promise<boolean> {
+  private async tryAcquire(): Promise<boolean> {
     const r = await this.flock(['--nonblock']);
     if (r === 'locked') this.locked();
     return r === 'locked';
@@ -90,6 +145,10 @@ export class NodeLock {
    * `signal` aborts or `timeoutMs` passes first.
    */
   async acquire(opts: { signal?: AbortSignal; timeoutMs?: number; onWait?: (holder: LockHolder | null) => void } = {}): Promise<boolean> {
+    if ((await this.openFile()) === undefined) {
+      this.held = true; // left out: nothing to lock here (see LockFileSpec.bestEffort)
+      return true;
+    }
     if (await this.tryAcquire()) return true;
     const deadline = opts.timeoutMs === undefined ? Infinity : Date.now() + opts.timeoutMs;
     let lastHolder: string | undefined;
@@ -134,17 +193,29 @@ export class NodeLock {
     this.held = false;
   }
 
-  private async openFile(): Promise<number> {
+  /** The lock file's descriptor, made and opened on first use; undefined for a best-effort file that is not there and cannot be made. */
+  private async openFile(): Promise<number | undefined> {
     if (this.fd !== undefined) return this.fd;
-    await fsp.mkdir(path.dirname(this.path), { recursive: true, mode: 0o700 });
-    // O_NOFOLLOW: a link planted at the lock's name is refused, not followed.
-    this.fd = fs.openSync(this.path, fsc.O_RDWR | fsc.O_CREAT | fsc.O_NOFOLLOW, 0o644);
+    try {
+      await fsp.mkdir(path.dirname(this.path), { recursive: true, mode: 0o700 });
+      // O_NOFOLLOW: a link planted at the lock's name is refused, not followed.
+      this.fd = fs.openSync(this.path, fsc.O_RDWR | fsc.O_CREAT | fsc.O_NOFOLLOW, 0o644);
+    } catch (e) {
+      // A read-only mount; a folder this process may not write in (ENOENT: mkdir on a read-only mount may say so).
+      if (!this.bestEffort || !['EROFS', 'EACCES', 'EPERM', 'ENOENT'].includes((e as NodeJS.ErrnoException).code ?? '')) throw e;
+      try {
+        this.fd = fs.openSync(this.path, fsc.O_RDONLY | fsc.O_NOFOLLOW);
+        this.readOnly = true;
+      } catch (e2) {
+        if ((e2 as NodeJS.ErrnoException).code !== 'ENOENT') throw e2;
+      }
+    }
     return this.fd;
   }
 
   /** Run `flock -E 75 <args> 3` on our descriptor. */
   private async flock(args: string[], signal?: AbortSignal): Promise<'locked' | 'busy'> {
-    const fd = await this.openFile();
+    const fd = (await this.openFile())!;
     return new Promise((resolve, reject) => {
       const child = spawn(this.flockBin, ['--exclusive', '--conflict-exit-code', String(BUSY_EXIT), ...args, '3'], { stdio: ['ignore', 'ignore', 'pipe', fd] });
       let stderr = '';
@@ -170,6 +241,7 @@ export class NodeLock {
 
   private locked(): void {
     this.held = true;
+    if (this.readOnly) return; // locked, but it cannot say who holds it
     const me: LockHolder = { ...this.identity, lockedAt: new Date().toISOString() };
     const text = JSON.stringify(me) + '\n';
     // Through the locked descriptor: the file holds exactly one identity.

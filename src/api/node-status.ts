@@ -36,7 +36,7 @@
 // keys are); no cannotPin means the node can pin, and a report without
 // `pins` is one whose pin count is unknown (an agent from before them).
 // runtime: what the agent found on its node (name, version, pin backend,
-// the host paths it uses; src/agent/node-profile.ts), absent from older agents.
+// the host paths it uses; src/agent/boot/node-profile.ts), absent from older agents.
 import {
   STATUS_ANNOTATION,
   type KubeletVerificationStatus,

@@ -252,7 +252,7 @@ export interface NodeStatus {
 }
 
 /**
- * The node's runtime as the agent sees it (src/agent/node-profile.ts):
+ * The node's runtime as the agent sees it (src/agent/boot/node-profile.ts):
  * what answered CRI Version, the pin backend in use, and the host paths the
  * agent uses. `problem`: why no runtime could be settled on (none answered,
  * or two did); nothing is pinned then.

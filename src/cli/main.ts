@@ -13,7 +13,7 @@ export interface CommandModule {
 }
 
 export const commands: Record<string, { summary: string; load: () => Promise<CommandModule> }> = {
-  agent: { summary: 'pin and pre-load the images of the sets that select this node', load: () => import('../agent/main.ts') },
+  agent: { summary: 'pin and pre-load the images of the sets that select this node', load: () => import('../agent/boot/main.ts') },
   controller: { summary: 'roll per-node results up into each set\'s status', load: () => import('../controller/main.ts') },
   preflight: { summary: 'check what the cluster needs for pinset: what is fine, what will fail and what to do', load: () => import('./preflight.ts') },
   status: { summary: 'show, per node and set, what the agents report', load: () => import('./status.ts') },

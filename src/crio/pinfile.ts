@@ -48,7 +48,7 @@ const HEADER = [
 
 const uuidNameRe = /^99-pinset-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.conf$/;
 
-/** The staging folder beside the drop-in folder: temp files and the node lock live there, out of CRI-O's sight. */
+/** The staging folder beside the drop-in folder: the temp file lives there, out of CRI-O's sight (and the node lock of earlier versions: src/agent/boot/node-lock-place.ts). */
 export const STAGING_DIR_NAME = '.pinset';
 
 export function stagingDirFor(dropInDir: string): string {
@@ -131,7 +131,7 @@ export class PinFile {
   readonly mainConfig: string;
   /** Where the temp file is written before it is renamed in: `<parent of dir>/.pinset`. */
   readonly stagingDir: string;
-  /** The one temp file the agent writes: `<stagingDir>/<name>.tmp`, an exact name (one writer per node: see node-lock.ts). */
+  /** The one temp file the agent writes: `<stagingDir>/<name>.tmp`, an exact name (one writer per node: see src/agent/node-lock.ts). */
   readonly tempPath: string;
   private readonly hooks: PinFileHooks;
 

@@ -105,7 +105,7 @@ describe('the DaemonSet of kubectl kustomize deploy/, as rendered, on every runt
       const runtime = status.runtime as NodeRuntime;
       assert.deepEqual(
         { name: runtime.name, layout: runtime.layout, source: runtime.source, pinBackend: runtime.pinBackend, socket: runtime.socket, dropInDir: runtime.dropInDir, lock: runtime.lock },
-        { name: 'cri-o', layout: 'crio', source: 'detected', pinBackend: 'crio', socket: '/run/crio/crio.sock', dropInDir: '/etc/crio/crio.conf.d', lock: '/etc/crio/.pinset/agent.lock' },
+        { name: 'cri-o', layout: 'crio', source: 'detected', pinBackend: 'crio', socket: '/run/crio/crio.sock', dropInDir: '/etc/crio/crio.conf.d', lock: '/var/lib/pinset/agent.lock' },
       );
       assert.equal(typeof detected.detectionMs, 'number');
       assert.equal(await agent.stop(), 0);

@@ -71,7 +71,7 @@ beforeEach(async () => {
   crio = await startCrioNode({ catalogue: { [X]: { size: 1000 }, [Y]: { size: 1000 } } });
   ctrd = await startFakeContainerd({ version: '1.7.24', catalogue: { [X]: { size: 10, id: ID[X] }, [Y]: { size: 10, id: ID[Y] } } });
   await mkdir(join(dir, 'state-ctrd'));
-  agents.push(AgentProcess.start([...common('node-crio'), '--cri-endpoint', crio.endpoint, '--crio-dropin-dir', crio.dropInDir, '--reload', 'dbus'], { env: crio.env }));
+  agents.push(AgentProcess.start([...common('node-crio'), '--cri-endpoint', crio.endpoint, '--crio-dropin-dir', crio.dropInDir, '--state-dir', crio.stateDir, '--reload', 'dbus'], { env: crio.env }));
   agents.push(
     AgentProcess.start([...common('node-ctrd'), '--cri-endpoint', ctrd.endpoint, '--pin-backend', 'containerd', '--state-dir', join(dir, 'state-ctrd'), '--crio-dropin-dir', join(dir, 'no-crio', 'crio.conf.d')]),
   );

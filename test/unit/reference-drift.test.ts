@@ -12,7 +12,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
-import { DROP_PINS_FLAGS } from '../../src/agent/drop-pins.ts';
+import { DROP_PINS_FLAGS } from '../../src/agent/drop-pins/drop-pins.ts';
 import { EVENT_REASONS } from '../../src/agent/node-sinks.ts';
 import { STATUS_DOCUMENT_KEYS, STATUS_SET_KEYS } from '../../src/api/node-status.ts';
 import { SET_REASONS } from '../../src/api/reasons.ts';
