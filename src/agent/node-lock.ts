@@ -214,8 +214,8 @@ class LockFile {
    * The lock file's descriptor, made and opened on first use; undefined for
    * a best-effort file that is not there and cannot be made. A planted name
    * (the folder a link, the file a link of either kind, not a regular file)
-   * is an OwnFileError, best effort or not: it is not pinset's lock, and an
-   * agent of an earlier version would write through it.
+   * is an OwnFileError, best effort or not: it is not pinset's lock file,
+   * and an agent of an earlier version would write through a hard link.
    */
   private async openFile(): Promise<number | undefined> {
     if (this.fd !== undefined) return this.fd;
@@ -274,7 +274,7 @@ class LockFile {
     } catch {
       // Replaced meanwhile: the refusal stands, without the target.
     }
-    const instead = this.folderFlag ? `give ${this.folderFlag} the folder itself, or replace the link with a folder` : 'replace the link with a folder';
+    const instead = this.folderFlag ? `give ${this.folderFlag} the folder the link points to, or replace the link with a folder` : 'replace the link with a folder';
     throw new OwnFileError(`the node lock's folder ${dir} is a symbolic link (to ${target}): pinset takes its lock ${this.path} only in a folder of its own, not through a link; ${instead}`, 'ELOOP');
   }
 

@@ -101,7 +101,7 @@ describe("the node lock's place is pinset's own", () => {
       await mkdir(elsewhere);
       await mkdir(path.dirname(path.dirname(p[at])), { recursive: true });
       await symlink(elsewhere, path.dirname(p[at]));
-      const instead = at === 'node' ? 'give --state-dir the folder itself, or replace the link with a folder' : 'replace the link with a folder';
+      const instead = at === 'node' ? 'give --state-dir the folder the link points to, or replace the link with a folder' : 'replace the link with a folder';
       await refused(p.files, `the node lock's folder ${path.dirname(p[at])} is a symbolic link (to ${elsewhere}): pinset takes its lock ${p[at]} only in a folder of its own, not through a link; ${instead}`, at === 'earlier');
       assert.deepEqual(await readdir(elsewhere), [], 'no lock file made where the link points');
     });
