@@ -58,6 +58,7 @@ export async function measureAgentWrites(say: (line: string) => void = (l) => pr
             '--static-dir', path.join(dir, `${name}-sets.d`),
             '--cri-endpoint', node.endpoint,
             '--crio-dropin-dir', node.dropInDir,
+            '--state-dir', node.stateDir,
             '--reload', 'dbus',
             '--auth-file', path.join(dir, 'no-auth.json'),
             '--metrics-addr', '',

@@ -46,6 +46,7 @@ async function main(): Promise<void> {
         '--static-dir', path.join(dir, 'sets.d'),
         '--cri-endpoint', node.endpoint,
         '--crio-dropin-dir', node.dropInDir,
+        '--state-dir', node.stateDir,
         '--reload', 'dbus',
         '--auth-file', path.join(dir, 'no-auth.json'),
         '--metrics-addr', '',

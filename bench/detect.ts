@@ -1,5 +1,5 @@
 // `npm run bench:detect`: how long the agent takes at start to find its
-// node's runtime (src/agent/node-profile.ts: the standard CRI sockets under
+// node's runtime (src/agent/boot/node-profile.ts: the standard CRI sockets under
 // the host root, CRI Version of each that is there, ImageFsInfo of the one
 // that answered, containerd's config for its registry hosts), as it logs it
 // (`detectionMs` of "node runtime detected"). The agent is the bundle

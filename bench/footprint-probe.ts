@@ -89,7 +89,7 @@ async function apiAgent(registry: Registry | null, refs: string[] | null, nodeAr
   const conf = path.join(dir, 'registries.conf');
   await writeFile(conf, registry ? `[[registry]]\nprefix = "registry.test"\nlocation = "${registry.host}"\ninsecure = true\n` : '');
   const flags = [
-    '--node-name', 'bench-node', '--static-dir', staticDir, '--cri-endpoint', node.endpoint, '--crio-dropin-dir', node.dropInDir,
+    '--node-name', 'bench-node', '--static-dir', staticDir, '--cri-endpoint', node.endpoint, '--crio-dropin-dir', node.dropInDir, '--state-dir', node.stateDir,
     '--auth-file', path.join(dir, 'no-auth.json'), '--log-level', 'info', '--reload', 'dbus', '--resync-interval', '2s',
     '--metrics-addr', '127.0.0.1:0', '--kubeconfig', await api.writeKubeconfig(dir),
     '--registries-conf', conf, '--registries-conf-dir', path.join(dir, 'registries.conf.d'), ...EXTRA,
@@ -268,7 +268,7 @@ async function breakdown(): Promise<void> {
       await mkdir(path.join(dir, 's'));
       await mkdir(path.join(dir, 'd'));
       const agent = AgentProcess.start(
-        ['--node-name', 'bench-node', '--static-dir', path.join(dir, 's'), '--cri-endpoint', c.endpoint, '--crio-dropin-dir', path.join(dir, 'd'), '--reload', 'none', '--pin-backend', 'crio', '--auth-file', path.join(dir, 'x.json'), '--metrics-addr', '127.0.0.1:0', '--log-level', 'info'],
+        ['--node-name', 'bench-node', '--static-dir', path.join(dir, 's'), '--cri-endpoint', c.endpoint, '--crio-dropin-dir', path.join(dir, 'd'), '--state-dir', path.join(dir, 'state'), '--reload', 'none', '--pin-backend', 'crio', '--auth-file', path.join(dir, 'x.json'), '--metrics-addr', '127.0.0.1:0', '--log-level', 'info'],
         { cli: await bundledCli(), nodeArgs: FLAGS },
       );
       try {
@@ -333,7 +333,7 @@ async function once(): Promise<void> {
       await writeFile(path.join(sd, 'bench.yaml'), dumpYaml(setDoc('bench', refs)));
       const t0 = Date.now();
       const p0 = performance.now();
-      const child = spawn(process.execPath, [...FLAGS, cli, 'agent', '--once', '--node-name', 'bench-node', '--static-dir', sd, '--cri-endpoint', c.endpoint, '--crio-dropin-dir', dd, '--reload', 'none', '--pin-backend', 'crio', '--auth-file', path.join(dir, 'x.json'), '--metrics-addr', '', '--log-level', 'info'], {
+      const child = spawn(process.execPath, [...FLAGS, cli, 'agent', '--once', '--node-name', 'bench-node', '--static-dir', sd, '--cri-endpoint', c.endpoint, '--crio-dropin-dir', dd, '--state-dir', path.join(path.dirname(dd), 'state'), '--reload', 'none', '--pin-backend', 'crio', '--auth-file', path.join(dir, 'x.json'), '--metrics-addr', '', '--log-level', 'info'], {
         stdio: ['ignore', 'ignore', 'pipe'],
         env: { PATH: process.env.PATH, ...Object.fromEntries((process.env.BENCH_PROBE_ENV ?? '').split(' ').filter(Boolean).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)])) },
       });

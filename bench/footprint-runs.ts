@@ -89,6 +89,7 @@ export function agentFlags(s: Scratch, endpoint: string, extra: string[] = []): 
     '--static-dir', s.staticDir,
     '--cri-endpoint', endpoint,
     '--crio-dropin-dir', s.dropinDir,
+    '--state-dir', path.join(s.dir, 'state'),
     '--reload', 'none',
     '--pin-backend', 'crio',
     '--auth-file', path.join(s.dir, 'no-auth.json'),

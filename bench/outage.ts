@@ -144,7 +144,7 @@ async function run(outage: Outage, cliName: string, cli: string): Promise<Result
     await writeFile(path.join(staticDir, 'a.yaml'), setFile([A1]));
     agent = new Agent(
       cli,
-      ['--node-name', 'bench', '--static-dir', staticDir, '--cri-endpoint', node.endpoint, '--crio-dropin-dir', dropIn, '--reload', 'dbus', '--auth-file', path.join(dir, 'none.json'), '--metrics-addr', '', '--resync-interval', '5m'],
+      ['--node-name', 'bench', '--static-dir', staticDir, '--cri-endpoint', node.endpoint, '--crio-dropin-dir', dropIn, '--state-dir', path.join(dir, 'state'), '--reload', 'dbus', '--auth-file', path.join(dir, 'none.json'), '--metrics-addr', '', '--resync-interval', '5m'],
       node.env,
     );
     const cri = new CriClient(node.endpoint);

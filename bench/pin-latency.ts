@@ -65,7 +65,7 @@ async function standIn(): Promise<Target> {
     endpoint: node.endpoint,
     env: node.env,
     // No registry behind the stand-in: no size estimate to make.
-    agentArgs: ['--crio-dropin-dir', node.dropInDir, '--reload', 'dbus', '--disk-estimate-factor', '0'],
+    agentArgs: ['--crio-dropin-dir', node.dropInDir, '--state-dir', node.stateDir, '--reload', 'dbus', '--disk-estimate-factor', '0'],
     reloads: () => node.systemd.reloadCount('crio.service'),
     async images(how, run) {
       const refs: string[] = [];
@@ -117,7 +117,7 @@ async function realCrio(bin: string): Promise<Target> {
     endpoint: node.endpoint,
     env: node.env,
     // The agent reads the node's registries.conf (CRI-O's here) for its size estimate, as on a node.
-    agentArgs: ['--crio-dropin-dir', node.dropInDir, '--reload', 'dbus', '--registries-conf', path.join(path.dirname(node.crio.mainConfig), 'registries.conf')],
+    agentArgs: ['--crio-dropin-dir', node.dropInDir, '--state-dir', node.stateDir, '--reload', 'dbus', '--registries-conf', path.join(path.dirname(node.crio.mainConfig), 'registries.conf')],
     reloads: () => node.systemd.reloadCount('crio.service'),
     images: (how, run) => registryImages(registry, cri, how, `bench/r${run}`),
     async stop() {

@@ -308,7 +308,7 @@ async function profiledRun(entry: string, registry: Registry, warmRef: string, r
   const runDir = await mkdtemp(path.join(profDir, `p${parallel}-`));
   const flags = [
     '--node-name', 'bench-node', '--static-dir', staticDir, '--cri-endpoint', c.endpoint, '--crio-dropin-dir', dropinDir,
-    '--reload', 'none', '--pin-backend', 'crio', '--auth-file', path.join(dir, 'no-auth.json'), '--metrics-addr', '', '--log-level', 'info',
+    '--state-dir', path.join(dir, 'state'), '--reload', 'none', '--pin-backend', 'crio', '--auth-file', path.join(dir, 'no-auth.json'), '--metrics-addr', '', '--log-level', 'info',
     '--max-parallel-pulls', String(parallel), '--resync-interval', '10m',
     '--registries-conf', conf, '--registries-conf-dir', path.join(dir, 'registries.conf.d'),
     ...AGENT_FLAGS,

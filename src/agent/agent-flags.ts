@@ -1,12 +1,12 @@
 // `pinset agent`'s flags: each with its environment-variable twin, a
-// default and one line of help (src/util/flags.ts reads them;
+// default and one line of help (src/util/flags.ts reads them, and
+// ./boot/config.ts makes them the agent's typed configuration;
 // docs/reference.md's table says the same, and a test holds the two together).
 import { minWatchTimeoutFlag } from '../api/watch-timeout.ts';
 import { DEFAULT_SLOT_NAMESPACE } from '../rollout/slots.ts';
+import { PIN_BACKEND_FLAGS } from '../pins/choice.ts';
+import type { FlagSpec } from '../util/flags.ts';
 import { DEFAULT_DISK_ESTIMATE_FACTOR } from './estimate.ts';
-import type { FlagSpec, FlagValues } from '../util/flags.ts';
-import type { ProfileFlags } from './node-profile.ts';
-import { PIN_BACKEND_FLAGS, type PinBackendFlag } from './pin-choice.ts';
 
 /**
  * Default pull parallelism. Measured on containerd with a loopback
@@ -47,7 +47,7 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
     choices: [...PIN_BACKEND_FLAGS],
     help: 'how images are pinned: auto (from the runtime CRI Version names: CRI-O drop-in, containerd image labels, else pre-load only), crio, containerd, or none (pre-load only)',
   },
-  { name: 'state-dir', env: 'PINSET_STATE_DIR', type: 'string', default: '/var/lib/pinset', help: 'where the node lock lives when CRI-O\'s drop-in folder is not used (containerd, pre-load only)' },
+  { name: 'state-dir', env: 'PINSET_STATE_DIR', type: 'string', default: '/var/lib/pinset', help: 'pinset\'s own folder on the node: the node lock lives there, whatever the runtime' },
   { name: 'crio-dropin-dir', env: 'PINSET_CRIO_DROPIN_DIR', type: 'string', help: 'CRI-O drop-in folder the pin file is written to (default /etc/crio/crio.conf.d under --host-root)' },
   { name: 'reload', env: 'PINSET_RELOAD', type: 'string', default: 'dbus', choices: ['dbus', 'systemctl', 'none'], help: 'how CRI-O is reloaded after the pin file changes' },
   { name: 'crio-unit', env: 'PINSET_CRIO_UNIT', type: 'string', default: 'crio.service', help: 'systemd unit of CRI-O' },
@@ -101,16 +101,3 @@ export const AGENT_FLAGS: readonly FlagSpec[] = [
     help: "remove pinset's pins from this node (its CRI-O drop-in, or its labels on containerd), confirm through CRI, and exit; for a node whose agent is gone",
   },
 ];
-
-/** What the node's profile (./node-profile.ts) takes from the flags: those given win over what is found. */
-export function profileFlags(f: FlagValues): ProfileFlags {
-  const given = (name: string) => (f[name] ? String(f[name]) : undefined);
-  return {
-    hostRoot: String(f['host-root'] || '/'),
-    criEndpoint: given('cri-endpoint'),
-    pinBackend: f['pin-backend'] as PinBackendFlag,
-    dropInDir: given('crio-dropin-dir'),
-    containerdHostsDir: given('containerd-hosts-dir'),
-    stateDir: String(f['state-dir']),
-  };
-}

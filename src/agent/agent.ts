@@ -12,18 +12,23 @@
 // Every failing step is retried at its own pace (src/util/retry.ts: ~1 s
 // doubling to ~1 min, with jitter) and logged once per change of state.
 // Between attempts the agent sleeps; it wakes early when what it watches
-// says the cause cleared: the runtime's socket reappearing, the drop-in
-// folder changing (a refused file fixed) or writable again.
+// says the cause cleared: the runtime's socket reappearing, or what the pin
+// backend watches or probes (CRI-O: its drop-in folder changing, a refused
+// file fixed, or writable again).
+//
+// The agent does not know which runtime it pins on: it is handed the pin
+// backend's choice (src/pins/choice.ts), built where the node's runtime is
+// decided (./boot/pin-kit.ts). It owns the reactions to what changes
+// outside: the API side tells it (onDesiredStateChanged, onSecretChanged,
+// onRolloutSlotLost), and so do the backends (a wake-up).
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
 import type { Labels } from '../api/selector.ts';
 import type { NodeRuntime } from '../api/types.ts';
-import type { ImageRuntime, RuntimeInfo } from '../cri/runtime.ts';
-import { CrioPins } from '../crio/crio-pins.ts';
-import type { PinFile } from '../crio/pinfile.ts';
-import type { Reloader } from '../crio/reloader.ts';
+import type { ImageRuntime } from '../cri/runtime.ts';
 import type { AgentMetrics } from '../metrics/agent-metrics.ts';
+import type { PinChoice } from '../pins/choice.ts';
 import type { AuthFile } from '../registry/auth.ts';
 import type { RolloutGate } from '../rollout/gate.ts';
 import type { BackoffPolicy } from '../util/backoff.ts';
@@ -38,13 +43,12 @@ import { Lookahead } from './lookahead.ts';
 import type { AgentCredentials } from './image-credentials.ts';
 import type { EventRecorder } from './node-sinks.ts';
 import { SetSources } from './observe.ts';
-import { PinChoice, type PinBackendFlag, type PinBackendMakers } from './pin-choice.ts';
 import { Presence, PRESENCE_CHECK_MS } from './presence.ts';
 import { PullAdmission } from './pull-admission.ts';
 import type { ImagePuller } from './puller.ts';
 import { reconcile, type ReconcileParts, type ReconcileResult } from './reconcile.ts';
 import { RuntimeObserver } from './runtime-state.ts';
-import { SetReport } from './set-report.ts';
+import { currentRuntime, SetReport } from './set-report.ts';
 import type { StatusReporter } from './status-reporter.ts';
 
 export { PRESENCE_CHECK_MS } from './presence.ts';
@@ -63,13 +67,8 @@ export interface AgentOptions {
   runtime: ImageRuntime;
   /** The CRI socket's path, when it is a unix socket: its folder is watched so a restarted runtime is noticed at once. */
   criSocketPath?: string | null;
-  /** CRI-O's drop-in (absent where CRI-O's folder is not used, e.g. a containerd node). */
-  pinFile?: PinFile | null;
-  reloader?: Reloader | null;
-  /** Which pin backend (./pin-choice.ts); default crio, the drop-in above. */
-  pinBackend?: PinBackendFlag;
-  /** containerd's label backend, where the agent has containerd's socket. */
-  containerdPins?: PinBackendMakers['containerd'];
+  /** The node's pin backend, chosen as the runtime answers CRI Version (./boot/pin-kit.ts builds it; its owner closes it). */
+  pins: PinChoice;
   puller: ImagePuller;
   reporter: StatusReporter;
   logger: Logger;
@@ -97,10 +96,8 @@ export interface AgentOptions {
   presenceCheckMs?: number;
   /** Settle time before a triggered reconcile starts, to batch bursts of events (default DEBOUNCE_MS). */
   debounceMs?: number;
-  /** The node's runtime for the node status, given the backend in use and the runtime's last answer (./node-profile.ts describeProfile). */
-  describeRuntime?: (pinBackend: string, info: RuntimeInfo | undefined) => NodeRuntime;
-  /** Bound of the wait for CRI-O to apply a reload (tests shorten it). */
-  pinWaitTimeoutMs?: number;
+  /** The node's runtime as its profile describes it (./boot/node-profile.ts describeProfile); the node status puts the backend in use and the runtime's last answer in their places. */
+  nodeRuntime?: NodeRuntime;
   /** Pace of every failing step (default STEP_RETRY: ~1 s doubling to ~1 min). */
   retryPolicy?: BackoffPolicy;
   now?: () => number;
@@ -141,24 +138,8 @@ export class Agent {
     const gate = { now: this.now, policy: opts.retryPolicy ?? STEP_RETRY };
     this.reconcileGate = new RetryGate('reconciling', this.log, gate);
     this.runtime = new RuntimeObserver(opts.runtime, this.log, new RetryGate('reaching the container runtime', this.log, gate), opts.criSocketPath);
-    const { pinFile, reloader } = opts;
-    const crio =
-      pinFile && reloader
-        ? () =>
-            new CrioPins({
-              pinFile,
-              reloader,
-              runtime: opts.runtime,
-              logger: this.log,
-              metrics: opts.metrics,
-              events: opts.events,
-              pinWaitTimeoutMs: opts.pinWaitTimeoutMs,
-              retryPolicy: gate.policy,
-              now: this.now,
-              onWritable: (why) => this.trigger(why),
-            })
-        : undefined;
-    this.pins = new PinChoice(opts.pinBackend ?? 'crio', { crio, containerd: opts.containerdPins }, this.log);
+    this.pins = opts.pins;
+    this.pins.onWake((why) => this.trigger(why));
     this.presence = new Presence(this.log, opts.events);
     this.parts = {
       log: this.log,
@@ -170,15 +151,10 @@ export class Agent {
       rolloutGate: opts.rolloutGate,
       credentials: opts.credentials,
       presence: this.presence,
-      report: new SetReport({ ...opts, now: this.now, nodeRuntime: () => opts.describeRuntime?.(this.pins.for(this.runtime.info).name, this.runtime.info) }),
+      report: new SetReport({ ...opts, now: this.now, nodeRuntime: () => opts.nodeRuntime && currentRuntime(opts.nodeRuntime, this.pins.for(this.runtime.info).name, this.runtime.info) }),
       now: this.now,
     };
     this.lookahead = new Lookahead(this.parts);
-  }
-
-  /** The runtime's name and versions, once it has answered. */
-  get runtimeInfo(): RuntimeInfo | undefined {
-    return this.runtime.info;
   }
 
   /** One reconcile. Throws Cancelled when superseded. */
@@ -186,6 +162,23 @@ export class Agent {
     const r = await reconcile(this.parts, signal);
     if (r.runtimeReachable) this.firstSyncDone = true;
     return r;
+  }
+
+  /** A set, the Node's labels or the sets' CRD changed: the desired state may have changed, so a running reconcile is stale. */
+  onDesiredStateChanged(why: string): void {
+    this.trigger(why, true);
+  }
+
+  /** A pull secret changed: the images of the sets naming it are tried again now. */
+  onSecretChanged(name: string): void {
+    const { credentials, puller } = this.opts;
+    if (credentials) puller.retryNow(credentials.imagesUsingSecret(name));
+    this.trigger('pull secret changed');
+  }
+
+  /** A rollout slot this node held was lost: the reconcile asks for it again. */
+  onRolloutSlotLost(): void {
+    this.trigger('rollout slot lost');
   }
 
   /** Ask for a reconcile. `cancel`: the desired state changed, so a running reconcile is stale. */
@@ -344,7 +337,6 @@ export class Agent {
     clearTimeout(this.debounce);
     clearTimeout(this.timer);
     clearInterval(this.kubeletTimer);
-    this.pins.close();
     for (const w of this.watchers) w.close();
     this.current?.abort(new Cancelled('shutting down'));
     this.opts.puller.abortAll();

@@ -6,11 +6,11 @@
 import type { Logger } from 'pino';
 import type { NodeSetStatus } from '../api/types.ts';
 import type { PinBackend, PinTarget } from '../pins/backend.ts';
+import type { PinChoice } from '../pins/choice.ts';
 import type { RolloutGate } from '../rollout/gate.ts';
 import { checkpoint } from '../util/cancel.ts';
 import type { SetSources } from './observe.ts';
 import type { AgentCredentials } from './image-credentials.ts';
-import type { PinChoice } from './pin-choice.ts';
 import { planReconcile, type Plan, type WantedImage } from './plan.ts';
 import type { Presence } from './presence.ts';
 import type { PullAdmission } from './pull-admission.ts';

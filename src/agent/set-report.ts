@@ -5,6 +5,7 @@
 // the annotation, across restarts.
 import type { NodeRuntime, NodeSetStatus, SetPhase } from '../api/types.ts';
 import { readNodeStatus } from '../api/node-status.ts';
+import type { RuntimeInfo } from '../cri/runtime.ts';
 import type { AgentMetrics } from '../metrics/agent-metrics.ts';
 import type { PinStatus } from '../pins/backend.ts';
 import type { SetEstimate } from './estimate.ts';
@@ -31,6 +32,13 @@ export interface SetReportOptions {
   /** What the agent found on its node, with the pin backend in use, for the node status. */
   nodeRuntime?: () => NodeRuntime | undefined;
   now: () => number;
+}
+
+/** The node's runtime as its profile described it, with the pin backend in use and the runtime's last answer in their places (both may change after the start). */
+export function currentRuntime(described: NodeRuntime, pinBackend: string, info: RuntimeInfo | undefined): NodeRuntime {
+  const { name, version, ...rest } = described;
+  const runtime = info ? { name: info.runtimeName, version: info.runtimeVersion } : name !== undefined ? { name, version } : {};
+  return { ...runtime, ...rest, pinBackend };
 }
 
 /** One reconcile's facts, as they stand when a report is made. */

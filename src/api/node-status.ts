@@ -13,11 +13,17 @@
 //    "gen": 3, "done": 2, "phase": "Progressing", "reason": "Pulling",
 //    "message": "120 of 412 images present",
 //    "images": [412, 120, 412, 0, 0], "estimatedBytes": 13207024435,
+//    "bytes": [2147483648, 6603512217], "rate": 5452595,
 //    "failedGen": 2, "error": "ImageNotFound: …"}
 // - source: only "static"; absent means "api".
 // - gen: desiredGeneration. done: currentGeneration, absent when equal to gen.
 // - reason: absent on a Ready set means AllImagesPinned.
 // - images: [wanted, present, pinned, failed, invalid], trailing zeros left out.
+// - bytes: [present, total] compressed bytes of the set's images on this
+//   node, [total] when all are present; rate: bytes per second arriving.
+//   Both came after the first version-2 agents (readers that predate them
+//   ignore them), and a malformed one is left out on its own: the entry
+//   stays, as progress is never worth losing a set's phase for.
 // - failedGen, error: lastFailedGeneration and lastFailedGenerationError. On
 //   a Degraded set they default to gen and "<reason>: <message>" (what a set
 //   failing now has), so a failing set does not carry its message twice.
@@ -30,7 +36,7 @@
 // keys are); no cannotPin means the node can pin, and a report without
 // `pins` is one whose pin count is unknown (an agent from before them).
 // runtime: what the agent found on its node (name, version, pin backend,
-// the host paths it uses; src/agent/node-profile.ts), absent from older agents.
+// the host paths it uses; src/agent/boot/node-profile.ts), absent from older agents.
 import {
   STATUS_ANNOTATION,
   type KubeletVerificationStatus,
@@ -53,7 +59,7 @@ export interface NodeStatusReading {
 
 /** The keys of the version-2 document, and of a set's entry in it: what the encoder may write (docs/status.md lists them; a test holds the two together). */
 export const STATUS_DOCUMENT_KEYS = ['version', 'pinFile', 'updatedAt', 'sets', 'imageFilesystemError', 'cannotPin', 'pins', 'pinsKept', 'kubeletVerification', 'truncated', 'runtime'] as const;
-export const STATUS_SET_KEYS = ['name', 'uid', 'source', 'gen', 'done', 'phase', 'reason', 'message', 'images', 'estimatedBytes', 'failedGen', 'error'] as const;
+export const STATUS_SET_KEYS = ['name', 'uid', 'source', 'gen', 'done', 'phase', 'reason', 'message', 'images', 'estimatedBytes', 'bytes', 'rate', 'failedGen', 'error'] as const;
 
 const PHASES: ReadonlySet<string> = new Set<SetPhase>(['Progressing', 'Ready', 'Degraded']);
 /** The reason a Ready set has unless it says otherwise (version 2 leaves it out). */
@@ -98,6 +104,8 @@ function encodeSet(s: NodeSetStatus): Partial<Record<(typeof STATUS_SET_KEYS)[nu
   while (counts.length > 0 && counts[counts.length - 1] === 0) counts.pop();
   e.images = counts;
   if (s.estimatedBytes !== undefined) e.estimatedBytes = s.estimatedBytes;
+  if (s.bytes) e.bytes = s.bytes.present === s.bytes.total ? [s.bytes.total] : [s.bytes.present, s.bytes.total];
+  if (s.rate !== undefined) e.rate = Math.round(s.rate);
   const failingNow = s.phase === 'Degraded';
   if (s.lastFailedGeneration !== undefined && !(failingNow && s.lastFailedGeneration === s.desiredGeneration)) e.failedGen = s.lastFailedGeneration;
   if (s.lastFailedGenerationError !== undefined && !(failingNow && s.lastFailedGenerationError === failureText(s.reason, s.message))) {
@@ -202,6 +210,14 @@ function readImagesV2(v: unknown): SetImageCounts | string {
   return out;
 }
 
+/** A set's `bytes`: [present, total] or [total] (all present); undefined when absent or malformed. */
+function readBytes(v: unknown): NodeSetStatus['bytes'] {
+  if (!Array.isArray(v) || !v.every(isCount)) return undefined;
+  if (v.length === 1) return { present: v[0], total: v[0] };
+  if (v.length === 2 && v[0] <= v[1]) return { present: v[0], total: v[1] };
+  return undefined;
+}
+
 function readSetEntryV2(v: unknown): NodeSetStatus | string {
   if (!isRecord(v)) return 'not an object';
   if (typeof v.name !== 'string' || v.name === '') return 'name: missing';
@@ -231,6 +247,9 @@ function readSetEntryV2(v: unknown): NodeSetStatus | string {
   if (typeof v.uid === 'string' && v.uid !== '') entry.uid = v.uid;
   if (typeof v.message === 'string') entry.message = v.message;
   if (v.estimatedBytes !== undefined) entry.estimatedBytes = v.estimatedBytes as number;
+  const bytes = readBytes(v.bytes);
+  if (bytes) entry.bytes = bytes;
+  if (isCount(v.rate)) entry.rate = v.rate;
   const failingNow = phase === 'Degraded';
   if (v.failedGen !== undefined) entry.lastFailedGeneration = v.failedGen as number;
   else if (failingNow) entry.lastFailedGeneration = v.gen;

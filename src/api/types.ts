@@ -108,11 +108,36 @@ export interface DegradedNode {
   message: string;
 }
 
+/** What a set's progress counts: compressed bytes from the registries' manifests, or images where no node reports bytes. */
+export type ProgressUnit = 'bytes' | 'images';
+
+/**
+ * The set's download across the nodes it selects (src/controller/progress.ts):
+ * how much is present of the total, the rate over the last minutes, and when
+ * the nodes that progress should be done.
+ */
+export interface SetProgress {
+  unit: ProgressUnit;
+  /** Present on the selected nodes, summed (a node that has not reported counts as the others do). */
+  present: number;
+  total: number;
+  /** Growth of `present` per second over the controller's window; absent until it has two observations. */
+  rate?: number;
+  /** Selected nodes downloading now, and waiting to (for a rollout slot, the first wave, or not started). */
+  nodesDownloading: number;
+  nodesWaiting: number;
+  /** When every selected node that is not degraded should hold the set (RFC 3339); absent when it cannot be told. */
+  estimatedCompletionTime?: string;
+  /** One line for people (kubectl's Progress column): "41% of 180.0 MiB, 5.2 MiB/s". */
+  summary: string;
+}
+
 export interface PinnedImageSetStatus {
   observedGeneration?: number;
   nodes?: { matched: number; ready: number; progressing: number; degraded: number };
   degradedNodes?: DegradedNode[];
   conditions?: Condition[];
+  progress?: SetProgress;
 }
 
 export interface PinnedImageSet {
@@ -181,6 +206,15 @@ export interface NodeSetStatus {
    * absent when nothing is left to download or no size is known.
    */
   estimatedBytes?: number;
+  /**
+   * Compressed bytes of this set's images on this node (the distinct layers
+   * and configs their manifests name, for the node's platform): `total` of
+   * them all, `present` of those the runtime holds (and, where the runtime
+   * tells, of those arriving). Absent when the sizes are not known.
+   */
+  bytes?: { present: number; total: number };
+  /** Bytes of this set arriving per second on this node over the last minutes; absent when it is not downloading. */
+  rate?: number;
   phase: SetPhase;
   /** CamelCase, e.g. AllImagesPinned, Pulling, ImageNotFound, PinsOverridden. */
   reason: string;
@@ -237,7 +271,7 @@ export interface NodeStatus {
 }
 
 /**
- * The node's runtime as the agent sees it (src/agent/node-profile.ts):
+ * The node's runtime as the agent sees it (src/agent/boot/node-profile.ts):
  * what answered CRI Version, the pin backend in use, and the host paths the
  * agent uses. `problem`: why no runtime could be settled on (none answered,
  * or two did); nothing is pinned then.

@@ -1,13 +1,24 @@
 // The objects of the manifests as the cluster holds them: each one's path
 // found through discovery (the resource a kind is served as, and whether
 // it is namespaced, from the API server itself), read and deleted by that
-// path. For `pinset uninstall`.
+// path. For `pinset uninstall`, which deletes only what carries pinset's
+// label (inspect()), and exactly the object it inspected (remove() with the
+// uid as a precondition: an object deleted and made again by someone else
+// meanwhile is not theirs to lose).
 import { KubeApiError, type KubeHttp } from '../api/kube-http.ts';
 import { METADATA_WATCH_ACCEPT } from '../api/list-pages.ts';
-import { describeObject, type ManifestObject } from './manifests.ts';
+import { apiError } from './api-error.ts';
+import { describeObject, isPinsets, PINSET_LABEL, PINSET_LABEL_VALUE, type ManifestObject } from './manifests.ts';
 
 /** What the cluster holds of one object. */
 export type ObjectState = 'present' | 'terminating' | 'absent' | 'not served';
+
+/** One object as the cluster holds it: its state, and whether it carries pinset's label (and its uid) when it is there. */
+export interface Inspected {
+  state: ObjectState;
+  pinsets: boolean;
+  uid?: string;
+}
 
 /** The order objects are removed in: the agents and the controller first (nothing writes meanwhile), the CRD and the namespace last. */
 const REMOVAL_ORDER = [
@@ -76,35 +87,49 @@ export class ClusterObjects {
   }
 
   async state(o: ManifestObject): Promise<ObjectState> {
+    return (await this.inspect(o)).state;
+  }
+
+  /** The object's state, labels and uid, read as metadata only. */
+  async inspect(o: ManifestObject): Promise<Inspected> {
     const path = await this.pathOf(o);
-    if (!path) return 'not served';
+    if (!path) return { state: 'not served', pinsets: false };
     try {
-      const got = await this.#http.json<{ metadata?: { deletionTimestamp?: string } }>('GET', path, {}, undefined, { timeoutMs: this.#timeoutMs, accept: METADATA_WATCH_ACCEPT });
-      return got.metadata?.deletionTimestamp ? 'terminating' : 'present';
+      const got = await this.#http.json<{ metadata?: { deletionTimestamp?: string; uid?: string; labels?: Record<string, string> } }>('GET', path, {}, undefined, { timeoutMs: this.#timeoutMs, accept: METADATA_WATCH_ACCEPT });
+      return { state: got.metadata?.deletionTimestamp ? 'terminating' : 'present', pinsets: isPinsets(got.metadata?.labels), ...(got.metadata?.uid ? { uid: got.metadata.uid } : {}) };
     } catch (err) {
-      if (err instanceof KubeApiError && err.code === 404) return 'absent';
+      if (err instanceof KubeApiError && err.code === 404) return { state: 'absent', pinsets: false };
       throw err;
     }
   }
 
-  /** Deletes the object, its dependents in the background (a DaemonSet's pods); what there was to delete. */
-  async remove(o: ManifestObject): Promise<ObjectState> {
+  /**
+   * Deletes the object, its dependents in the background (a DaemonSet's
+   * pods); what there was to delete. With `uid`, only that object: one made
+   * anew under its name since is refused (409), as a failure.
+   */
+  async remove(o: ManifestObject, uid?: string): Promise<ObjectState> {
     const path = await this.pathOf(o);
     if (!path) return 'not served';
     try {
-      await this.#http.json('DELETE', path, {}, { kind: 'DeleteOptions', apiVersion: 'v1', propagationPolicy: 'Background' }, { timeoutMs: this.#timeoutMs });
+      await this.#http.json('DELETE', path, {}, { kind: 'DeleteOptions', apiVersion: 'v1', propagationPolicy: 'Background', ...(uid ? { preconditions: { uid } } : {}) }, { timeoutMs: this.#timeoutMs });
       return 'present';
     } catch (err) {
       if (err instanceof KubeApiError && err.code === 404) return 'absent';
-      throw new Error(`${describeObject(o)}: ${err instanceof Error ? err.message : String(err)}`);
+      throw new Error(`${describeObject(o)}: ${apiError(err)}`);
     }
   }
 
-  /** Creates the object from its manifest (its status left out, as the server would drop it). */
+  /**
+   * Creates the object from its manifest (its status left out, as the
+   * server would drop it), with pinset's label, as the install set it: a
+   * manifest read from a kustomization's files lacks what its `labels` add.
+   */
   async create(o: ManifestObject): Promise<void> {
     const path = await this.pathOf(o);
     if (!path) throw new Error(`${describeObject(o)}: ${o.apiVersion} ${o.kind} is not served by this cluster`);
-    const { status: _status, ...body } = o.doc;
+    const { status: _status, ...doc } = structuredClone(o.doc) as { status?: unknown; metadata?: { labels?: Record<string, string> } };
+    const body = { ...doc, metadata: { ...doc.metadata, labels: { ...doc.metadata?.labels, [PINSET_LABEL]: PINSET_LABEL_VALUE } } };
     await this.#http.json('POST', path.slice(0, path.lastIndexOf('/')), { fieldManager: 'pinset-uninstall' }, body, { timeoutMs: this.#timeoutMs });
   }
 }

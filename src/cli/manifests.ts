@@ -36,6 +36,15 @@ const KUSTOMIZATION_FILES = ['kustomization.yaml', 'kustomization.yml', 'Kustomi
 /** Kustomization fields that change names or namespaces, or make objects: read them with `kubectl kustomize` instead. */
 const UNSUPPORTED = ['namePrefix', 'nameSuffix', 'namespace', 'replacements', 'components', 'configMapGenerator', 'secretGenerator', 'helmCharts', 'generators', 'transformers'];
 
+/** The label deploy/base/kustomization.yaml sets on every object pinset installs: `pinset uninstall` removes only objects that carry it. */
+export const PINSET_LABEL = 'app.kubernetes.io/part-of';
+export const PINSET_LABEL_VALUE = 'pinset';
+
+/** Whether labels carry pinset's label. */
+export function isPinsets(labels: Readonly<Record<string, string>> | undefined): boolean {
+  return labels?.[PINSET_LABEL] === PINSET_LABEL_VALUE;
+}
+
 /** `Kind namespace/name`, as the plan prints an object. */
 export function describeObject(o: Pick<ManifestObject, 'kind' | 'name' | 'namespace'>): string {
   return `${o.kind} ${o.namespace ? `${o.namespace}/` : ''}${o.name}`;

@@ -14,6 +14,7 @@ import { parseLabelList } from '../api/selector.ts';
 import { API_VERSION, KIND } from '../api/types.ts';
 import { describeProblems, validateSet } from '../api/validate.ts';
 import { helpText, parseFlags, UsageError, type FlagSpec } from '../util/flags.ts';
+import { apiError } from './api-error.ts';
 import type { CommandIO } from './resolve.ts';
 
 export const SNAPSHOT_FLAGS: readonly FlagSpec[] = [
@@ -88,23 +89,6 @@ async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<
   } finally {
     clearTimeout(timer);
   }
-}
-
-function apiError(err: unknown): string {
-  const code = (err as { code?: unknown } | null)?.code;
-  const body = (err as { body?: unknown } | null)?.body;
-  if (typeof code === 'number') {
-    let detail = '';
-    try {
-      const parsed = typeof body === 'string' ? JSON.parse(body) : body;
-      if (parsed && typeof parsed.message === 'string') detail = parsed.message;
-    } catch {
-      // not a Status
-    }
-    return `HTTP ${code}${detail ? `: ${detail}` : ''}`;
-  }
-  const e = err as { message?: unknown; cause?: { code?: unknown } };
-  return `${String(e?.message ?? err)}${e?.cause?.code ? ` (${String(e.cause.code)})` : ''}`;
 }
 
 /** Every pod the flags ask for, page by page (500 a page, as kubectl asks). */

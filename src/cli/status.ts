@@ -8,24 +8,31 @@
 // after the table with why and the versions that pin; a node keeping pins
 // no set asks for is named after it too, and so is a node whose kubelet's
 // credential verification will refuse pinned images offline
-// (./status-notes.ts).
+// (./status-notes.ts). Each row says how much of the set the node holds in
+// bytes and when it will be done; after the table, one line per set says
+// the same across the nodes it selects (./status-progress.ts). --watch
+// keeps it on screen (./status-watch.ts).
 import type { KubeConfig } from '@kubernetes/client-node';
 import { KubeApiError, KubeHttp } from '../api/kube-http.ts';
 import { DEFAULT_PAGE_SIZE, listAll, METADATA_LIST_ACCEPT } from '../api/list-pages.ts';
 import { selectorErrors, selectorMatches } from '../api/selector.ts';
-import { GROUP, PLURAL, VERSION, type NodeRuntime, type NodeSetStatus, type PinnedImageSet } from '../api/types.ts';
+import { GROUP, PLURAL, VERSION, type PinnedImageSet } from '../api/types.ts';
 import { loadClientKubeConfig } from '../api/kubeconfig.ts';
 import { readNodeStatus, type NodeStatusReading } from '../api/node-status.ts';
-import { formatBytes } from '../registry/size.ts';
-import { helpText, parseFlags, type FlagSpec } from '../util/flags.ts';
-import { kubeletVerificationLines, oneLine, pinsKeptLines, preloadOnlyLines, type KubeletNote } from './status-notes.ts';
+import { helpText, parseFlags, UsageError, type FlagSpec } from '../util/flags.ts';
+import { apiError } from './api-error.ts';
+import { kubeletVerificationLines, pinsKeptLines, preloadOnlyLines, type KubeletNote } from './status-notes.ts';
+import { controllerRate, progressLine, SetProgressCollector } from './status-progress.ts';
+import { formatAge, statusRows, tableLines, type NodeReport, type StatusRow } from './status-table.ts';
 
 export const STATUS_FLAGS: readonly FlagSpec[] = [
   { name: 'set', type: 'string', help: 'show only this PinnedImageSet' },
-  { name: 'output', type: 'string', default: 'table', choices: ['table', 'wide', 'json'], help: 'output format (wide adds each set\'s disk estimate for what it still has to download, and each node\'s runtime and pin backend)', short: 'o' },
+  { name: 'output', type: 'string', default: 'table', choices: ['table', 'wide', 'json'], help: 'output format (wide adds each node\'s rate per set, each set\'s disk estimate for what it still has to download, and each node\'s runtime and pin backend)', short: 'o' },
   { name: 'kubeconfig', env: 'KUBECONFIG', type: 'string', help: 'kubeconfig file; the usual search (~/.kube/config, in-cluster) when unset' },
   { name: 'timeout', env: 'PINSET_STATUS_TIMEOUT', type: 'duration', default: '15s', help: 'give up on an API request (a page of Nodes) after this long' },
   { name: 'chunk-size', env: 'PINSET_STATUS_CHUNK_SIZE', type: 'int', default: DEFAULT_PAGE_SIZE, help: 'list Nodes this many at a time (kubectl\'s --chunk-size); 0 lists them in one request' },
+  { name: 'watch', type: 'bool', short: 'w', help: 'keep watching: on a terminal, redraw with a progress bar per set; otherwise print a line per change; with --set, stop once every node it selects is ready' },
+  { name: 'interval', env: 'PINSET_STATUS_INTERVAL', type: 'duration', default: '2s', help: 'with --watch, redraw (or print changes) at most this often' },
 ];
 
 /** What a metadata-only list brings of a Node (a whole Node from a server that cannot send less). */
@@ -33,196 +40,15 @@ interface NodeMetadata {
   metadata?: { name?: string; labels?: Record<string, string>; annotations?: Record<string, string> };
 }
 
-export interface NodeReport {
-  name: string;
-  labels: Record<string, string>;
-  reading: NodeStatusReading;
-}
+export { formatAge, renderTable, runtimeLabel, statusRows, tableLines, type NodeReport, type StatusRow } from './status-table.ts';
 
-export interface StatusRow {
-  node: string;
-  set: string;
-  phase: string;
-  images: string;
-  generation: string;
-  age: string;
-  /** Disk estimate of the images still to download ("-" when none). */
-  estimate: string;
-  /** The node's runtime as its agent found it: "containerd 2.1.9 (containerd)", the pin backend in brackets; "-" when not reported. */
-  runtime: string;
-  error: string;
-}
-
-/** The RUNTIME column: what answered CRI Version and the backend that pins there; why none was settled on. */
-export function runtimeLabel(r: NodeRuntime | undefined): string {
-  if (!r) return '-';
-  if (r.problem) return 'none settled';
-  const what = [r.name, r.version].filter(Boolean).join(' ') || '?';
-  return `${what}${r.layout && r.layout !== r.name && r.layout !== 'crio' ? ` on ${r.layout}` : ''} (${r.pinBackend})`;
-}
-
-/**
- * A duration the way kubectl prints ages (k8s.io/apimachinery
- * pkg/util/duration.HumanDuration): 45s, 3m20s, 15m, 5h30m, 20h, 3d4h, 30d, 2y.
- */
-export function formatAge(ms: number): string {
-  const seconds = Math.floor(ms / 1000);
-  if (seconds < -1) return '<invalid>';
-  if (seconds < 0) return '0s';
-  if (seconds < 120) return `${seconds}s`;
-  const minutes = Math.floor(seconds / 60);
-  if (minutes < 10) {
-    const s = seconds % 60;
-    return s === 0 ? `${minutes}m` : `${minutes}m${s}s`;
-  }
-  if (minutes < 180) return `${minutes}m`;
-  const hours = Math.floor(minutes / 60);
-  if (hours < 8) {
-    const m = minutes % 60;
-    return m === 0 ? `${hours}h` : `${hours}h${m}m`;
-  }
-  if (hours < 48) return `${hours}h`;
-  if (hours < 24 * 8) {
-    const h = hours % 24;
-    return h === 0 ? `${Math.floor(hours / 24)}d` : `${Math.floor(hours / 24)}d${h}h`;
-  }
-  if (hours < 24 * 365 * 2) return `${Math.floor(hours / 24)}d`;
-  if (hours < 24 * 365 * 8) {
-    const days = Math.floor(hours / 24);
-    const dy = days % 365;
-    return dy === 0 ? `${Math.floor(days / 365)}y` : `${Math.floor(days / 365)}y${dy}d`;
-  }
-  return `${Math.floor(hours / 24 / 365)}y`;
-}
-
-
-function errorOf(e: NodeSetStatus): string {
-  const failedNow = e.lastFailedGenerationError && e.lastFailedGeneration !== undefined && e.lastFailedGeneration >= e.desiredGeneration;
-  if (e.phase !== 'Degraded' && !failedNow) return '';
-  const text = e.lastFailedGenerationError || e.message || '';
-  const reason = e.reason || e.phase;
-  // An agent's error reads "<reason>: <message>" already (src/api/node-status.ts failureText).
-  return oneLine(!text ? reason : text.startsWith(`${reason}: `) ? text : `${reason}: ${text}`);
-}
-
-/**
- * One row per node and set it reports; one row for a node that reports
- * nothing. With `only`, rows for that set; `selects`, when the set object is
- * known, adds the nodes it selects that have not reported on it.
- */
-export function statusRows(
-  nodes: readonly NodeReport[],
-  now: Date,
-  only?: { name: string; uid?: string; selects?: (labels: Record<string, string>) => boolean },
-): StatusRow[] {
-  const rows: StatusRow[] = [];
-  const sorted = [...nodes].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
-  for (const node of sorted) {
-    const { status, error } = node.reading;
-    const updated = status?.updatedAt ? Date.parse(status.updatedAt) : NaN;
-    const age = Number.isNaN(updated) ? '<unknown>' : formatAge(now.getTime() - updated);
-    const runtime = runtimeLabel(status?.runtime);
-    const empty = { images: '-', generation: '-', age: '-', estimate: '-', runtime };
-    let entries = status?.sets ?? [];
-    if (only) entries = entries.filter((e) => e.name === only.name);
-    const mismatch = only?.uid ? entries.filter((e) => e.source === 'api' && e.uid && e.uid !== only.uid) : [];
-    entries = entries.filter((e) => !mismatch.includes(e));
-    if (entries.length === 0) {
-      if (only && !error && !only.selects?.(node.labels) && mismatch.length === 0) continue;
-      if (error) rows.push({ node: node.name, set: only?.name ?? '<none>', phase: 'Unreadable', ...empty, error: oneLine(error) });
-      else if (!status) rows.push({ node: node.name, set: only?.name ?? '<none>', phase: 'NotReported', ...empty, error: '' });
-      else {
-        const why = mismatch.length > 0 ? 'the report is about an earlier set of the same name' : '';
-        rows.push({ node: nodeLabel(node.name, status.cannotPin), set: only?.name ?? '<none>', phase: only ? 'NotReported' : '-', images: '-', generation: '-', age, estimate: '-', runtime, error: why || oneLine(status.runtime?.problem ?? '') });
-      }
-      continue;
-    }
-    for (const e of [...entries].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))) {
-      rows.push({
-        node: nodeLabel(node.name, status?.cannotPin),
-        set: e.source === 'static' ? `${e.name} (static)` : e.name,
-        phase: e.phase,
-        images: `${e.images.present}/${e.images.wanted}`,
-        generation: `${e.currentGeneration}/${e.desiredGeneration}`,
-        age,
-        estimate: e.estimatedBytes !== undefined ? formatBytes(e.estimatedBytes) : '-',
-        runtime,
-        error: errorOf(e),
-      });
-    }
-  }
-  return rows;
-}
-
-/** The NODE column: a node whose runtime cannot pin is marked. */
-function nodeLabel(name: string, cannotPin: string | undefined): string {
-  return cannotPin ? `${name} (pre-load only)` : name;
-}
-
-const HEADERS: Record<keyof StatusRow, string> = {
-  node: 'NODE',
-  set: 'SET',
-  phase: 'PHASE',
-  images: 'IMAGES',
-  generation: 'GENERATION',
-  age: 'AGE',
-  estimate: 'ESTIMATE',
-  runtime: 'RUNTIME',
-  error: 'ERROR',
-};
-const GAP = 3;
-/** ERROR keeps at least this many characters however narrow the terminal. */
-const MIN_ERROR_WIDTH = 20;
-
-function cut(s: string, width: number): string {
-  const chars = [...s];
-  return chars.length <= width ? s : `${chars.slice(0, Math.max(0, width - 1)).join('')}…`;
-}
-
-/** The table's lines, header first: kubectl-style columns, the ERROR column cut so each line fits `width`. */
-export function* tableLines(rows: readonly StatusRow[], width: number, wide = false): Generator<string> {
-  const cols = wide ? (['node', 'set', 'phase', 'images', 'generation', 'age', 'estimate', 'runtime'] as const) : (['node', 'set', 'phase', 'images', 'generation', 'age'] as const);
-  // Not Math.max(...rows): one argument per row overflows the stack from
-  // about 125000 rows (12500 nodes of 10 sets) on Node.js 24's default stack.
-  const widths = cols.map((c) => rows.reduce((w, r) => Math.max(w, [...r[c]].length), HEADERS[c].length));
-  const line = (r: Record<keyof StatusRow, string>) => {
-    const left = cols.map((c, i) => r[c] + ' '.repeat(widths[i]! - [...r[c]].length + GAP)).join('');
-    const room = Math.max(MIN_ERROR_WIDTH, width - [...left].length);
-    return (left + cut(r.error, room)).trimEnd();
-  };
-  yield line(HEADERS);
-  for (const r of rows) yield line(r);
-}
-
-/** The whole table as one string (see tableLines). */
-export function renderTable(rows: readonly StatusRow[], width: number, wide = false): string {
-  return [...tableLines(rows, width, wide)].join('\n') + '\n';
-}
-
-function terminalWidth(): number {
+/** The width to fit lines to: the terminal's, else COLUMNS, else 120. */
+export function terminalWidth(): number {
   if (process.stdout.isTTY && process.stdout.columns) return process.stdout.columns;
   const env = Number(process.env.COLUMNS);
   return Number.isInteger(env) && env > 0 ? env : 120;
 }
 
-function apiError(err: unknown): string {
-  if (err instanceof KubeApiError) return err.message;
-  const code = (err as { code?: unknown } | null)?.code;
-  const body = (err as { body?: unknown } | null)?.body;
-  if (typeof code === 'number') {
-    let detail = '';
-    try {
-      const parsed = typeof body === 'string' ? JSON.parse(body) : body;
-      if (parsed && typeof parsed.message === 'string') detail = parsed.message;
-    } catch {
-      // not a Status object
-    }
-    return `HTTP ${code}${detail ? `: ${detail}` : ''}`;
-  }
-  const e = err as { message?: unknown; cause?: { message?: unknown; code?: unknown } };
-  const cause = e?.cause?.code ?? e?.cause?.message;
-  return `${String(e?.message ?? err)}${cause ? ` (${String(cause)})` : ''}`;
-}
 
 /** One node in `-o json`. */
 export interface JsonItem {
@@ -323,9 +149,11 @@ export const flags = STATUS_FLAGS;
 export async function run(argv: string[]): Promise<number> {
   const { values } = parseFlags(STATUS_FLAGS, argv);
   if (values.help) {
-    process.stdout.write(helpText('pinset status [--set NAME] [-o table|wide|json] [--kubeconfig FILE]', 'Show, per node and set, what the agents report.', STATUS_FLAGS));
+    process.stdout.write(helpText('pinset status [--set NAME] [-o table|wide|json] [-w [--interval D]] [--kubeconfig FILE]', 'Show, per node and set, what the agents report, and each set\'s progress.', STATUS_FLAGS));
     return 0;
   }
+  if (values.watch && values.output === 'json') throw new UsageError('--watch prints the table as it changes; -o json prints one document (leave out one of them)');
+  if (values.watch && !((values.interval as number) > 0)) throw new UsageError('--interval must be longer than 0');
   let kc: KubeConfig;
   try {
     kc = loadClientKubeConfig(values.kubeconfig as string | undefined);
@@ -337,6 +165,10 @@ export async function run(argv: string[]): Promise<number> {
   const timeoutMs = values.timeout as number;
   const setName = values.set as string | undefined;
   const json = values.output === 'json';
+  if (values.watch) {
+    const { watchStatus } = await import('./status-watch.ts');
+    return watchStatus({ kubeConfig: kc, setName, wide: values.output === 'wide', intervalMs: values.interval as number, timeoutMs, pageSize: values['chunk-size'] as number }, process.stdout);
+  }
   const now = new Date();
   const http = new KubeHttp(kc, { userAgent: 'pinset-status', connectTimeoutMs: timeoutMs });
 
@@ -347,9 +179,12 @@ export async function run(argv: string[]): Promise<number> {
   let kept: Kept[];
   const reasons = new Map<string, string>();
   const shared = (s: string) => reasons.get(s) ?? (reasons.set(s, s), s);
+  let progress: SetProgressCollector | undefined;
+  let setsUnread: string | undefined;
   try {
     // With --set, the object (when readable) says which nodes should have
     // reported on it; without it only the reports themselves are shown.
+    // The set objects read also give each set's progress line.
     let only: Parameters<typeof statusRows>[2];
     if (setName) {
       only = { name: setName };
@@ -358,8 +193,17 @@ export async function run(argv: string[]): Promise<number> {
         const sel = set?.spec?.nodeSelector;
         const valid = selectorErrors(sel).length === 0;
         only = { name: setName, uid: set?.metadata?.uid, selects: (labels) => valid && selectorMatches(sel, labels) };
+        if (set?.metadata?.name) progress = new SetProgressCollector([set]);
       } catch (err) {
         if (err instanceof KubeApiError && err.code === 404) process.stderr.write(`pinset status: PinnedImageSet ${setName} does not exist; showing what nodes report under that name\n`);
+      }
+    } else if (!json) {
+      try {
+        const sets = await http.json<{ items?: PinnedImageSet[] }>('GET', `/apis/${GROUP}/${VERSION}/${PLURAL}`, {}, undefined, { timeoutMs });
+        progress = new SetProgressCollector(sets?.items ?? []);
+      } catch (err) {
+        // The table stands without them: what the nodes report needs no set (said once the nodes are listed).
+        setsUnread = apiError(err);
       }
     }
     try {
@@ -369,6 +213,7 @@ export async function run(argv: string[]): Promise<number> {
         (n) => {
           const report: NodeReport = { name: n.metadata?.name ?? '', labels: n.metadata?.labels ?? {}, reading: readNodeStatus(n.metadata?.annotations) };
           if (json) return { name: report.name, item: jsonItem(report, setName) };
+          progress?.add(report.labels, report.reading);
           const rows = statusRows([report], now, only);
           const cannotPin = rows.length > 0 ? report.reading.status?.cannotPin : undefined;
           const pinsKept = setName ? undefined : report.reading.status?.pinsKept;
@@ -377,6 +222,7 @@ export async function run(argv: string[]): Promise<number> {
         },
       );
       kept = list.items;
+      if (setsUnread) process.stderr.write(`pinset status: cannot read the PinnedImageSets (${setsUnread}), so no progress per set is shown\n`);
     } catch (err) {
       process.stderr.write(`pinset status: cannot list nodes from the API server at ${server}: ${apiError(err)}\n`);
       return 1;
@@ -388,8 +234,10 @@ export async function run(argv: string[]): Promise<number> {
 
   const rows = json ? [] : kept.flatMap((k) => k.rows ?? []);
   const empty = setName ? `No node reports on set ${setName}.\n` : 'No nodes found.\n';
+  const views = progress?.views() ?? [];
   const table = function* () {
     yield* terminated(tableLines(rows, terminalWidth(), values.output === 'wide'));
+    if (views.length > 0) yield* terminated(['', 'Progress:', ...views.map((v) => `  ${progressLine(v, controllerRate(v), now.getTime(), formatAge)}`)]);
     yield* terminated(preloadOnlyLines(kept));
     yield* terminated(pinsKeptLines(kept));
     yield* terminated(kubeletVerificationLines(kept));

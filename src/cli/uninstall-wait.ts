@@ -16,6 +16,7 @@ import { labelSelectorQuery } from '../api/selector.ts';
 import type { LabelSelector } from '../api/types.ts';
 import { PINS_WHERE } from '../containerd/label-pins.ts';
 import { PIN_FILE_PREFIX, PIN_FILE_SUFFIX } from '../crio/pinfile.ts';
+import { apiError } from './api-error.ts';
 import type { ManifestObject } from './manifests.ts';
 import { formatAge } from './status.ts';
 
@@ -224,7 +225,7 @@ async function podsLeft(o: PodsWaitOptions): Promise<PodLeft[] | string> {
       );
       for (const name of items) if (!pods.some((p) => p.name === name)) pods.push({ name, owner: `${ns}/${w.name}` });
     } catch (err) {
-      return err instanceof Error ? err.message : String(err);
+      return apiError(err);
     }
   }
   return pods.sort((a, b) => (a.name < b.name ? -1 : 1));

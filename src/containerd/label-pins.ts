@@ -34,24 +34,16 @@
 // a name.
 import type { Logger } from 'pino';
 import type { ImageRuntime, RuntimeImage } from '../cri/runtime.ts';
-import type { PinBackend, PinProblem, PinsObserved, PinStatus, PinTarget, RuntimeState } from '../pins/backend.ts';
+import type { PinBackend, PinProblem, PinRemoval, PinsObserved, PinStatus, PinTarget, RuntimeState } from '../pins/backend.ts';
 import { mapLimit } from '../util/limit.ts';
 import { RetryGate, STEP_RETRY } from '../util/retry.ts';
 import type { BackoffPolicy } from '../util/backoff.ts';
 import type { ImageRecord } from './images.ts';
 import { labelReport, readBack, type LabelChanges, type LabelReport } from './label-readback.ts';
+import { diffLabels, idRecord, isDigestRef, isOwn, isPinned, OWN_FILTER, OWN_LABEL, OWN_VALUE, PIN_LABEL, PIN_VALUE, PINS_WHERE, resolveRecords, type LabelDiff, type Resolution } from './labels.ts';
 import { containerdCanPin, PINNING_VERSIONS } from './versions.ts';
 
-/** The label containerd's CRI plugin reads (pkg/cri/labels), and the one value that pins. */
-export const PIN_LABEL = 'io.cri-containerd.pinned';
-export const PIN_VALUE = 'pinned';
-/** Where the node status says containerd's pins are (its `pinFile`). */
-export const PINS_WHERE = `containerd image label ${PIN_LABEL}`;
-/** pinset's own mark beside it: a pin the agent set, and may remove. */
-export const OWN_LABEL = 'pinset.dev/pinned';
-export const OWN_VALUE = 'agent';
-/** The List filter for the records pinset labelled (a dotted key must be quoted). */
-export const OWN_FILTER = `labels."${OWN_LABEL}"`;
+export { OWN_FILTER, OWN_LABEL, OWN_VALUE, PIN_LABEL, PIN_VALUE, PINS_WHERE } from './labels.ts';
 
 /** containerd follows a label within 3-8 ms (1.7.24 here); past this bound a pin counts as not reported. */
 export const CONFIRM_TIMEOUT_MS = 2_500;
@@ -76,18 +68,11 @@ export interface ContainerdLabelPinsOptions {
   random?: () => number;
 }
 
-const isPinned = (labels: Record<string, string>) => labels[PIN_LABEL] === PIN_VALUE;
-const isOwn = (labels: Record<string, string>) => OWN_LABEL in labels;
-/** The image-ID record of a CRI image: containerd reports Image.id as `sha256:<hex>`. */
-const idRecord = (img: RuntimeImage) => (img.id.includes(':') ? img.id : `sha256:${img.id}`);
 const errMessage = (e: unknown) => (e instanceof Error ? e.message : String(e));
-const isDigestRef = (name: string) => /@sha256:[0-9a-f]{64}$/.test(name);
-/** `sha256:<hex>` of a digest reference; '' for anything else. */
-const digestOf = (ref: string) => (isDigestRef(ref) ? ref.slice(ref.lastIndexOf('@') + 1) : '');
 
 export class ContainerdLabelPins implements PinBackend {
   readonly name = 'containerd' as const;
-  /** containerd's CRI reports `pinned` from the label (the versions that honour it are chosen by src/agent/pin-choice.ts). */
+  /** containerd's CRI reports `pinned` from the label (the versions that honour it are chosen by src/agent/boot/pin-kit.ts). */
   readonly readsPins = true;
   /** Labels changed in the current reconcile. */
   private changed = false;
@@ -109,6 +94,8 @@ export class ContainerdLabelPins implements PinBackend {
   private current: string[] = [];
   /** Records carrying pinset's label, as last listed; undefined until a list answered. */
   private ownRecords: number | undefined;
+  /** The same, as observe() last found it (before a sync changed them). */
+  private observedOwn: number | undefined;
   private labelProblem: (PinProblem & { records: Set<string> }) | undefined;
   private notReported: (PinProblem & { records: Set<string> }) | undefined;
   /** Why this containerd cannot pin (its version), once it answered. */
@@ -142,6 +129,7 @@ export class ContainerdLabelPins implements PinBackend {
       this.ownRecords = records.filter((r) => isOwn(r.labels)).length;
       const ownTargets = new Set(records.filter((r) => isOwn(r.labels) && r.target).map((r) => r.target!.digest));
       this.current = [...new Set(records.filter((r) => r.target && ownTargets.has(r.target.digest) && isDigestRef(r.name)).map((r) => r.name))].sort();
+      this.observedOwn = this.ownRecords;
     } catch (e) {
       this.log.warn({ err: errMessage(e), kept: this.current.length }, 'cannot list containerd image records: the pins held are taken as last seen');
     }
@@ -214,12 +202,39 @@ export class ContainerdLabelPins implements PinBackend {
     this.reportGate.expedite();
   }
 
+  /**
+   * After the removal: the records that carried pinset's label as observe()
+   * found them, and what pins an image now that is not pinset's: a record of
+   * it with the pin label and without pinset's (a pin set by hand).
+   */
+  async removal(): Promise<PinRemoval> {
+    let records: ImageRecord[] = [];
+    try {
+      records = (await this.images.list([`labels."${PIN_LABEL}"`])).filter((r) => isPinned(r.labels) && !isOwn(r.labels));
+    } catch {
+      records = [];
+    }
+    const held = new Set(this.current.map((r) => r.toLowerCase()));
+    const own = this.observedOwn;
+    return {
+      done: own ? `removed pinset's labels (${OWN_LABEL}, ${PIN_LABEL}) from ${own} image record(s) in containerd` : "no containerd image carries pinset's label: nothing to remove",
+      heldAs: (img) => [...img.repoDigests, ...img.repoTags].find((n) => held.has(n.toLowerCase())),
+      pinnedBy: (img) => {
+        const digests = new Set(img.repoDigests.map((d) => d.slice(d.lastIndexOf('@') + 1)));
+        const r = records.find((x) => x.name === idRecord(img) || (x.target && digests.has(x.target.digest)));
+        return r ? `the label ${PIN_LABEL}=${PIN_VALUE} on ${r.name} (not pinset's)` : undefined;
+      },
+      notApplied: 'the runtime has not applied the change; run `pinset agent --drop-pins` again',
+    };
+  }
+
   close(): void {
     this.images.close();
   }
 
   // ---------------------------------------------------------------------------
 
+  /** Resolve, diff, label, read back: each a step below, in that order. */
   private async apply(runtime: RuntimeState, wanted: readonly PinTarget[], o: { unpin: boolean; signal: AbortSignal }): Promise<void> {
     if (runtime.error !== undefined || !runtime.answered) {
       // Nothing is known of what containerd holds: no label changes at all.
@@ -227,108 +242,18 @@ export class ContainerdLabelPins implements PinBackend {
       return;
     }
     this.cannotPin = this.versionProblem(runtime);
-
-    // Which image each planned reference names now.
-    const refs = [...new Set([...this.planned, ...wanted.map((w) => w.ref)])];
-    const handlers = new Map(wanted.map((w) => [w.ref, w.runtimeHandler]));
-    const resolved = new Map<string, string>();
-    const byRecord = new Map<string, { img: RuntimeImage; refs: string[] }>();
-    let complete = true;
-    // Content by manifest digest, whatever the name it is held under (a
-    // mirror's, or the reference's own record removed by `ctr images rm`):
-    // the same image, so the same pin.
-    const byDigest = new Map<string, RuntimeImage>();
-    for (const img of runtime.view.images) for (const d of img.repoDigests) if (digestOf(d)) byDigest.set(digestOf(d), img);
-    for (const ref of refs) {
-      let img: RuntimeImage | null | undefined = runtime.view.find(ref) ?? (digestOf(ref) ? byDigest.get(digestOf(ref)) : undefined);
-      if (!img && handlers.get(ref)) {
-        try {
-          img = await this.runtime.imageStatus(ref, handlers.get(ref));
-        } catch {
-          complete = false; // cannot tell which image it is: remove nothing this time
-        }
-      }
-      if (!img) continue;
-      const rec = idRecord(img);
-      resolved.set(ref, rec);
-      const entry = byRecord.get(rec) ?? { img, refs: [] };
-      entry.refs.push(ref);
-      byRecord.set(rec, entry);
-    }
-    this.resolved = resolved;
-
+    const r = await resolveRecords(runtime, this.planned, wanted, (ref, handler) => this.runtime.imageStatus(ref, handler));
+    this.resolved = r.resolved;
     if (!this.labelGate.due()) {
       this.lastState = `label updates failing; retrying at ${new Date(this.labelGate.nextAt).toISOString()}`;
       return;
     }
-
-    // The records that carry a pin label now (ours and by hand).
-    let labelled: ImageRecord[];
-    try {
-      labelled = await this.images.list([`labels."${PIN_LABEL}"`, OWN_FILTER], o.signal);
-    } catch (e) {
-      this.failLabels(`cannot list containerd image records: ${errMessage(e)}`, new Set(byRecord.keys()), refs);
-      return;
-    }
-    const labels = new Map(labelled.map((r) => [r.name, r.labels]));
-
-    // Pinned already (by the agent, or by hand: then kept as it is, without pinset's label).
-    const toPin = [...byRecord.keys()].filter((rec) => !isPinned(labels.get(rec) ?? {}));
-    // Only pinset's own labels go, from images no planned reference names by
-    // name or by digest, and only when every planned reference could be looked up.
-    const plannedDigests = new Set(refs.map(digestOf));
-    const toUnpin =
-      o.unpin && complete ? labelled.filter((r) => isOwn(r.labels) && !byRecord.has(r.name) && !(r.target && plannedDigests.has(r.target.digest))).map((r) => r.name) : [];
-    const handPins = [...byRecord.keys()].filter((rec) => isPinned(labels.get(rec) ?? {}) && !isOwn(labels.get(rec) ?? {}));
-    this.noteHandPins(handPins, byRecord);
-
-    // Label, at most a few at once; the first failure stops the rest (containerd refuses them all alike).
-    let failure: string | undefined;
-    const failed = new Set<string>();
-    const done = { pinned: [] as string[], unpinned: [] as string[] };
-    const targetOf = new Map(labelled.map((r) => [r.name, r.target?.digest]));
-    const jobs = [...toPin.map((rec) => ({ rec, pin: true })), ...toUnpin.map((rec) => ({ rec, pin: false }))];
-    await mapLimit(jobs, LABEL_PARALLELISM, async ({ rec, pin }) => {
-      if (failure !== undefined || o.signal.aborted) {
-        failed.add(rec);
-        return;
-      }
-      try {
-        const r = await this.images.setLabels(rec, pin ? { [PIN_LABEL]: PIN_VALUE, [OWN_LABEL]: OWN_VALUE } : { [PIN_LABEL]: '', [OWN_LABEL]: '' }, o.signal);
-        labels.set(rec, r.labels);
-        (pin ? done.pinned : done.unpinned).push(rec);
-      } catch (e) {
-        if ((e as { kind?: string }).kind === 'NotFound') {
-          labels.delete(rec); // the image went away meanwhile: nothing to label
-          return;
-        }
-        failed.add(rec);
-        failure ??= `${pin ? 'pinning' : 'unpinning'} image ${byRecord.get(rec)?.refs[0] ?? rec} (${rec}): ${errMessage(e)}`;
-      }
-    });
-    this.pinnedRecords = new Set([...labels].filter(([, l]) => isPinned(l)).map(([n]) => n));
-    this.ownRecords = [...labels.values()].filter(isOwn).length;
-    if (failure !== undefined) this.failLabels(failure, failed, refs.filter((r) => failed.has(resolved.get(r) ?? '')));
-    else if (!o.signal.aborted) {
-      this.labelGate.succeed();
-      this.labelProblem = undefined;
-    }
-
-    // What CRI reports now: an image whose pinset label went may stay pinned by another record's label.
-    const changes: LabelChanges = {
-      pinned: done.pinned,
-      removed: done.unpinned.map((record) => ({
-        record,
-        heldBy: [...labels].filter(([n, l]) => n !== record && targetOf.get(n) !== undefined && targetOf.get(n) === targetOf.get(record) && isPinned(l) && !isOwn(l)).map(([n]) => n),
-      })),
-    };
-    const images = await readBack(this.runtime, changes, { timeoutMs: this.confirmTimeoutMs, signal: o.signal, wait: !this.cannotPin });
-    if (images) await runtime.refresh(images);
-    if (done.pinned.length || done.unpinned.length) {
-      this.changed = true;
-      this.logChanges(labelReport(changes, images), (done.pinned[0] && byRecord.get(done.pinned[0])?.refs[0]) || done.unpinned[0]);
-    }
-    this.confirm(runtime, byRecord, images);
+    const labelled = await this.listLabelled(r, o.signal);
+    if (!labelled) return;
+    const d = diffLabels(r, labelled, o.unpin);
+    this.noteHandPins(d.handPins, r.byRecord);
+    const done = await this.label(d, r, o.signal);
+    await this.readBackChanges(runtime, r, d, done, o.signal);
     this.lastState = this.labelProblem
       ? 'label updates failing'
       : this.cannotPin
@@ -336,6 +261,69 @@ export class ContainerdLabelPins implements PinBackend {
         : this.notReported
           ? 'labels set; not reported pinned'
           : 'labels set and reported';
+  }
+
+  /** The records that carry a pin label now (pinset's and by hand); undefined when containerd could not list them (a label problem). */
+  private async listLabelled(r: Resolution, signal: AbortSignal): Promise<ImageRecord[] | undefined> {
+    try {
+      return await this.images.list([`labels."${PIN_LABEL}"`, OWN_FILTER], signal);
+    } catch (e) {
+      this.failLabels(`cannot list containerd image records: ${errMessage(e)}`, new Set(r.byRecord.keys()), r.refs);
+      return undefined;
+    }
+  }
+
+  /** Label, at most a few at once; the first failure stops the rest (containerd refuses them all alike). `d.labels` follows each answer. */
+  private async label(d: LabelDiff, r: Resolution, signal: AbortSignal): Promise<{ pinned: string[]; unpinned: string[] }> {
+    let failure: string | undefined;
+    const failed = new Set<string>();
+    const done = { pinned: [] as string[], unpinned: [] as string[] };
+    const jobs = [...d.toPin.map((rec) => ({ rec, pin: true })), ...d.toUnpin.map((rec) => ({ rec, pin: false }))];
+    await mapLimit(jobs, LABEL_PARALLELISM, async ({ rec, pin }) => {
+      if (failure !== undefined || signal.aborted) {
+        failed.add(rec);
+        return;
+      }
+      try {
+        const x = await this.images.setLabels(rec, pin ? { [PIN_LABEL]: PIN_VALUE, [OWN_LABEL]: OWN_VALUE } : { [PIN_LABEL]: '', [OWN_LABEL]: '' }, signal);
+        d.labels.set(rec, x.labels);
+        (pin ? done.pinned : done.unpinned).push(rec);
+      } catch (e) {
+        if ((e as { kind?: string }).kind === 'NotFound') {
+          d.labels.delete(rec); // the image went away meanwhile: nothing to label
+          return;
+        }
+        failed.add(rec);
+        failure ??= `${pin ? 'pinning' : 'unpinning'} image ${r.byRecord.get(rec)?.refs[0] ?? rec} (${rec}): ${errMessage(e)}`;
+      }
+    });
+    this.pinnedRecords = new Set([...d.labels].filter(([, l]) => isPinned(l)).map(([n]) => n));
+    this.ownRecords = [...d.labels.values()].filter(isOwn).length;
+    if (failure !== undefined) this.failLabels(failure, failed, r.refs.filter((ref) => failed.has(r.resolved.get(ref) ?? '')));
+    else if (!signal.aborted) {
+      this.labelGate.succeed();
+      this.labelProblem = undefined;
+    }
+    return done;
+  }
+
+  /** What CRI reports now: an image whose pinset label went may stay pinned by another record's label. */
+  private async readBackChanges(runtime: RuntimeState, r: Resolution, d: LabelDiff, done: { pinned: string[]; unpinned: string[] }, signal: AbortSignal): Promise<void> {
+    const sameImage = (a: string, b: string) => d.targetOf.get(a) !== undefined && d.targetOf.get(a) === d.targetOf.get(b);
+    const changes: LabelChanges = {
+      pinned: done.pinned,
+      removed: done.unpinned.map((record) => ({
+        record,
+        heldBy: [...d.labels].filter(([n, l]) => n !== record && sameImage(n, record) && isPinned(l) && !isOwn(l)).map(([n]) => n),
+      })),
+    };
+    const images = await readBack(this.runtime, changes, { timeoutMs: this.confirmTimeoutMs, signal, wait: !this.cannotPin });
+    if (images) await runtime.refresh(images);
+    if (done.pinned.length || done.unpinned.length) {
+      this.changed = true;
+      this.logChanges(labelReport(changes, images), (done.pinned[0] && r.byRecord.get(done.pinned[0])?.refs[0]) || done.unpinned[0]);
+    }
+    this.confirm(runtime, r.byRecord, images);
   }
 
   /** Every labelled wanted image must be reported pinned, in the fresh list when there is one. */

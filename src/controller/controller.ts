@@ -3,6 +3,13 @@
 // the set's status subresource when (and only when) it differs from what is
 // there. Level-triggered: every pass recomputes from the caches, so a missed
 // or repeated event costs nothing but a recomputation.
+//
+// A set's progress (status.progress, ./progress.ts) changes with every
+// node's progress report; written at once, each would reach every agent
+// (they all watch the sets). So a status that differs from the one written
+// in its progress alone waits until --progress-interval after the set's
+// last write; any other change (a node ready or degraded, a new
+// generation) is written at once, with the progress of that moment.
 import { CustomObjectsApi, PatchStrategy, setHeaderOptions, type KubeConfig } from '@kubernetes/client-node';
 import { KubeHttp } from '../api/kube-http.ts';
 import { ListWatchCache, type ListWatchOptions } from '../api/list-watch.ts';
@@ -11,6 +18,7 @@ import { GROUP, PLURAL, VERSION, type PinnedImageSet, type PinnedImageSetStatus 
 import type { Logger } from '../util/log.ts';
 import type { ControllerMetrics } from './metrics.ts';
 import { sameJson } from '../util/json.ts';
+import { DEFAULT_PROGRESS_WINDOW_MS, ProgressTracker } from './progress.ts';
 import { rollUp, type ObservedNode } from './rollup.ts';
 import { changedSetNames, observeNode, sameLabels, SharedValues, type ObservedNodeEntry } from './observed-nodes.ts';
 
@@ -22,6 +30,10 @@ export interface SetStatusControllerOptions {
   debounceMs?: number;
   /** Recompute every set this often even without events. */
   resyncMs?: number;
+  /** A set's rate (status.progress) is measured over this much of the recent past. */
+  progressWindowMs?: number;
+  /** A change of a set's progress alone is written at most this often per set. */
+  progressIntervalMs?: number;
   now?: () => Date;
   /** Watch tuning; see ListWatchOptions (timeoutSeconds is drawn from [min, 2 * min)). */
   minWatchTimeoutMs?: number;
@@ -40,6 +52,25 @@ const SET_NODE_STATES = ['matched', 'ready', 'progressing', 'degraded'] as const
 const SETS_PATH = `/apis/${GROUP}/${VERSION}/${PLURAL}`;
 const NODES_PATH = '/api/v1/nodes';
 const MAX_RETRY_MS = 30_000;
+/** Default of --progress-interval. */
+export const DEFAULT_PROGRESS_INTERVAL_MS = 30_000;
+
+/** True when two statuses differ in their progress alone (both having one, in the same unit): such a change waits for its turn. */
+export function progressOnly(written: PinnedImageSetStatus | undefined, next: PinnedImageSetStatus): boolean {
+  if (!written?.progress || !next.progress || written.progress.unit !== next.progress.unit) return false;
+  return sameJson({ ...written, progress: undefined }, { ...next, progress: undefined });
+}
+
+/**
+ * The status as a merge patch sends it: lists are replaced whole, and keys
+ * the new status lacks are sent as null so the server removes them (a
+ * merge patch keeps what it does not name: an ETA that can no longer be
+ * told must not stay).
+ */
+export function statusPatch(next: PinnedImageSetStatus): Record<string, unknown> {
+  const progress = next.progress ? { rate: null, estimatedCompletionTime: null, ...next.progress } : null;
+  return { ...next, degradedNodes: next.degradedNodes ?? null, progress };
+}
 
 function errorText(err: unknown): string {
   const code = (err as { code?: unknown } | null)?.code;
@@ -78,6 +109,12 @@ export class SetStatusController {
   readonly #written = new Map<string, { uid: string | undefined; status: PinnedImageSetStatus }>();
   readonly #dirty = new Set<string>();
   readonly #retry = new Map<string, number>();
+  readonly #progress: ProgressTracker;
+  readonly #progressIntervalMs: number;
+  /** When this replica last wrote each set's status (ms on its clock). */
+  readonly #lastWriteAt = new Map<string, number>();
+  /** Sets whose progress-only change waits, and until when. */
+  readonly #held = new Map<string, number>();
   #leading = false;
   #stopped = true;
   #timer: NodeJS.Timeout | undefined;
@@ -91,6 +128,8 @@ export class SetStatusController {
     this.#debounceMs = opts.debounceMs ?? 500;
     this.#resyncMs = opts.resyncMs ?? 5 * 60_000;
     this.#now = opts.now ?? (() => new Date());
+    this.#progress = new ProgressTracker(opts.progressWindowMs ?? DEFAULT_PROGRESS_WINDOW_MS);
+    this.#progressIntervalMs = opts.progressIntervalMs ?? DEFAULT_PROGRESS_INTERVAL_MS;
     const kc = opts.kubeConfig;
     this.#custom = kc.makeApiClient(CustomObjectsApi);
     this.#http = new KubeHttp(kc, { userAgent: CONTROLLER_FIELD_MANAGER });
@@ -153,6 +192,10 @@ export class SetStatusController {
       this.#timer = undefined;
       this.#written.clear();
       this.#retry.clear();
+      this.#held.clear();
+      this.#lastWriteAt.clear();
+      // The next leader (maybe this one, later) starts its windows afresh: old observations would span a gap.
+      this.#progress.retain(new Set());
       // Only the leader's view is exported; a standby shows no sets.
       this.#metrics?.setNodes.reset();
       this.#metrics?.setDegradedNodes.reset();
@@ -207,6 +250,9 @@ export class SetStatusController {
     this.#retry.delete(name);
     if (deleted) {
       this.#dirty.delete(name);
+      this.#held.delete(name);
+      this.#lastWriteAt.delete(name);
+      this.#progress.forget(name);
       this.#setMetrics(name, undefined, new Map());
       return;
     }
@@ -247,14 +293,19 @@ export class SetStatusController {
   }
 
   #nextDelay(): number {
-    // Sets whose write failed wait for their own backoff; others go at the debounce pace.
-    let delay = this.#debounceMs;
+    // Sets whose write failed wait for their own backoff, sets whose
+    // progress alone changed for their turn; others go at the debounce pace.
+    let retry = 0;
+    let held = Infinity;
+    const now = this.#now().getTime();
     for (const name of this.#dirty) {
       const r = this.#retry.get(name);
-      if (r === undefined) return this.#debounceMs;
-      delay = Math.max(delay, r);
+      const h = this.#held.get(name);
+      if (r === undefined && h === undefined) return this.#debounceMs;
+      if (r !== undefined) retry = Math.max(retry, r);
+      else held = Math.min(held, h! - now);
     }
-    return delay;
+    return Math.max(this.#debounceMs, Math.min(retry > 0 ? retry : Infinity, held));
   }
 
   async #flush(): Promise<void> {
@@ -274,20 +325,34 @@ export class SetStatusController {
     const name = set.metadata.name;
     const mine = this.#written.get(name);
     const current = mine && mine.uid === set.metadata.uid ? mine.status : set.status;
-    const { status: next, degradedReasons } = rollUp(set, nodes, this.#now(), current);
+    const now = this.#now();
+    const { status: rolled, degradedReasons, work } = rollUp(set, nodes, now, current);
+    let next = rolled;
+    if (work) {
+      const slots = set.spec?.rollout?.maxConcurrentNodes;
+      const tracked = { name, uid: set.metadata.uid, generation: set.metadata.generation ?? 0, ...(typeof slots === 'number' ? { slots } : {}) };
+      next = { ...rolled, progress: this.#progress.observe(tracked, work, now) };
+    } else this.#progress.forget(name);
     this.#metrics?.rollups.inc();
     this.#setMetrics(name, next, degradedReasons);
     if (sameJson(next, current)) {
       this.#retry.delete(name);
+      this.#held.delete(name);
       return;
     }
+    const due = (this.#lastWriteAt.get(name) ?? -Infinity) + this.#progressIntervalMs;
+    if (progressOnly(current, next) && now.getTime() < due) {
+      // Its turn comes; the pass then rolls up again, with the progress of that moment.
+      this.#held.set(name, due);
+      this.#dirty.add(name);
+      return;
+    }
+    this.#held.delete(name);
     // A merge patch replaces lists whole and removes fields set to null. The
     // resourceVersion is a precondition: the server answers 409 when the set
     // changed (or was deleted and created again) since the cache saw it, and
     // the watch event that follows brings the set back for a fresh roll-up.
-    const body: Record<string, unknown> = {
-      status: { ...next, degradedNodes: next.degradedNodes ?? null },
-    };
+    const body: Record<string, unknown> = { status: statusPatch(next) };
     if (set.metadata.resourceVersion) body.metadata = { resourceVersion: set.metadata.resourceVersion };
     try {
       await this.#custom.patchClusterCustomObjectStatus(
@@ -295,12 +360,13 @@ export class SetStatusController {
         setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
       );
       this.#written.set(name, { uid: set.metadata.uid, status: next });
+      this.#lastWriteAt.set(name, now.getTime());
       this.#retry.delete(name);
       this.#metrics?.statusWrites.inc({ result: 'success' });
-      this.#log.info(
-        { set: name, generation: next.observedGeneration, nodes: next.nodes, ready: next.conditions?.find((c) => c.type === 'Ready')?.status },
-        'set status updated',
-      );
+      // Progress alone is logged at debug: it is written every --progress-interval while a set downloads.
+      const fields = { set: name, generation: next.observedGeneration, nodes: next.nodes, ready: next.conditions?.find((c) => c.type === 'Ready')?.status, progress: next.progress?.summary, eta: next.progress?.estimatedCompletionTime };
+      if (progressOnly(current, next)) this.#log.debug(fields, 'set progress updated');
+      else this.#log.info(fields, 'set status updated');
     } catch (err) {
       const code = (err as { code?: unknown } | null)?.code;
       this.#metrics?.statusWrites.inc({ result: 'error' });

@@ -22,7 +22,8 @@ export const CONTROLLER_FLAGS: readonly FlagSpec[] = [
   { name: 'leader-elect', env: 'PINSET_LEADER_ELECT', type: 'bool', default: true, help: 'elect one active replica through a Lease' },
   { name: 'lease-namespace', env: 'POD_NAMESPACE', type: 'string', default: 'pinset-system', help: 'namespace of the leader election Lease, and of the agents\' rollout Leases' },
   { name: 'lease-name', env: 'PINSET_LEASE_NAME', type: 'string', default: 'pinset-controller', help: 'name of the leader election Lease' },
-  { name: 'identity', env: 'POD_NAME', type: 'string', default: hostname(), help: 'this replica\'s name in the Lease' },
+  // No default in the table: it is the host name where the controller runs, not where --help or the reference is made.
+  { name: 'identity', env: 'POD_NAME', type: 'string', help: 'this replica\'s name in the Lease (unset: this host\'s name)' },
   { name: 'lease-duration', env: 'PINSET_LEASE_DURATION', type: 'duration', default: '15s', help: 'how long a Lease holds without renewal before others may take it' },
   { name: 'renew-deadline', env: 'PINSET_RENEW_DEADLINE', type: 'duration', default: '10s', help: 'the leader steps down when it cannot renew for this long' },
   { name: 'retry-period', env: 'PINSET_RETRY_PERIOD', type: 'duration', default: '2s', help: 'interval between attempts to acquire or renew' },
@@ -43,6 +44,8 @@ export const CONTROLLER_FLAGS: readonly FlagSpec[] = [
     default: true,
     help: 'hand a freed rollout slot or first-wave seat to the node queued longest, at once; off, nodes find free slots by polling',
   },
+  { name: 'progress-window', env: 'PINSET_CONTROLLER_PROGRESS_WINDOW', type: 'duration', default: '10m', help: 'a set\'s download rate, and its ETA from it (status.progress), is measured over this much of the recent past (at least twice the agents\' longest progress pace, 5m)' },
+  { name: 'progress-interval', env: 'PINSET_CONTROLLER_PROGRESS_INTERVAL', type: 'duration', default: '30s', help: 'a change of a set\'s progress alone is written to its status at most this often; other changes at once' },
   { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['debug', 'info', 'warn', 'error'], help: 'log level' },
 ];
 
@@ -75,7 +78,8 @@ export async function run(argv: string[]): Promise<number> {
     }
   }
   const minWatchTimeout = minWatchTimeoutMs(values);
-  const identity = values.identity as string;
+  if (!((values['progress-window'] as number) > 0)) throw new UsageError('--progress-window must be longer than 0');
+  const identity = (values.identity as string | undefined) ?? hostname();
   if (!identity) throw new UsageError('--identity (or POD_NAME) must not be empty');
 
   const log = createLogger({ level: values['log-level'] as string, name: 'pinset-controller' });
@@ -94,6 +98,8 @@ export async function run(argv: string[]): Promise<number> {
     log,
     metrics,
     debounceMs: values.debounce as number,
+    progressWindowMs: values['progress-window'] as number,
+    progressIntervalMs: values['progress-interval'] as number,
     minWatchTimeoutMs: minWatchTimeout,
     onSetChange: () => granter?.kick(),
   });

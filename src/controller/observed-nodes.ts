@@ -3,9 +3,11 @@
 // cache holds this instead of the object (the list and watch ask for
 // metadata only, so status.images and conditions never arrive; of the
 // metadata only this stays, not managedFields nor other annotations). The
-// compact copy drops the image counts, the agent's file name, the time, and
-// messages of sets that are not Degraded, and shares what nodes repeat: set
-// entries, whole lists of them, label values. Measured by
+// compact copy drops the agent's file name, the time, and messages of sets
+// that are not Degraded, keeps the counts and bytes the set's progress is
+// summed from (./progress.ts), and shares what nodes repeat: set entries
+// (every node done with a set has the same), whole lists of them, label
+// values. Measured by
 // bench/node-cache-heap.ts (BENCHMARKS.md, "Scale: 5000 Nodes"): at 5000
 // Nodes the whole Nodes took 126 MB of heap, their metadata 16 MB, the
 // annotation parsed whole with the labels 19 MB, its text with the labels
@@ -50,7 +52,7 @@ export class SharedValues {
     return this.#strings.get(s) ?? this.#put(this.#strings, s, s);
   }
   entry(e: SetReport): SetReport {
-    const key = JSON.stringify([e.name, e.uid, e.source, e.desiredGeneration, e.currentGeneration, e.phase, e.reason, e.message, e.lastFailedGenerationError]);
+    const key = JSON.stringify([e.name, e.uid, e.source, e.desiredGeneration, e.currentGeneration, e.phase, e.reason, e.message, e.lastFailedGenerationError, e.images, e.bytes, e.rate]);
     const had = this.#entries.get(key);
     if (had) return had;
     const shared = Object.freeze({ ...e });
@@ -76,7 +78,10 @@ function compactEntry(e: SetReport, shared: SharedValues): SetReport {
     phase: shared.string(e.phase) as SetReport['phase'],
     reason: shared.string(e.reason),
   };
+  if (e.images) out.images = e.images;
   if (e.uid !== undefined) out.uid = shared.string(e.uid);
+  if (e.bytes) out.bytes = e.bytes;
+  if (e.rate !== undefined) out.rate = e.rate;
   // The roll-up quotes these only for a Degraded node (status.degradedNodes).
   if (e.phase === 'Degraded') {
     if (e.message !== undefined) out.message = e.message;
@@ -112,6 +117,10 @@ export function sameLabels(a: Readonly<Record<string, string>>, b: Readonly<Reco
   return ak.length === Object.keys(b).length && ak.every((k) => Object.prototype.hasOwnProperty.call(b, k) && a[k] === b[k]);
 }
 
+function sameCounts(a: SetReport['images'] | undefined, b: SetReport['images'] | undefined): boolean {
+  return a === b || (a !== undefined && b !== undefined && a.wanted === b.wanted && a.present === b.present && a.pinned === b.pinned && a.failed === b.failed && a.invalid === b.invalid);
+}
+
 function sameEntry(a: SetReport, b: SetReport): boolean {
   return (
     a === b ||
@@ -123,7 +132,11 @@ function sameEntry(a: SetReport, b: SetReport): boolean {
     a.phase === b.phase &&
     a.reason === b.reason &&
     a.message === b.message &&
-    a.lastFailedGenerationError === b.lastFailedGenerationError
+    a.lastFailedGenerationError === b.lastFailedGenerationError &&
+    sameCounts(a.images, b.images) &&
+    a.bytes?.present === b.bytes?.present &&
+    a.bytes?.total === b.bytes?.total &&
+    a.rate === b.rate
   );
 }
 

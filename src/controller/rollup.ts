@@ -2,7 +2,11 @@
 // `pinset.dev/status` annotation, the status of one PinnedImageSet. A pure
 // function (no I/O, the clock is an argument) so it can be read and tested
 // alone; src/controller/controller.ts feeds it from the informers' caches.
+// Beside the status it sums the set's download across its nodes
+// (./progress.ts fleetWork), which the controller turns into
+// status.progress with its window of earlier observations.
 import { selectorErrors, selectorMatches } from '../api/selector.ts';
+import { fleetWork, type FleetWork, type NodeProgressInput } from './progress.ts';
 import {
   STATUS_MAX_ERROR_BYTES,
   type Condition,
@@ -20,8 +24,9 @@ const NAMES_IN_MESSAGE = 3;
 /** What the roll-up reads of a node's entry for one set. */
 export type SetReport = Pick<
   NodeSetStatus,
-  'name' | 'uid' | 'source' | 'desiredGeneration' | 'currentGeneration' | 'phase' | 'reason' | 'message' | 'lastFailedGenerationError'
->;
+  'name' | 'uid' | 'source' | 'desiredGeneration' | 'currentGeneration' | 'phase' | 'reason' | 'message' | 'lastFailedGenerationError' | 'bytes' | 'rate'
+> &
+  Partial<Pick<NodeSetStatus, 'images'>>;
 
 /**
  * What the roll-up reads of a node's report: a NodeStatusReading
@@ -90,7 +95,8 @@ export function cutBytes(s: string, max: number): string {
   return out + suffix;
 }
 
-type Verdict = { kind: 'ready' } | { kind: 'progressing'; unreported: boolean } | { kind: 'degraded'; node: DegradedNode };
+/** The node's verdict, with its entry when that is about the set's current generation. */
+type Verdict = ({ kind: 'ready' } | { kind: 'progressing'; unreported: boolean } | { kind: 'degraded'; node: DegradedNode }) & { current?: SetReport };
 
 function judge(nodeName: string, reading: ReportReading, set: PinnedImageSet, generation: number): Verdict {
   // No annotation, or one that cannot be read: the node has not told us
@@ -103,10 +109,16 @@ function judge(nodeName: string, reading: ReportReading, set: PinnedImageSet, ge
   if (entry.phase === 'Degraded') {
     const reason = entry.reason || 'Degraded';
     const message = entry.lastFailedGenerationError || entry.message || '';
-    return { kind: 'degraded', node: { name: nodeName, reason, message: cutBytes(message, STATUS_MAX_ERROR_BYTES) } };
+    return { kind: 'degraded', node: { name: nodeName, reason, message: cutBytes(message, STATUS_MAX_ERROR_BYTES) }, current: entry };
   }
-  if (entry.phase === 'Ready' && entry.currentGeneration >= generation) return { kind: 'ready' };
-  return { kind: 'progressing', unreported: false };
+  if (entry.phase === 'Ready' && entry.currentGeneration >= generation) return { kind: 'ready', current: entry };
+  return { kind: 'progressing', unreported: false, current: entry };
+}
+
+/** What the set's progress (./progress.ts) reads of one node the set selects: the verdict, and the entry when it is about the current generation. */
+export function progressInput(reading: ReportReading, set: PinnedImageSet): NodeProgressInput {
+  const v = judge('', reading, set, set.metadata.generation ?? 0);
+  return { verdict: v.kind, ...(v.current ? { entry: v.current } : {}) };
 }
 
 function plural(n: number, one: string, many: string): string {
@@ -148,6 +160,8 @@ export interface RollUp {
   status: PinnedImageSetStatus;
   /** Degraded selected nodes by their reason (all of them, not only those listed in the status). */
   degradedReasons: Map<string, number>;
+  /** The set's download summed over the nodes it selects; absent when it selects none (or its selector is invalid). */
+  work?: FleetWork;
 }
 
 /** The status, and what the metrics show beside it. */
@@ -158,7 +172,10 @@ export function rollUp(
   previous: PinnedImageSetStatus | undefined = set.status,
 ): RollUp {
   const degradedReasons = new Map<string, number>();
-  return { status: computeStatus(set, nodes, now, previous, degradedReasons), degradedReasons };
+  const progress: NodeProgressInput[] = [];
+  const status = computeStatus(set, nodes, now, previous, degradedReasons, progress);
+  const images = Array.isArray(set.spec?.pinnedImages) ? set.spec.pinnedImages.length : 0;
+  return { status, degradedReasons, ...(progress.length > 0 ? { work: fleetWork(progress, images) } : {}) };
 }
 
 function computeStatus(
@@ -167,6 +184,7 @@ function computeStatus(
   now: Date,
   previous: PinnedImageSetStatus | undefined,
   degradedReasons: Map<string, number>,
+  progress: NodeProgressInput[],
 ): PinnedImageSetStatus {
   const generation = set.metadata.generation ?? 0;
   const prevConditions = Array.isArray(previous?.conditions) ? previous.conditions : undefined;
@@ -197,6 +215,7 @@ function computeStatus(
     if (!selectorMatches(selector, node.labels ?? {})) continue;
     matched++;
     const v = judge(node.name, node.reading, set, generation);
+    progress.push({ verdict: v.kind, ...(v.current ? { entry: v.current } : {}) });
     if (v.kind === 'ready') ready++;
     else if (v.kind === 'degraded') {
       degraded.push(v.node);

@@ -26,9 +26,16 @@
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
+import { readRegularFile } from '../util/regular-file.ts';
 
 /** CRI-O 1.32's default pause image (pkg/config DefaultPauseImage), pinned whatever pinned_images says. */
 export const DEFAULT_PAUSE_IMAGE = 'registry.k8s.io/pause:3.10';
+/**
+ * A configuration file larger than this is refused unread, as is anything
+ * that is not a regular file (a FIFO would hang CRI-O's reload, and the
+ * agent with it). The pin file of 5000 images is about 0.5 MB.
+ */
+export const CRIO_CONFIG_MAX_BYTES = 16 * 1024 * 1024;
 
 type Scalar = 'string' | 'bool' | 'int' | 'strings' | 'stringMap' | 'duration' | 'table';
 interface Table {
@@ -339,7 +346,7 @@ export async function readCrioConfig(mainConfig: string, dropInDir: string): Pro
     const f: ConfigFile = { path: full, file };
     out.files.push(f);
     try {
-      f.content = await fsp.readFile(full, 'utf8');
+      f.content = await readRegularFile(full, { maxBytes: CRIO_CONFIG_MAX_BYTES });
     } catch (e) {
       out.rejected.push({ path: full, error: errText(e) });
       return;

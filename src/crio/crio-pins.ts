@@ -11,11 +11,12 @@ import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
 import type { RuntimeImage } from '../cri/runtime.ts';
-import type { PinBackend, PinProblem, PinsObserved, PinStatus, PinTarget, RuntimeState } from '../pins/backend.ts';
+import type { PinBackend, PinProblem, PinRemoval, PinsObserved, PinStatus, PinTarget, RuntimeState } from '../pins/backend.ts';
 import { checkpoint } from '../util/cancel.ts';
 import { errMessage, ProblemLog } from '../util/problem-log.ts';
 import { RetryGate } from '../util/retry.ts';
 import type { ConfigRejection } from './crio-config.ts';
+import { pinMatches } from './pin-match.ts';
 import { effectivePins, renderPinFile, type DropinPins, type DropinScan, type PinFile } from './pinfile.ts';
 import { ReloadSync, type EffectiveList, type ReloadOutcome, type ReloadSyncOptions } from './reload-sync.ts';
 
@@ -249,6 +250,34 @@ export class CrioPins implements PinBackend {
     clearInterval(this.writeProbe);
     this.writeProbe = undefined;
     this.writeProbeOk = undefined;
+  }
+
+  /**
+   * After the removal: the pin file as observe() found it (its pins, which
+   * CRI-O's patterns may be), and what pins an image now that is not
+   * pinset's: the last file that sets pinned_images (CRI-O keeps only its
+   * list), or the pause image.
+   */
+  async removal(): Promise<PinRemoval> {
+    const { pinFile, reloader } = this.o;
+    const held = this.scan?.ownPins ?? [];
+    const now = await pinFile.scan();
+    const last = now.overriding.at(-1) ?? now.before.at(-1);
+    const namesOf = (img: RuntimeImage) => [...img.repoDigests, ...img.repoTags];
+    return {
+      done:
+        this.scan?.ownContent != null
+          ? `removed ${pinFile.path} (${held.length} pin(s)); CRI-O ${reloader.mode === 'none' ? 'not reloaded (--reload none)' : `reloaded (${reloader.mode})`}`
+          : `no pinset drop-in in ${pinFile.dir}: nothing to remove`,
+      heldAs: (img) => namesOf(img).find((n) => held.some((p) => pinMatches(p, n))),
+      pinnedBy: (img) => {
+        const names = namesOf(img);
+        if (now.pauseImage && names.some((n) => pinMatches(now.pauseImage, n))) return `CRI-O's pause image (${now.pauseImage})`;
+        const pattern = last?.pins.find((p) => names.some((n) => pinMatches(p, n)));
+        return pattern && last ? `${last.file} (pinned_images "${pattern}")` : undefined;
+      },
+      notApplied: reloader.mode === 'none' && this.reportsPins ? 'reload CRI-O (systemctl reload crio) to apply the change' : 'the runtime has not applied the change; run `pinset agent --drop-pins` again',
+    };
   }
 
   close(): void {

@@ -68,7 +68,7 @@ export function crossMountMessage(dropInDir: string, stagingDir: string, mounts:
   else what = `${dropIn} and the staging folder ${stagingDir} are on different mounts`;
   return (
     `${what}: the pin file cannot be renamed into place (EXDEV). ` +
-    `Mount ${parent} read-write as one mount instead (deploy/agent/daemonset.yaml mounts the host's /etc at /host/etc; ` +
+    `Mount ${parent} read-write as one mount instead (deploy/agent/daemonset.yaml mounts the host's /etc/crio at /host/etc/crio; ` +
     `the systemd unit has ReadWritePaths=/etc/crio); the current pins stay`
   );
 }

@@ -48,7 +48,7 @@ const HEADER = [
 
 const uuidNameRe = /^99-pinset-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.conf$/;
 
-/** The staging folder beside the drop-in folder: temp files and the node lock live there, out of CRI-O's sight. */
+/** The staging folder beside the drop-in folder: the temp file lives there, out of CRI-O's sight (and the node lock of earlier versions: src/agent/boot/node-lock-place.ts). */
 export const STAGING_DIR_NAME = '.pinset';
 
 export function stagingDirFor(dropInDir: string): string {
@@ -131,7 +131,7 @@ export class PinFile {
   readonly mainConfig: string;
   /** Where the temp file is written before it is renamed in: `<parent of dir>/.pinset`. */
   readonly stagingDir: string;
-  /** The one temp file the agent writes: `<stagingDir>/<name>.tmp`, an exact name (one writer per node: see node-lock.ts). */
+  /** The one temp file the agent writes: `<stagingDir>/<name>.tmp`, an exact name (one writer per node: see src/agent/node-lock.ts). */
   readonly tempPath: string;
   private readonly hooks: PinFileHooks;
 
@@ -216,7 +216,7 @@ export class PinFile {
    * before writing anything, when the staging folder is on another mount.
    *
    * Order, and what a crash or a power loss at each point leaves:
-   * 1. create `<staging>/<name>.tmp`, 2. write it, 3. fsync it: until here
+   * 1. create `<staging>/<name>.tmp` (exclusively: createTemp), 2. write it, 3. fsync it: until here
    *    crio.conf.d holds the previous file only; a temp file left in the
    *    staging folder is removed by the next open().
    * 4. rename it over `crio.conf.d/<name>`: rename(2) replaces the name in one
@@ -232,13 +232,17 @@ export class PinFile {
   async write(content: string): Promise<void> {
     await fsp.mkdir(this.dir, { recursive: true });
     await fsp.mkdir(this.stagingDir, { recursive: true, mode: 0o700 });
+    // mkdir -p accepts a link to a folder: the temp file would be written wherever it points.
+    if ((await fsp.lstat(this.stagingDir)).isSymbolicLink()) {
+      throw Object.assign(new Error(`the staging folder ${this.stagingDir} is a symbolic link, not a folder: the pin file's temp file is written only in a real folder; remove the link`), { code: 'ELOOP' });
+    }
     const layout = await this.mountProblem();
     if (layout) throw new CrossMountError(layout);
     const temp = this.tempPath;
     const step = (s: WriteStep) => this.hooks.afterStep?.(s, temp);
     let fh: fsp.FileHandle | undefined;
     try {
-      fh = await fsp.open(temp, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC | fsc.O_NOFOLLOW, 0o644);
+      fh = await this.createTemp();
       await step('temp-created');
       await fh.writeFile(content, 'utf8');
       await step('temp-written');
@@ -262,6 +266,29 @@ export class PinFile {
       await dh.close();
     }
     await step('folder-fsynced');
+  }
+
+  /**
+   * Create the temp file, never opening one that exists (O_CREAT|O_EXCL,
+   * and O_NOFOLLOW): a hard link or a symbolic link planted at its name
+   * would otherwise have its target truncated and written. Something at the
+   * exact name is a temp file a failed write could not remove, or a planted
+   * name: the name is the agent's own (one writer per node), and unlink(2)
+   * removes only the name, never what a link points at; then the file is
+   * created anew, once. A folder there is refused.
+   */
+  private async createTemp(): Promise<fsp.FileHandle> {
+    const flags = fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL | fsc.O_NOFOLLOW;
+    try {
+      return await fsp.open(this.tempPath, flags, 0o644);
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+    }
+    if ((await fsp.lstat(this.tempPath)).isDirectory()) {
+      throw Object.assign(new Error(`${this.tempPath}, where the pin file's temp file is written, is a folder: remove it`), { code: 'EISDIR' });
+    }
+    await fsp.unlink(this.tempPath);
+    return await fsp.open(this.tempPath, flags, 0o644);
   }
 
   /**

@@ -58,11 +58,30 @@ export class AgentMetrics {
     registers: [this.registry],
   });
 
+  // The node status's kubeletVerification.refuses as a series per set, every
+  // set named (the status names the first 10): what the alert
+  // PinsetKubeletVerifiesPinnedImages (deploy/monitoring) fires on.
+  readonly kubeletRefusedSets = new Gauge({
+    name: 'pinset_kubelet_verification_refused_sets',
+    help: "1 for each set selecting this node whose pinned images the kubelet's credential verification policy verifies, by set and policy: offline, their pods start only with credentials matching the kubelet's own record of a pull, and otherwise need the registry.",
+    labelNames: ['set', 'policy'],
+    registers: [this.registry],
+  });
+
   readonly resyncInterval = new Gauge({
     name: 'pinset_resync_interval_seconds',
     help: 'The agent\'s --resync-interval: it reconciles at least this often (alerts compare the last successful reconcile with it).',
     registers: [this.registry],
   });
+
+  /**
+   * The sets the kubelet's policy would pull again offline, as last read:
+   * the series of sets no longer refused (or of another policy) go.
+   */
+  reportKubeletRefused(policy: string, sets: readonly string[]): void {
+    this.kubeletRefusedSets.reset();
+    for (const set of sets) this.kubeletRefusedSets.set({ set, policy }, 1);
+  }
 
   constructor(opts: { defaultMetrics?: boolean; resyncIntervalSeconds?: number } = {}) {
     if (opts.defaultMetrics) collectDefaultMetrics({ register: this.registry });

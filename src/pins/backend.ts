@@ -137,5 +137,22 @@ export interface PinBackend {
   runtimeRestarted?(): void;
   /** For the reconcile's log line: how far the runtime's pins are known to follow the list. */
   readonly state: string | undefined;
+  /**
+   * For `pinset agent --drop-pins`, after observe(), stage([]) and sync():
+   * what was removed and what still pins what, read now.
+   */
+  removal(): Promise<PinRemoval>;
   close(): void;
+}
+
+/** What a backend says once it has removed its pins (an empty plan staged and synced): the removal's report, in the runtime's own terms. */
+export interface PinRemoval {
+  /** One line: what was removed, as observe() found it before the removal, or that there was nothing to remove. */
+  done: string;
+  /** The name under which pinset's pins (as observe() found them) held `img`; undefined when they did not hold it. */
+  heldAs(img: RuntimeImage): string | undefined;
+  /** The pin that is not pinset's and holds `img` (another drop-in, CRI-O's pause image, a label set by hand); undefined when there is none. */
+  pinnedBy(img: RuntimeImage): string | undefined;
+  /** What to do when the runtime still reports pinned an image that nothing but pinset's removed pin held. */
+  notApplied: string;
 }

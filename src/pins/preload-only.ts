@@ -9,7 +9,7 @@
 //   RuntimeCannotPin (before that, what keeps them from being present).
 import type { Logger } from 'pino';
 import type { RuntimeImage } from '../cri/runtime.ts';
-import type { PinBackend, PinsObserved, PinStatus } from './backend.ts';
+import type { PinBackend, PinRemoval, PinsObserved, PinStatus } from './backend.ts';
 
 export class PreloadOnly implements PinBackend {
   readonly name = 'none' as const;
@@ -62,6 +62,10 @@ export class PreloadOnly implements PinBackend {
   }
   watchPaths(): { dir: string; recursive: boolean; name?: string; reason: string }[] {
     return [];
+  }
+  /** Pre-loading pins nothing, so it removes nothing. */
+  async removal(): Promise<PinRemoval> {
+    return { done: `${this.where}: nothing to remove`, heldAs: () => undefined, pinnedBy: () => undefined, notApplied: '' };
   }
   close(): void {}
 }

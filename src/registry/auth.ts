@@ -10,7 +10,11 @@
 // not run them, as the kubelet does not.
 import * as fsp from 'node:fs/promises';
 import type { PullAuth } from '../cri/runtime.ts';
+import { readRegularFile, ReadRefusedError } from '../util/regular-file.ts';
 import { Keyring, type Credential } from './keyring.ts';
+
+/** A docker config.json larger than this is refused (the kubelet's holds a few entries). */
+export const AUTH_FILE_MAX_BYTES = 4 * 1024 * 1024;
 
 export class DockerConfigError extends Error {
   override name = 'DockerConfigError';
@@ -83,8 +87,11 @@ export function decodeDockerAuths(auths: unknown, strict: boolean): DockerAuths 
     // names no host it is connecting to, which a bare "host:port" does not.
     entries.push([key, auth]);
   }
-  return { entries, secrets: [...secrets].filter((s) => s.length >= 3) };
+  return { entries, secrets: [...secrets].filter((s) => s.length >= MIN_SCRUBBED_LENGTH) };
 }
+
+/** Secrets shorter than this are not scrubbed: replacing every "ab" in a message would hide it, and such a secret hides nothing. */
+export const MIN_SCRUBBED_LENGTH = 3;
 
 /** Replace every secret in `text`. */
 export function scrubSecrets(text: string, secrets: readonly string[]): string {
@@ -124,8 +131,16 @@ export class AuthFile {
     }
     if (st.mtimeMs === this.mtimeMs) return;
     this.mtimeMs = st.mtimeMs;
+    let text: string;
     try {
-      this.load(JSON.parse(await fsp.readFile(this.path, 'utf8')));
+      text = await readRegularFile(this.path, { maxBytes: AUTH_FILE_MAX_BYTES, what: 'the auth file' });
+    } catch (e) {
+      this.load({ auths: {} });
+      this.problem = `${e instanceof ReadRefusedError ? e.message : `${this.path} cannot be read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`}; pulling anonymously`;
+      return;
+    }
+    try {
+      this.load(JSON.parse(text));
       this.problem = undefined;
     } catch (e) {
       this.load({ auths: {} });

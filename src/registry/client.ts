@@ -16,7 +16,7 @@
 //   - per-request timeouts, and paced retries (capped exponential backoff
 //     with jitter) of what is transient: connection failures, 429, 5xx;
 //   - proxies and trust from the environment (./transport.ts).
-// No credential or token appears in an error or a log line.
+// No credential or token appears in an error or a log line (./scrub.ts).
 //
 // Requests go through undici's request(), not fetch(): the agent runs
 // without V8's optimizing compilers (scripts/build.ts NODE_FLAGS), where
@@ -36,7 +36,7 @@
 import type { Readable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { interceptors, request, type Dispatcher } from 'undici';
-import { backoffDelay, type BackoffPolicy } from '../util/backoff.ts';
+import type { BackoffPolicy } from '../util/backoff.ts';
 import type { PullAuth } from '../cri/runtime.ts';
 import { ANONYMOUS, failuresNote, type Credential, type CredentialSource, type ImageRef } from './credentials.ts';
 import { MANIFEST_ACCEPT, MAX_MANIFEST_BYTES, ManifestError, parseManifest, type Manifest } from './manifest.ts';
@@ -44,9 +44,10 @@ import { formatImageName, manifestReference, repositoryOf, type ImageName } from
 import { ContainerdHostsError, type ContainerdHosts } from './containerd-hosts.ts';
 import { connectionOf, sourceUrl, tlsAdvice, withHostHeaders } from './pull-source.ts';
 import { RegistriesConf, RegistriesConfError, type PullSource } from './registries-conf.ts';
+import { Scrubber } from './scrub.ts';
 import { requestToken } from './token.ts';
 import { Transport } from './transport.ts';
-import { type Answer, AttemptError, type Challenge, describeBody, discard, errorCode, header, isCertificateError, isTlsOrProtocolError, kindOfStatus, MAX_REDIRECTIONS, networkMessage, parseChallenge, readLimited, RegistryError, type RegistryErrorKind, sha256, type SourceFailure, TRANSIENT_STATUS } from './http.ts';
+import { type Answer, AttemptError, type Challenge, describeBody, discard, errorCode, header, isCertificateError, isTlsOrProtocolError, kindOfStatus, MAX_REDIRECTIONS, networkMessage, parseChallenge, readLimited, RegistryError, retryDelay, type RegistryErrorKind, sha256, type SourceFailure, TRANSIENT_STATUS } from './http.ts';
 
 export { parseChallenge, RegistryError, type RegistryErrorKind, type SourceFailure } from './http.ts';
 
@@ -119,6 +120,7 @@ export class RegistryClient {
   private readonly endpoints = new Map<string, EndpointState>();
   private readonly tokens = new Map<string, CachedToken>();
   private readonly tokenRequests = new Map<string, Promise<string>>();
+  readonly scrubber: Scrubber;
   private readonly cache = new Map<string, FetchedManifest>();
   /** Requests sent, by method (for tests and benchmarks). */
   readonly requests = { manifest: 0, blob: 0, token: 0 };
@@ -127,6 +129,7 @@ export class RegistryClient {
     this.registries = opts.registries ?? RegistriesConf.empty();
     this.containerdHosts = opts.containerdHosts;
     this.credentials = opts.credentials ?? ANONYMOUS;
+    this.scrubber = new Scrubber(this.credentials);
     this.ownsTransport = !opts.transport;
     this.transport = opts.transport ?? new Transport();
     const redirects = interceptors.redirect({ maxRedirections: MAX_REDIRECTIONS });
@@ -231,7 +234,7 @@ export class RegistryClient {
         return await op(src);
       } catch (e) {
         if (!(e instanceof AttemptError)) throw e;
-        failures.push({ registry: src.host, mirror: src.mirror, kind: e.kind, message: this.credentials.scrub(e.message) });
+        failures.push({ registry: src.host, mirror: src.mirror, kind: e.kind, message: this.scrubber.scrub(e.message, src) });
         if (src !== sources[sources.length - 1]) this.debug({ image, registry: src.host, err: failures.at(-1)!.message }, 'mirror failed; trying the next source');
       }
     }
@@ -309,7 +312,7 @@ export class RegistryClient {
           throw new AttemptError('Unavailable', `cannot be reached over TLS: ${networkMessage(e)} (${tlsAdvice(src)})`);
         }
         if (attempt >= this.attempts) throw new AttemptError('Unavailable', `cannot be reached: ${networkMessage(e)}`);
-        await this.pause(attempt, undefined, signal);
+        await sleep(retryDelay(this.retryPolicy, attempt, undefined), undefined, { signal });
         continue;
       }
       if (res.statusCode === 401) {
@@ -325,7 +328,7 @@ export class RegistryClient {
           }
         }
         const who = auth?.username ? `the credentials of ${auth.username} from ${credential!.from}` : auth ? `the token from ${credential!.from}` : 'anonymous access (no credentials for it)';
-        throw new AttemptError('Unauthorized', `refused ${who}: HTTP 401${body ? ` ${describeBody(body)}` : ''}`);
+        throw new AttemptError('Unauthorized', `refused ${who}: HTTP 401${body ? ` ${describeBody(this.scrubber.scrub(body, src))}` : ''}`);
       }
       const status = res.statusCode;
       if (status >= 200 && status < 300) {
@@ -334,20 +337,13 @@ export class RegistryClient {
       }
       const body = method === 'HEAD' ? (await discard(res), '') : await res.body.text().catch(() => '');
       if (TRANSIENT_STATUS.has(status) && attempt < this.attempts) {
-        await this.pause(attempt, header(res, 'retry-after'), signal);
+        await sleep(retryDelay(this.retryPolicy, attempt, header(res, 'retry-after')), undefined, { signal });
         continue;
       }
       if (method === 'HEAD') throw new AttemptError(kindOfStatus(status), `answered HTTP ${status}${status === 404 ? ': the manifest is unknown' : ''}`);
-      const what = describeBody(body);
+      const what = describeBody(this.scrubber.scrub(body, src));
       throw new AttemptError(kindOfStatus(status), `answered HTTP ${status}${what ? ` ${what}` : ''}`);
     }
-  }
-
-  private async pause(attempt: number, retryAfter: string | null | undefined, signal?: AbortSignal): Promise<void> {
-    let ms = backoffDelay(this.retryPolicy, attempt);
-    const ra = Number(retryAfter);
-    if (Number.isFinite(ra) && ra > 0) ms = Math.min(this.retryPolicy.capMs, Math.max(ms, ra * 1000));
-    await sleep(ms, undefined, { signal });
   }
 
   /** The dispatcher for a source: its host's own TLS (containerd's hosts), or verifying unless it is insecure. */
@@ -408,11 +404,12 @@ export class RegistryClient {
       dispatcher: this.dispatcher(src),
       timeoutMs: this.timeoutMs,
       userAgent: this.userAgent,
-      scrub: (t) => this.credentials.scrub(t),
+      scrub: (t) => this.scrubber.scrub(t, src),
       signal,
     });
     // The spec's default lifetime is 60 s; renew a little early.
     this.tokens.set(key, { value: token, expiresAt: Date.now() + ttlSeconds * 900 });
+    this.scrubber.addToken(token);
     return token;
   }
 }

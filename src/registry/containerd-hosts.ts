@@ -18,14 +18,17 @@
 // folder, its hosts.toml and the certificate files it names are looked at
 // again (mtime, size, inode) when their answer is more than a second old,
 // and read again only when one changed.
-import { readFile, stat } from 'node:fs/promises';
+import { stat } from 'node:fs/promises';
 import path from 'node:path';
 import tls from 'node:tls';
+import { readRegularFile, ReadRefusedError } from '../util/regular-file.ts';
 import type { ImageName } from './names.ts';
 import type { HostTls, PullSource } from './pull-source.ts';
 import { certFileHost, hostPaths, HostsTomlError, parseHostsToml, portOf, withDefaultHost, type Capability, type HostEntry } from './hosts-toml.ts';
 
 export const DEFAULT_CONTAINERD_HOSTS_DIR = '/etc/containerd/certs.d';
+/** A hosts.toml or certificate file larger than this is refused unread, as is one that is not a regular file. */
+export const HOSTS_FILE_MAX_BYTES = 1024 * 1024;
 
 /** Nothing can be fetched as the configuration stands (no host may, a certificate file unusable); asks nobody. */
 export class ContainerdHostsError extends Error {
@@ -81,8 +84,8 @@ async function readTls(e: HostEntry): Promise<HostTls | undefined> {
   if (e.ca === undefined && e.client === undefined && e.skipVerify === undefined) return undefined;
   const out: HostTls = { ca: [], verify: e.skipVerify !== true };
   for (const f of e.ca ?? []) {
-    const pem = await readFile(f, 'utf8').catch((err: NodeJS.ErrnoException) => {
-      throw new ContainerdHostsError(`unable to read CA cert ${JSON.stringify(f)}: ${err.code ?? err.message}`);
+    const pem = await readRegularFile(f, { maxBytes: HOSTS_FILE_MAX_BYTES }).catch((err: NodeJS.ErrnoException) => {
+      throw new ContainerdHostsError(`unable to read CA cert ${JSON.stringify(f)}: ${err instanceof ReadRefusedError ? err.message : (err.code ?? err.message)}`);
     });
     if (!pem.includes('-----BEGIN CERTIFICATE-----')) throw new ContainerdHostsError(`unable to load CA cert ${JSON.stringify(f)}: no PEM certificate in it`);
     out.ca.push(pem);
@@ -91,8 +94,8 @@ async function readTls(e: HostEntry): Promise<HostTls | undefined> {
   const pair = e.client?.[0];
   if (pair) {
     const read = (f: string) =>
-      readFile(f, 'utf8').catch((err: NodeJS.ErrnoException) => {
-        throw new ContainerdHostsError(`unable to read CERT file ${JSON.stringify(f)}: ${err.code ?? err.message}`);
+      readRegularFile(f, { maxBytes: HOSTS_FILE_MAX_BYTES }).catch((err: NodeJS.ErrnoException) => {
+        throw new ContainerdHostsError(`unable to read CERT file ${JSON.stringify(f)}: ${err instanceof ReadRefusedError ? err.message : (err.code ?? err.message)}`);
       });
     out.cert = await read(pair[0]);
     out.key = pair[1] ? await read(pair[1]) : out.cert;
@@ -213,10 +216,10 @@ export class ContainerdHosts {
     const before = await this.signature(dir, []);
     let text = '';
     try {
-      text = await readFile(file, 'utf8');
+      text = await readRegularFile(file, { maxBytes: HOSTS_FILE_MAX_BYTES });
     } catch (e) {
       const code = (e as NodeJS.ErrnoException).code;
-      if (code !== 'ENOENT') return { dir, from: file, entries: [], tls: [], error: `cannot read it: ${code ?? (e as Error).message}`, files: [], signature: before, checkedAt };
+      if (code !== 'ENOENT') return { dir, from: file, entries: [], tls: [], error: `cannot read it: ${e instanceof ReadRefusedError ? e.message : (code ?? (e as Error).message)}`, files: [], signature: before, checkedAt };
     }
     let entries: HostEntry[];
     let from = file;

@@ -14,15 +14,18 @@
 // Kubernetes 1.33; 1.32 refuses it as an unknown field. A provider that
 // sets it is read, then skipped with a warning naming it: the agent has no
 // pod whose token it could pass.
-import { access, constants, readFile, stat } from 'node:fs/promises';
+import { access, constants, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { parseYamlDocuments } from '../api/yaml.ts';
+import { readRegularFile, ReadRefusedError } from '../util/regular-file.ts';
 import { parseGoDuration } from './go-duration.ts';
 import { parseSchemelessUrl } from './keyring.ts';
 
 export { parseGoDuration };
 
 export const CONFIG_KIND = 'CredentialProviderConfig';
+/** A config larger than this is refused unread, as is one that is not a regular file. */
+export const CREDENTIAL_PROVIDER_CONFIG_MAX_BYTES = 1024 * 1024;
 export const CONFIG_API_VERSIONS = ['kubelet.config.k8s.io/v1', 'kubelet.config.k8s.io/v1beta1', 'kubelet.config.k8s.io/v1alpha1'] as const;
 export const PROVIDER_API_VERSIONS = ['credentialprovider.kubelet.k8s.io/v1', 'credentialprovider.kubelet.k8s.io/v1beta1', 'credentialprovider.kubelet.k8s.io/v1alpha1'] as const;
 
@@ -154,9 +157,9 @@ export function parseCredentialProviderConfig(text: string, file: string): Crede
 export async function loadCredentialProviderConfig(file: string, binDir: string): Promise<CredentialProviderSpec[]> {
   let text: string;
   try {
-    text = await readFile(file, 'utf8');
+    text = await readRegularFile(file, { maxBytes: CREDENTIAL_PROVIDER_CONFIG_MAX_BYTES });
   } catch (e) {
-    throw new CredentialProviderConfigError(`credential provider config ${file} cannot be read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    throw new CredentialProviderConfigError(`credential provider config ${file} cannot be read: ${e instanceof ReadRefusedError ? e.message : ((e as NodeJS.ErrnoException).code ?? (e as Error).message)}`);
   }
   const providers = parseCredentialProviderConfig(text, file);
   const dir = await stat(binDir).catch((e: NodeJS.ErrnoException) => e);

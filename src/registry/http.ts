@@ -3,6 +3,7 @@
 // bound, and what a network failure says.
 import { createHash } from 'node:crypto';
 import type { Dispatcher } from 'undici';
+import { backoffDelay, type BackoffPolicy } from '../util/backoff.ts';
 
 export type RegistryErrorKind = 'NotFound' | 'Unauthorized' | 'Unavailable' | 'Blocked' | 'Invalid' | 'Other';
 
@@ -75,6 +76,13 @@ export function describeBody(text: string): string {
     // not JSON
   }
   return text.replace(/\s+/g, ' ').trim().slice(0, 200);
+}
+
+/** How long to wait before retry `attempt`: the policy's backoff, or the server's Retry-After (seconds) when longer, within the policy's cap. */
+export function retryDelay(policy: BackoffPolicy, attempt: number, retryAfter: string | null | undefined): number {
+  const ms = backoffDelay(policy, attempt);
+  const ra = Number(retryAfter);
+  return Number.isFinite(ra) && ra > 0 ? Math.min(policy.capMs, Math.max(ms, ra * 1000)) : ms;
 }
 
 export function kindOfStatus(status: number): RegistryErrorKind {

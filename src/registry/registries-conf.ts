@@ -20,9 +20,10 @@
 // tried at each mirror in order, then at the location itself.
 // unqualified-search-registries and short-name aliases do not apply:
 // pinset's references always carry a registry host.
-import { readdir, readFile } from 'node:fs/promises';
+import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
+import { readRegularFile } from '../util/regular-file.ts';
 import type { ImageName } from './names.ts';
 import type { Endpoint, PullSource } from './pull-source.ts';
 
@@ -30,6 +31,8 @@ export type { Endpoint, PullSource } from './pull-source.ts';
 
 export const DEFAULT_REGISTRIES_CONF = '/etc/containers/registries.conf';
 export const DEFAULT_REGISTRIES_CONF_DIR = '/etc/containers/registries.conf.d';
+/** A registries.conf (or drop-in) larger than this is refused unread, as is one that is not a regular file. */
+export const REGISTRIES_CONF_MAX_BYTES = 4 * 1024 * 1024;
 
 export type PullFromMirror = 'all' | 'digest-only' | 'tag-only';
 
@@ -249,7 +252,7 @@ export async function loadRegistriesConf(opts: LoadOptions = {}): Promise<Regist
   const files: string[] = [];
   let entries: RegistryEntry[] = [];
   try {
-    entries = merge([], parseRegistriesConf(await readFile(file, 'utf8'), file));
+    entries = merge([], parseRegistriesConf(await readRegularFile(file, { maxBytes: REGISTRIES_CONF_MAX_BYTES }), file));
     files.push(file);
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code !== 'ENOENT' || explicit) {
@@ -268,7 +271,7 @@ export async function loadRegistriesConf(opts: LoadOptions = {}): Promise<Regist
     const f = path.join(dir, n);
     let text: string;
     try {
-      text = await readFile(f, 'utf8');
+      text = await readRegularFile(f, { maxBytes: REGISTRIES_CONF_MAX_BYTES });
     } catch (e) {
       throw new RegistriesConfError(`cannot read ${f}: ${(e as Error).message}`);
     }

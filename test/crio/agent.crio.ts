@@ -60,6 +60,7 @@ async function makeBed(): Promise<Bed> {
       '--static-dir', staticDir,
       '--cri-endpoint', node.endpoint,
       '--crio-dropin-dir', node.dropInDir,
+      '--state-dir', node.stateDir,
       '--reload', 'dbus',
       '--auth-file', join(dir, 'no-auth.json'),
       '--metrics-addr', '',

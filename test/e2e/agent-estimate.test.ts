@@ -298,7 +298,7 @@ describe('pinset agent --once: the disk estimate before pulling, on containerd',
     const factor = Math.ceil((2 * room) / download);
     const flags = (f: number) => [
       '--node-name', 'estimate-node', '--static-dir', staticDir, '--cri-endpoint', proxy.endpoint, '--crio-dropin-dir', dropinDir,
-      '--reload', 'none', '--pin-backend', 'crio', '--auth-file', path.join(work, 'none.json'), '--metrics-addr', '', '--image-fs-high-watermark', '99',
+      '--state-dir', path.join(work, 'state'), '--reload', 'none', '--pin-backend', 'crio', '--auth-file', path.join(work, 'none.json'), '--metrics-addr', '', '--image-fs-high-watermark', '99',
       '--registries-conf', conf, '--registries-conf-dir', path.join(work, 'none.d'), '--disk-estimate-factor', String(f),
     ];
 

@@ -106,6 +106,7 @@ describe('pinset agent on containerd and a real registry', () => {
       '--static-dir', staticDir,
       '--cri-endpoint', endpoint,
       '--crio-dropin-dir', dropinDir,
+      '--state-dir', path.join(path.dirname(dropinDir), 'state'),
       '--reload', 'none',
       '--pin-backend', 'crio',
       '--auth-file', authFile,

@@ -79,12 +79,13 @@ describe('the DaemonSet of kubectl kustomize deploy/, as rendered, on every runt
     }
   }
 
-  test('rendered as one container: `agent`, the host root at /host, no runtime named; every mount a folder all nodes have, or pinset\'s own', () => {
+  test('rendered as one container: `agent`, the host root at /host, no runtime named; every mount a folder all nodes have (read-only), CRI-O\'s folder or pinset\'s own', () => {
     assert.deepEqual(shipped.args, ['agent']);
     assert.equal(shipped.env.PINSET_HOST_ROOT, '/host');
     assert.equal(shipped.env.PINSET_CRI_ENDPOINT, undefined);
     assert.equal(shipped.env.PINSET_PIN_BACKEND, undefined);
-    for (const m of shipped.mounts) assert.ok(['/run', '/var/lib', '/etc', '/var/lib/pinset'].includes(m.hostPath), m.hostPath);
+    for (const m of shipped.mounts) assert.ok(['/run', '/var/lib', '/etc', '/etc/crio', '/var/lib/pinset'].includes(m.hostPath), m.hostPath);
+    assert.deepEqual(shipped.mounts.filter((m) => !m.readOnly).map((m) => m.hostPath).sort(), ['/etc/crio', '/var/lib/pinset'], 'writable: CRI-O\'s folder and pinset\'s state only');
   });
 
   test('CRI-O (the stand-in) at CRI-O\'s paths: detected, its drop-in written and reloaded over the bus, every image pinned', async (t) => {
@@ -104,7 +105,7 @@ describe('the DaemonSet of kubectl kustomize deploy/, as rendered, on every runt
       const runtime = status.runtime as NodeRuntime;
       assert.deepEqual(
         { name: runtime.name, layout: runtime.layout, source: runtime.source, pinBackend: runtime.pinBackend, socket: runtime.socket, dropInDir: runtime.dropInDir, lock: runtime.lock },
-        { name: 'cri-o', layout: 'crio', source: 'detected', pinBackend: 'crio', socket: '/run/crio/crio.sock', dropInDir: '/etc/crio/crio.conf.d', lock: '/etc/crio/.pinset/agent.lock' },
+        { name: 'cri-o', layout: 'crio', source: 'detected', pinBackend: 'crio', socket: '/run/crio/crio.sock', dropInDir: '/etc/crio/crio.conf.d', lock: '/var/lib/pinset/agent.lock' },
       );
       assert.equal(typeof detected.detectionMs, 'number');
       assert.equal(await agent.stop(), 0);

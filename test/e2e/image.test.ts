@@ -1,7 +1,8 @@
 // The agent from the image (scripts/build-image.sh builds it from the
 // Containerfile), run by podman as the DaemonSet runs it: ENTRYPOINT and
 // `agent`, uid 0 without capabilities, a read-only root file system, the
-// node's /etc/crio mounted read-write as one folder, the runtime's socket
+// node's /etc/crio mounted read-write as one folder, /var/lib/pinset (the
+// node lock) read-write, the runtime's socket
 // and storage read-only, static sets and the kubelet's credentials
 // read-only. The runtime is a real containerd with a real registry on
 // loopback; containerd 1.6 reports no pins, so with CRI-O's drop-in as the
@@ -57,6 +58,8 @@ describe('pinset agent from the image, on containerd', () => {
   /** The node's /etc/crio. */
   let etcCrio: string;
   let dropIn: string;
+  /** The node's /var/lib/pinset: the node lock. */
+  let state: string;
   let sets: string;
   let authFile: string;
 
@@ -79,9 +82,11 @@ describe('pinset agent from the image, on containerd', () => {
     work = await mkdtemp(path.join(os.tmpdir(), 'pinset-e2e-image-'));
     etcCrio = path.join(work, 'etc-crio');
     dropIn = path.join(etcCrio, 'crio.conf.d');
+    state = path.join(work, 'var-lib-pinset');
     sets = path.join(work, 'sets.d');
     authFile = path.join(work, 'config.json');
     await mkdir(dropIn, { recursive: true });
+    await mkdir(state);
     await mkdir(sets);
     await writeFile(authFile, JSON.stringify({ auths: {} }), { mode: 0o600 });
   });
@@ -99,7 +104,7 @@ describe('pinset agent from the image, on containerd', () => {
    */
   function runAgent(crioMounts: string[], opts: { readOnly?: boolean } = {}): Promise<ContainerRun> {
     return runImage(['agent', '--once', '--cri-endpoint', containerd.endpoint, '--reload', 'none', '--pin-backend', 'crio'], {
-      volumes: [...crioMounts, `${containerd.dir}:${containerd.dir}:ro`, `${sets}:/etc/pinset/sets.d:ro`, `${authFile}:/var/lib/kubelet/config.json:ro`],
+      volumes: [...crioMounts, `${state}:/var/lib/pinset`, `${containerd.dir}:${containerd.dir}:ro`, `${sets}:/etc/pinset/sets.d:ro`, `${authFile}:/var/lib/kubelet/config.json:ro`],
       env: { NODE_NAME: NODE },
       readOnly: opts.readOnly,
     });
@@ -144,7 +149,8 @@ describe('pinset agent from the image, on containerd', () => {
     const listed = await cri.listImages();
     for (const img of [single, layered]) assert.equal(listed.find((i) => i.repoDigests.includes(img.ref))?.id, img.id, `containerd holds ${img.ref}`);
     assert.deepEqual((await readPinFile(dropIn))?.pins, [single.ref, layered.ref].sort(), "the pin file, in the node's folder");
-    assert.ok((await stat(path.join(etcCrio, '.pinset', 'agent.lock'))).isFile(), "the node lock beside it, in the node's /etc/crio");
+    assert.ok((await stat(path.join(state, 'agent.lock'))).isFile(), "the node lock in the node's /var/lib/pinset");
+    assert.ok((await stat(path.join(etcCrio, '.pinset', 'agent.lock'))).isFile(), 'and where earlier versions kept it, taken too');
   });
 
   test('only crio.conf.d mounted: refused with what to mount instead, the pins kept; with a read-only root, no start at all', async (t) => {
@@ -174,7 +180,7 @@ describe('pinset agent from the image, on containerd', () => {
     const ro = await runAgent([`${dropIn}:/etc/crio/crio.conf.d`]);
     assert.equal(ro.code, 2, ro.stderr);
     const refused = logLines(ro).find((l) => l.level === 'error');
-    assert.match(String(refused?.msg), /the agent needs \/etc\/crio\/\.pinset and \/etc\/crio\/crio\.conf\.d writable, on one mount \(the DaemonSet mounts the host's \/etc read-write/);
+    assert.match(String(refused?.msg), /the agent needs \/etc\/crio\/\.pinset and \/etc\/crio\/crio\.conf\.d writable, on one mount \(the DaemonSet mounts the host's \/etc\/crio at \/host\/etc\/crio, writable over its read-only \/etc;/);
     assert.deepEqual(await readPinFile(dropIn), pinned, 'the pin file is as it was');
   });
 
@@ -186,8 +192,6 @@ describe('pinset agent from the image, on containerd', () => {
     try {
       const img = await pushSingleLayer(registry, 'image/on-containerd');
       await writeFile(path.join(sets, 'sets.yaml'), dumpYaml(set('on-containerd', [img])));
-      const state = path.join(work, 'var-lib-pinset');
-      await mkdir(state);
       // The overlay's flags and mounts: containerd's folder read-only (socket and image filesystem), /var/lib/pinset for the lock,
       // containerd's registry hosts read-only at /etc/containerd/certs.d (they map registry.test to the loopback registry).
       const r = await runImage(['agent', '--once', '--cri-endpoint', c17.endpoint, '--pin-backend', 'containerd'], {

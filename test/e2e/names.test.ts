@@ -57,6 +57,7 @@ describe('presence by name on containerd', () => {
       '--static-dir', path.join(dir, 'sets.d'),
       '--cri-endpoint', containerd.endpoint,
       '--crio-dropin-dir', path.join(dir, 'crio.conf.d'),
+      '--state-dir', path.join(dir, 'state'),
       '--reload', 'none',
       '--pin-backend', 'crio',
       '--auth-file', path.join(dir, 'none.json'),

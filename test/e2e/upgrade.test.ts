@@ -126,6 +126,8 @@ async function crioNode(): Promise<RollNode> {
   const refs = ['upgrade/web', 'upgrade/db', 'upgrade/cache'].map((repo, i) => `registry.test/${repo}@sha256:${String(i + 1).repeat(64)}`);
   const node: CrioNode = await startCrioNode({ catalogue: Object.fromEntries(refs.map((r) => [r, { size: 4096 }])) });
   const f = await nodeFolders('pinset-e2e-upgrade-crio-');
+  const state = path.join(f.dir, 'var-lib-pinset');
+  await mkdir(state);
   await writeFile(path.join(f.sets, 'sets.yaml'), dumpYaml(set(refs)));
   const cri = new CriClient(node.endpoint);
   const etcCrio = path.dirname(node.dropInDir);
@@ -140,6 +142,7 @@ async function crioNode(): Promise<RollNode> {
       volumes: [
         `${path.dirname(node.crio.socketPath)}:${HOST}/run/crio:ro`,
         `${etcCrio}:${HOST}/etc/crio`,
+        `${state}:/var/lib/pinset`,
         // The stand-in's image filesystem (ImageFsInfo), at its own path under the host's.
         `${node.crio.imageFsMountpoint}:${HOST}${node.crio.imageFsMountpoint}:ro`,
         `${node.bus.socketPath}:${HOST}/run/dbus/system_bus_socket:ro`,

@@ -48,6 +48,7 @@ function start(): AgentProcess {
       '--static-dir', join(dir, 'sets.d'),
       '--cri-endpoint', node.endpoint,
       '--crio-dropin-dir', node.dropInDir,
+      '--state-dir', node.stateDir,
       '--reload', 'dbus',
       '--auth-file', join(dir, 'no-auth.json'),
       '--metrics-addr', '',

@@ -73,6 +73,7 @@ async function makeBed(labels: Record<string, string> = { 'node-role.kubernetes.
       '--static-dir', staticDir,
       '--cri-endpoint', node.endpoint,
       '--crio-dropin-dir', node.dropInDir,
+      '--state-dir', node.stateDir,
       '--reload', 'dbus',
       '--auth-file', join(dir, 'no-auth.json'),
       '--metrics-addr', '',

@@ -718,6 +718,30 @@ describe('in-process API server through @kubernetes/client-node', () => {
     assert.equal(patched.type, 'kubernetes.io/dockerconfigjson');
   });
 
+  test('configmaps: string data and base64 binaryData stored as given, listed by label (!= included), config keys validated, non-strings refused as the decoder refuses them', async (t) => {
+    const server = await startServer(t);
+    const core = server.kubeConfig().makeApiClient(CoreV1Api);
+    const made = await core.createNamespacedConfigMap({ namespace: 'tools', body: { metadata: { name: 'app-config', labels: { team: 'a' } }, data: { 'settings.yaml': 'a: 1\n' }, binaryData: { 'logo.png': Buffer.from([0, 1, 2]).toString('base64') } } });
+    assert.deepEqual(made.data, { 'settings.yaml': 'a: 1\n' });
+    assert.equal(made.binaryData?.['logo.png'], 'AAEC');
+    await core.createNamespacedConfigMap({ namespace: 'tools', body: { metadata: { name: 'mine', labels: { 'app.kubernetes.io/part-of': 'pinset' } } } });
+    assert.deepEqual(names((await core.listNamespacedConfigMap({ namespace: 'tools', labelSelector: 'app.kubernetes.io/part-of!=pinset' })).items), ['app-config'], 'an object without the label matches !=');
+    const refused: [string, Record<string, unknown>, RegExp][] = [
+      ['a bad data key', { data: { 'a b': 'x' } }, /data\[a b\].*valid config key/],
+      ['a key in data and binaryData', { data: { k: 'x' }, binaryData: { k: 'eA==' } }, /duplicate of key present in binaryData/],
+    ];
+    for (const [what, body, message] of refused) {
+      const st = await failureOf(core.createNamespacedConfigMap({ namespace: 'tools', body: { metadata: { name: 'bad' }, ...body } as never }));
+      assert.equal(st.code, 422, what);
+      assert.match(JSON.stringify(st), message, what);
+    }
+    for (const body of [{ data: { n: 5 } }, { binaryData: { x: 'not base64!' } }]) {
+      const res = await fetch(`${server.url}/api/v1/namespaces/tools/configmaps`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ metadata: { name: 'undecodable' }, ...body }) });
+      assert.equal(res.status, 400, JSON.stringify(body));
+      assert.match(((await res.json()) as KubeStatus).message ?? '', /cannot be handled as a ConfigMap/);
+    }
+  });
+
   test('finalizers delay deletion until the last one is removed', async (t) => {
     const server = await startServer(t);
     const custom = server.kubeConfig().makeApiClient(CustomObjectsApi);

@@ -27,6 +27,7 @@ import { makeNodeBed, NODE, setObject, type NodeBed } from '../support/node-bed.
 import { captureLogs } from '../support/log-capture.ts';
 import { startFakeCrio } from '../support/fake-crio.ts';
 import { AgentProcess, readPinFile, type LogLine } from '../support/agent-process.ts';
+import { crioChoice } from '../support/crio-choice.ts';
 
 const A1 = `registry.test/team/app@sha256:${'a'.repeat(64)}`;
 const A2 = `registry.test/team/db@sha256:${'b'.repeat(64)}`;
@@ -118,19 +119,20 @@ describe('the pin file write failing (injected ENOSPC, EROFS, EACCES)', () => {
       if (failing.code) throw Object.assign(new Error(`${failing.code}: injected failure, write '${pinFile.path}'`), { code: failing.code });
       return realWrite(content);
     };
+    // The production pace scaled down five times, so the test sees several attempts in seconds.
+    const retryPolicy = { baseMs: 200, capMs: 2_000 };
+    const pins = crioChoice({ pinFile, reloader: new NoReloader(), runtime, logger, retryPolicy });
     const agent = new Agent({
       nodeName: NODE,
       runtime,
-      pinFile,
-      reloader: new NoReloader(),
+      pins,
       puller: new ImagePuller({ runtime, maxParallel: 2, logger }),
       reporter: new StatusReporter(new LogStatusSink(logger), { logger }),
       logger,
       staticDir,
       resyncIntervalMs: 600_000,
       debounceMs: 50,
-      // The production pace scaled down five times, so the test sees several attempts in seconds.
-      retryPolicy: { baseMs: 200, capMs: 2_000 },
+      retryPolicy,
     });
     const logged = () => lines.filter((l) => l.msg === 'writing the pin file failed; retrying with backoff');
     const until = async (what: string, ok: () => boolean | Promise<boolean>) => {
@@ -164,6 +166,7 @@ describe('the pin file write failing (injected ENOSPC, EROFS, EACCES)', () => {
       assert.equal(logged().length, 3, 'nothing more logged');
     } finally {
       await agent.stop();
+      pins.close();
       runtime.close();
       await crio.stop();
       await rm(root, { recursive: true, force: true });

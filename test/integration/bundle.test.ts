@@ -128,13 +128,13 @@ describe('the bundle', () => {
     await cp(dist, moved, { recursive: true });
     const r = await runBundle(moved, ['agent', '--help'], tmp, { NODE_DEBUG_NATIVE: 'COMPILE_CACHE' });
     assert.equal(r.code, 0, r.stderr);
-    const agent = path.basename(outputOf(meta, 'src/agent/main.ts'));
+    const agent = path.basename(outputOf(meta, 'src/agent/boot/main.ts'));
     assert.match(r.stderr, new RegExp(`V8 code cache for ESM file://${moved}/${agent.replace('.', '\\.')} was accepted`), r.stderr);
     assert.doesNotMatch(r.stderr, /was rejected|writing cache for/, r.stderr);
   });
 
   test('the agent loads the Kubernetes client, prom-client, the D-Bus client and systeminformation only on demand', () => {
-    const agent = outputOf(meta, 'src/agent/main.ts');
+    const agent = outputOf(meta, 'src/agent/boot/main.ts');
     const eager = packagesLoaded(meta, agent, false);
     const lazy = packagesLoaded(meta, agent, true);
     for (const p of ['@kubernetes/client-node', 'undici', 'prom-client', '@homebridge/dbus-native', 'systeminformation']) {
@@ -164,7 +164,7 @@ describe('the bundle', () => {
       await writeFile(path.join(work, 'sets.d', 'boot.yaml'), JSON.stringify(set));
       const args = [
         'agent', '--once', '--node-name', 'bundle-node', '--static-dir', path.join(work, 'sets.d'),
-        '--cri-endpoint', node.endpoint, '--crio-dropin-dir', node.dropInDir, '--reload', 'dbus',
+        '--cri-endpoint', node.endpoint, '--crio-dropin-dir', node.dropInDir, '--state-dir', node.stateDir, '--reload', 'dbus',
         '--auth-file', path.join(work, 'none.json'),
       ];
       // From the temporary folder: nothing points back into this repository.

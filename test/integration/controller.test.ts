@@ -360,3 +360,82 @@ describe('status controller', () => {
     assert.deepEqual(Object.keys(mine!.fieldsV1), ['f:status'], 'the controller owns the status and nothing else');
   });
 });
+
+describe('status controller: a set\'s progress and ETA', () => {
+  const bytesReport = (uid: string, over: Partial<NodeSetStatus>) => report({ uid, phase: 'Progressing', reason: 'Pulling', currentGeneration: 0, images: { wanted: 2, present: 0, pinned: 2, failed: 0, invalid: 0 }, ...over });
+
+  test('bytes summed over the selected nodes; progress alone is written every --progress-interval, a node ready at once, and an ETA no longer known is removed', async () => {
+    const set = api.create({
+      apiVersion: 'pinset.dev/v1alpha1',
+      kind: 'PinnedImageSet',
+      metadata: { name: 'upgrade' },
+      spec: { nodeSelector: { matchLabels: { role: 'worker' } }, pinnedImages: [{ name: IMAGE }], rollout: { maxConcurrentNodes: 1 } },
+    });
+    const uid = set.metadata.uid!;
+    const put = (node: string, over: Partial<NodeSetStatus>) => api.patch('nodes', node, { metadata: { annotations: { [STATUS_ANNOTATION]: annotationV2([bytesReport(uid, over)]) } } });
+    for (const n of ['worker-a', 'worker-b', 'worker-c']) api.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: n, labels: { role: 'worker' } } });
+    put('worker-a', { bytes: { present: 0, total: 1000 } });
+    put('worker-b', { reason: 'WaitingForRolloutSlot' });
+    const controller = new SetStatusController({ kubeConfig: api.kubeConfig(), log: silentLogger(), debounceMs: 50, progressIntervalMs: 1500, progressWindowMs: 60_000 });
+    controller.start();
+    controller.setLeading(true);
+    running.push(() => controller.stop());
+
+    await api.waitFor(() => statusOf()?.progress, 5000, 'a progress on the set');
+    // worker-b (waiting for the slot, no bytes yet) and worker-c (no report) count as worker-a does.
+    assert.deepEqual(statusOf()!.progress, { unit: 'bytes', present: 0, total: 3000, nodesDownloading: 1, nodesWaiting: 2, summary: '0% of 2.9 KiB' });
+    const first = statusWrites();
+
+    // Progress alone: held back for its turn, then written with the latest.
+    put('worker-a', { bytes: { present: 100, total: 1000 }, rate: 100 });
+    await sleep(200);
+    put('worker-a', { bytes: { present: 300, total: 1000 }, rate: 100 });
+    await sleep(400);
+    assert.equal(statusWrites(), first, 'not yet: the last write was less than --progress-interval ago');
+    assert.equal(statusOf()!.progress!.present, 0);
+    await api.waitFor(() => statusOf()?.progress?.present === 300, 5000, 'the progress written at its turn');
+    assert.equal(statusWrites(), first + 1, 'one write for both reports');
+    const p = statusOf()!.progress!;
+    assert.ok(p.rate! > 0, `a rate measured from the two observations: ${p.rate}`);
+    const eta = Date.parse(p.estimatedCompletionTime!);
+    assert.ok(eta > Date.now(), `an ETA to come: ${p.estimatedCompletionTime}`);
+    assert.match(p.summary, /^10% of 2\.9 KiB, \d+ B\/s$/);
+
+    // A node ready is news: written at once, with the progress of that moment.
+    const before = statusWrites();
+    put('worker-a', { phase: 'Ready', reason: 'AllImagesPinned', currentGeneration: 1, images: { wanted: 2, present: 2, pinned: 2, failed: 0, invalid: 0 }, bytes: { present: 1000, total: 1000 } });
+    await api.waitFor(() => statusOf()?.nodes?.ready === 1, 1000, 'the ready node written within a second');
+    assert.equal(statusWrites(), before + 1);
+    assert.equal(statusOf()!.progress!.present, 1000);
+
+    // Every node left degraded: nothing left to time, so the ETA goes (a merge patch keeps what it does not name).
+    put('worker-b', { phase: 'Degraded', reason: 'ImageNotFound', message: 'manifest unknown' });
+    api.patch('nodes', 'worker-c', { metadata: { annotations: { [STATUS_ANNOTATION]: annotationV2([bytesReport(uid, { phase: 'Degraded', reason: 'ImageNotFound', message: 'manifest unknown' })]) } } });
+    await api.waitFor(() => statusOf()?.nodes?.degraded === 2, 5000, 'both degraded');
+    const last = statusOf()!.progress!;
+    assert.equal(last.estimatedCompletionTime, undefined, JSON.stringify(last));
+    assert.deepEqual([last.nodesDownloading, last.nodesWaiting], [0, 0]);
+  });
+
+  test('a burst of progress reports from many nodes costs one status write per --progress-interval', async () => {
+    const uid = createSet().metadata.uid!;
+    const nodes = Array.from({ length: 20 }, (_, i) => `worker-${i}`);
+    for (const n of nodes) createNode(n, { role: 'worker' });
+    const controller = new SetStatusController({ kubeConfig: api.kubeConfig(), log: silentLogger(), debounceMs: 50, progressIntervalMs: 1000 });
+    controller.start();
+    controller.setLeading(true);
+    running.push(() => controller.stop());
+    await api.waitFor(() => statusOf()?.progress, 5000, 'a progress on the set');
+    const first = statusWrites();
+    const started = Date.now();
+    for (let step = 1; step <= 10; step++) {
+      for (const n of nodes) api.patch('nodes', n, { metadata: { annotations: { [STATUS_ANNOTATION]: annotationV2([bytesReport(uid, { bytes: { present: step * 10, total: 100 } })]) } } });
+      await sleep(200);
+    }
+    const elapsed = Date.now() - started;
+    await api.waitFor(() => statusOf()?.progress?.present === 2000, 5000, 'the last progress written');
+    const writes = statusWrites() - first;
+    assert.ok(writes <= Math.ceil(elapsed / 1000) + 1, `${writes} writes in ${elapsed} ms for 200 reports`);
+    assert.ok(writes >= 1);
+  });
+});

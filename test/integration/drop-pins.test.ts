@@ -1,4 +1,4 @@
-// `pinset agent --drop-pins` (src/agent/drop-pins.ts) on a node whose agent
+// `pinset agent --drop-pins` (src/agent/drop-pins/drop-pins.ts) on a node whose agent
 // is gone, as a user runs it: its own process, flags on the command line.
 // On the CRI-O stand-in (reloaded over a private D-Bus), the agent's drop-in
 // goes and CRI-O reports its images unpinned, while an administrator's
@@ -36,7 +36,7 @@ after(async () => {
 describe('pinset agent --drop-pins on CRI-O (the stand-in)', () => {
   let node: CrioNode;
   let sets: string;
-  const crioArgs = () => ['--cri-endpoint', node.endpoint, '--crio-dropin-dir', node.dropInDir, '--reload', 'dbus'];
+  const crioArgs = () => ['--cri-endpoint', node.endpoint, '--crio-dropin-dir', node.dropInDir, '--state-dir', node.stateDir, '--reload', 'dbus'];
   before(async () => {
     node = await startCrioNode({ catalogue: { [A]: { size: 1000 }, [B]: { size: 1000 }, [ADMIN]: { size: 1000 } } });
     sets = join(dir, 'crio-sets.d');

@@ -69,6 +69,7 @@ describe('maxConcurrentNodes 1 across three agent processes', () => {
         '--static-dir', join(dir, `${name}-sets.d`),
         '--cri-endpoint', n.endpoint,
         '--crio-dropin-dir', n.dropInDir,
+        '--state-dir', n.stateDir,
         '--reload', 'dbus',
         '--auth-file', join(dir, 'no-auth.json'),
         '--metrics-addr', '',

@@ -108,38 +108,47 @@ describe('pinset status', () => {
   test('prints a node-by-set table (worker-a reports in version 1, worker-b in version 2)', async () => {
     const { code, stdout, stderr } = await pinset(['--kubeconfig', kubeconfig], { COLUMNS: '140' });
     assert.equal(code, 0, stderr);
-    const lines = stdout.trimEnd().split('\n');
-    assert.match(lines[0]!, /^NODE\s+SET\s+PHASE\s+IMAGES\s+GENERATION\s+AGE\s+ERROR$/);
+    const all = stdout.trimEnd().split('\n');
+    const lines = all.slice(0, all.indexOf(''));
+    assert.match(lines[0]!, /^NODE\s+SET\s+PHASE\s+IMAGES\s+BYTES\s+ETA\s+GENERATION\s+AGE\s+ERROR$/);
     const row = (node: string, set: string) => {
       const found = lines.find((l) => l.split(/\s{2,}/)[0] === node && l.split(/\s{2,}/)[1] === set);
       assert.ok(found, `a row for ${node} ${set} in\n${stdout}`);
       return found.split(/\s{2,}/);
     };
-    assert.deepEqual(row('worker-a', 'upgrade'), ['worker-a', 'upgrade', 'Ready', '3/3', '2/2', '3h']);
-    assert.deepEqual(row('worker-a', 'local-tools (static)').slice(2), ['Ready', '3/3', '1/1', '3h']);
+    // Agents from before `bytes` report none: BYTES and ETA say "-".
+    assert.deepEqual(row('worker-a', 'upgrade'), ['worker-a', 'upgrade', 'Ready', '3/3', '-', '-', '2/2', '3h']);
+    assert.deepEqual(row('worker-a', 'local-tools (static)').slice(2), ['Ready', '3/3', '-', '-', '1/1', '3h']);
     const b = row('worker-b', 'upgrade');
-    assert.deepEqual(b.slice(0, 6), ['worker-b', 'upgrade', 'Degraded', '2/3', '1/2', '20m']);
-    assert.match(b[6]!, /^ImageNotFound: pulling quay\.io\/org\/app@sha256:c+…$/, 'the error is cut to fit');
-    assert.deepEqual(row('worker-c', '<none>').slice(2), ['NotReported', '-', '-', '-']);
+    assert.deepEqual(b.slice(0, 8), ['worker-b', 'upgrade', 'Degraded', '2/3', '-', '-', '1/2', '20m']);
+    assert.match(b[8]!, /^ImageNotFound: pulling quay\.io\/org\/app@sha256:c+…$/, 'the error is cut to fit');
+    assert.deepEqual(row('worker-c', '<none>').slice(2), ['NotReported', '-', '-', '-', '-', '-']);
     const d = row('worker-d', '<none>');
     assert.equal(d[2], 'Unreadable');
-    assert.match(d[6]!, /not JSON/);
-    assert.deepEqual(row('control-1', '<none>').slice(2), ['-', '-', '-', '15m']);
+    assert.match(d[8]!, /not JSON/);
+    assert.deepEqual(row('control-1', '<none>').slice(2), ['-', '-', '-', '-', '-', '15m']);
     for (const l of lines) assert.ok([...l].length <= 140, `line fits 140 columns: ${l}`);
     assert.equal([...lines.find((l) => l.startsWith('worker-b'))!].length, 140);
     // Nodes in name order.
     const nodes = lines.slice(1).map((l) => l.split(/\s+/)[0]);
     assert.deepEqual(nodes, [...nodes].sort());
+    // After the table, the set's progress across the 4 nodes it selects: in
+    // images, as no node reports bytes (1 image each on the unreported
+    // worker-c and worker-d, from the set's spec); no ETA without the controller.
+    assert.deepEqual(all.slice(lines.length + 1, lines.length + 3), [
+      'Progress:',
+      "  upgrade: 62% of 8 images (2 waiting, 1 degraded); no ETA: the set's status has no progress from `pinset controller` (is it running?)",
+    ]);
   });
 
   test('-o wide adds each set\'s disk estimate for what it still has to download, and the node\'s runtime as its agent found it', async () => {
     const { code, stdout, stderr } = await pinset(['--kubeconfig', kubeconfig, '-o', 'wide'], { COLUMNS: '200' });
     assert.equal(code, 0, stderr);
     const lines = stdout.trimEnd().split('\n');
-    assert.match(lines[0]!, /^NODE\s+SET\s+PHASE\s+IMAGES\s+GENERATION\s+AGE\s+ESTIMATE\s+RUNTIME\s+ERROR$/);
+    assert.match(lines[0]!, /^NODE\s+SET\s+PHASE\s+IMAGES\s+BYTES\s+RATE\s+ETA\s+GENERATION\s+AGE\s+ESTIMATE\s+RUNTIME\s+ERROR$/);
     const cells = (node: string) => lines.find((l) => l.startsWith(`${node} `))!.split(/\s{2,}/);
-    assert.deepEqual(cells('worker-b').slice(0, 8), ['worker-b', 'upgrade', 'Degraded', '2/3', '1/2', '20m', '5.0 GiB', 'containerd v2.1.5-k3s1 on k3s (containerd)']);
-    assert.deepEqual(cells('worker-a').slice(6, 8), ['-', '-'], 'an agent from before the runtime report');
+    assert.deepEqual(cells('worker-b').slice(0, 11), ['worker-b', 'upgrade', 'Degraded', '2/3', '-', '-', '-', '1/2', '20m', '5.0 GiB', 'containerd v2.1.5-k3s1 on k3s (containerd)']);
+    assert.deepEqual(cells('worker-a').slice(9, 11), ['-', '-'], 'an agent from before the runtime report');
   });
 
   test('the RUNTIME of a node whose agent settled on no runtime, and why, in its ERROR', () => {
@@ -154,7 +163,8 @@ describe('pinset status', () => {
   test('--set shows that set only, and the selected nodes that have not reported on it', async () => {
     const { code, stdout } = await pinset(['--kubeconfig', kubeconfig, '--set', 'upgrade']);
     assert.equal(code, 0);
-    const lines = stdout.trimEnd().split('\n').slice(1);
+    const all = stdout.trimEnd().split('\n');
+    const lines = all.slice(1, all.indexOf(''));
     assert.deepEqual(
       lines.map((l) => l.split(/\s{2,}/).slice(0, 3)),
       [
@@ -474,7 +484,7 @@ describe('status table pieces', () => {
     assert.equal(rows[0]!.age, '60s');
     const out = renderTable(rows, 10).trimEnd().split('\n');
     assert.equal(out.length, 2);
-    const err = out[1]!.split(/\s{2,}/)[6]!;
+    const err = out[1]!.split(/\s{2,}/)[8]!;
     assert.equal([...err].length, 20);
     assert.equal(err, 'PullFailed: line on…');
   });
@@ -536,7 +546,7 @@ describe('status table pieces', () => {
   });
 
   test('a table of 250000 rows: a header and a line per row, columns as wide as the widest value', () => {
-    const row = { node: 'n', set: 's', phase: 'Ready', images: '1/1', generation: '1/1', age: '1m', estimate: '-', runtime: '-', error: '' };
+    const row = { node: 'n', set: 's', phase: 'Ready', images: '1/1', bytes: '-', rate: '-', eta: '-', generation: '1/1', age: '1m', estimate: '-', runtime: '-', error: '' };
     const rows = Array.from({ length: 250_000 }, (_, i) => ({ ...row, node: `node-${i}` }));
     const lines = [...tableLines(rows, 120)];
     assert.equal(lines.length, 250_001);
@@ -566,11 +576,12 @@ describe('kubectl pinset', () => {
     });
 
   before(async () => {
-    // What `npm install -g` does with the bin entry: an executable link on PATH.
-    const pkg = JSON.parse(await readFile(path.join(ROOT, 'package.json'), 'utf8')) as { bin: Record<string, string> };
-    assert.equal(pkg.bin['kubectl-pinset'], 'src/cli/kubectl-pinset.ts');
+    // What `npm install -g` does with the bin entry, an executable link on
+    // PATH, made here to the plugin's source (integration tests run the
+    // sources). The installed package's own bin entry, the bundle, is
+    // test/e2e/npm-install.test.ts's.
     bin = await mkdtemp(path.join(tmpdir(), 'pinset-bin-'));
-    await symlink(path.join(ROOT, pkg.bin['kubectl-pinset']!), path.join(bin, 'kubectl-pinset'));
+    await symlink(path.join(ROOT, 'src/cli/kubectl-pinset.ts'), path.join(bin, 'kubectl-pinset'));
   });
   after(() => rm(bin, { recursive: true, force: true }));
 
@@ -602,7 +613,7 @@ describe('kubectl pinset', () => {
     const r = await run(kubectl, ['pinset', 'status', '--set', 'upgrade']);
     assert.equal(r.code, 0, r.stderr);
     assert.deepEqual(
-      r.stdout.trimEnd().split('\n').slice(1).map((l) => l.split(/\s{2,}/).slice(0, 3).join(' ')),
+      r.stdout.split('\n\n')[0]!.split('\n').slice(1).map((l) => l.split(/\s{2,}/).slice(0, 3).join(' ')),
       ['worker-a upgrade Ready', 'worker-b upgrade Degraded', 'worker-c upgrade NotReported', 'worker-d upgrade Unreadable'],
     );
   });

@@ -16,8 +16,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CRD_NAME, STATUS_ANNOTATION } from '../../src/api/types.ts';
 import { readManifests, type ManifestObject } from '../../src/cli/manifests.ts';
-import { ApiServer, type KubeObject } from '../support/apiserver.ts';
+import { ApiServer } from '../support/apiserver.ts';
 import { runPinset } from '../support/agent-process.ts';
+import { installManifests } from '../support/installed.ts';
 
 let api: ApiServer;
 let dir: string;
@@ -52,7 +53,7 @@ beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), 'pinset-uninstall-order-'));
   kubeconfig = await api.writeKubeconfig(dir);
   manifests = (await readManifests(undefined)).objects;
-  for (const o of manifests) if (o.kind !== 'CustomResourceDefinition') api.create(o.doc as KubeObject);
+  installManifests(api, manifests);
 });
 
 afterEach(async () => {

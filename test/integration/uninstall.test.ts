@@ -16,10 +16,11 @@ import { OWN_LABEL } from '../../src/containerd/label-pins.ts';
 import { parseNodeStatus } from '../../src/api/node-status.ts';
 import { CRD_NAME, STATUS_ANNOTATION, type NodeStatus } from '../../src/api/types.ts';
 import { readManifests, describeObject, type ManifestObject } from '../../src/cli/manifests.ts';
-import { ApiServer, type KubeObject, type ResourceName } from '../support/apiserver.ts';
+import { ApiServer, type ResourceName } from '../support/apiserver.ts';
 import { startCrioNode, type CrioNode } from '../support/crio-node.ts';
 import { startFakeContainerd, type FakeContainerd } from '../support/fake-containerd.ts';
 import { AgentProcess, readPinFile, runPinset } from '../support/agent-process.ts';
+import { installManifests } from '../support/installed.ts';
 
 const hex = () => randomBytes(32).toString('hex');
 const X = `registry.test/fleet/app@sha256:${hex()}`;
@@ -59,14 +60,18 @@ beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), 'pinset-uninstall-'));
   kubeconfig = await api.writeKubeconfig(dir);
   manifests = (await readManifests(undefined)).objects;
-  for (const o of manifests) if (o.kind !== 'CustomResourceDefinition') api.create(o.doc as KubeObject);
+  installManifests(api, manifests);
+  // What Kubernetes puts in every namespace, and the controller's leader election Lease: none of them keeps the namespace.
+  api.create({ apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: 'kube-root-ca.crt', namespace: 'pinset-system' }, data: { 'ca.crt': 'PEM' } });
+  api.create({ apiVersion: 'v1', kind: 'ServiceAccount', metadata: { name: 'default', namespace: 'pinset-system' } });
+  api.create({ apiVersion: 'coordination.k8s.io/v1', kind: 'Lease', metadata: { name: 'pinset-controller', namespace: 'pinset-system' }, spec: { holderIdentity: 'pinset-controller-7d9f-abcde' } });
   for (const n of ['node-crio', 'node-ctrd', 'node-silent']) api.create({ apiVersion: 'v1', kind: 'Node', metadata: { name: n } });
   api.create({ apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name: 'fleet' }, spec: { pinnedImages: [{ name: X }, { name: Y }] } });
 
   crio = await startCrioNode({ catalogue: { [X]: { size: 1000 }, [Y]: { size: 1000 } } });
   ctrd = await startFakeContainerd({ version: '1.7.24', catalogue: { [X]: { size: 10, id: ID[X] }, [Y]: { size: 10, id: ID[Y] } } });
   await mkdir(join(dir, 'state-ctrd'));
-  agents.push(AgentProcess.start([...common('node-crio'), '--cri-endpoint', crio.endpoint, '--crio-dropin-dir', crio.dropInDir, '--reload', 'dbus'], { env: crio.env }));
+  agents.push(AgentProcess.start([...common('node-crio'), '--cri-endpoint', crio.endpoint, '--crio-dropin-dir', crio.dropInDir, '--state-dir', crio.stateDir, '--reload', 'dbus'], { env: crio.env }));
   agents.push(
     AgentProcess.start([...common('node-ctrd'), '--cri-endpoint', ctrd.endpoint, '--pin-backend', 'containerd', '--state-dir', join(dir, 'state-ctrd'), '--crio-dropin-dir', join(dir, 'no-crio', 'crio.conf.d')]),
   );
@@ -89,10 +94,10 @@ describe('pinset uninstall', () => {
     assert.equal(r.code, 0, r.stderr);
     assert.match(r.stdout, /1\. Delete every PinnedImageSet: 1 \(fleet\)\./);
     assert.match(r.stdout, /2\. Wait up to 300s until every node's agent reports it holds no pins:\n {3}node-crio: 2 pins\n {3}node-ctrd: 2 pins\n {3}node-silent: no report/);
-    assert.match(r.stdout, new RegExp(`3\\. Remove what the manifests install \\(${manifests.length} objects\\), in this order:\n {3}(DaemonSet pinset-system/pinset-agent|Deployment pinset-system/pinset-controller)\n`));
+    assert.match(r.stdout, new RegExp(`3\\. Remove what the manifests install and is pinset's \\(${manifests.length} objects\\), in this order:\n {3}(DaemonSet pinset-system/pinset-agent|Deployment pinset-system/pinset-controller)\n`));
     // Every object the manifests install is in the plan, once.
-    for (const o of manifests) assert.equal(r.stdout.split('\n').filter((l) => l === `   ${describeObject(o)}`).length, 1, describeObject(o));
-    assert.match(r.stdout, /CustomResourceDefinition pinnedimagesets\.pinset\.dev\n {3}Namespace pinset-system\nDry run: nothing was changed\.\n$/);
+    for (const o of manifests.filter((m) => m.kind !== 'Namespace')) assert.equal(r.stdout.split('\n').filter((l) => l === `   ${describeObject(o)}`).length, 1, describeObject(o));
+    assert.match(r.stdout, /CustomResourceDefinition pinnedimagesets\.pinset\.dev\n {3}Namespace pinset-system: it holds only pinset's objects\nDry run: nothing was changed\.\n$/);
     assert.ok(api.get('pinnedimagesets', 'fleet'), 'the set is still there');
     for (const o of manifests) assert.ok(stored(o), `${describeObject(o)} is still there`);
     assert.deepEqual((await readPinFile(crio.dropInDir))?.pins, [X, Y].sort());
@@ -178,8 +183,9 @@ describe('pinset uninstall', () => {
     assert.equal(res.status, 200);
     await res.arrayBuffer();
     const running = uninstall('--wait-timeout', '60s');
-    // The finalizer's owner lets go a little later: until then the CRD is Terminating.
-    await new Promise((r) => setTimeout(r, 2_000));
+    // The finalizer's owner lets go a little later, once uninstall has seen the CRD Terminating (its start takes longer on a busy machine).
+    await api.waitFor(() => api.requests.some((q) => q.method === 'GET' && q.userAgent.startsWith('pinset-uninstall') && q.path.endsWith(`/customresourcedefinitions/${CRD_NAME}`)), 60_000, 'uninstall reading the CRD');
+    await new Promise((r) => setTimeout(r, 500));
     await fetch(`${api.url}/apis/pinset.dev/v1alpha1/pinnedimagesets/held`, { method: 'PATCH', headers: { 'Content-Type': 'application/merge-patch+json' }, body: JSON.stringify({ metadata: { finalizers: null } }) }).then((r) => r.arrayBuffer());
     const r = await running;
     assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}`);

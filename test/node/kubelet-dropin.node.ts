@@ -10,9 +10,14 @@
 // says of the same files:
 // - `pinset kubelet-allowlist --node` prints the drop-in for that kubelet
 //   version (with --kubelet-gate-on when the gate is on) exactly when the
-//   kubelet takes it;
+//   kubelet takes it, and the kubelet takes the form printed for its
+//   version (exact entries from 1.36, "/*" entries before);
 // - the agent's reading of the files (src/agent/kubelet-config.ts) is
-//   Invalid exactly when the kubelet refuses them.
+//   Invalid exactly when the kubelet refuses them;
+// - each of a few allowlist entries is taken or refused by a kubelet whose
+//   gate is on exactly as pinset's rules for its version say
+//   (allowlistEntryProblem: normalized names only up to 1.35, any name
+//   reference.Parse takes from 1.36).
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
@@ -22,7 +27,7 @@ import os from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { readKubeletVerification } from '../../src/agent/kubelet-config.ts';
-import { gateDefault } from '../../src/api/kubelet-verification.ts';
+import { allowlistEntryProblem, allowlistMatching, gateDefault } from '../../src/api/kubelet-verification.ts';
 import { kubeletVersionProblem, run as kubeletAllowlist } from '../../src/cli/kubelet-allowlist.ts';
 import { runCli } from '../support/cli-run.ts';
 import { realNodeMissing } from '../support/real-node.ts';
@@ -76,7 +81,28 @@ describe("pinset's kubelet drop-in on real kubelets of each version: taken, or r
     await rm(dir, { recursive: true, force: true });
   });
 
+  // Entries whose fate differs between 1.35 (normalized names only) and 1.36 (any name reference.Parse takes), and some every version refuses.
+  const ENTRIES = ['registry.test/kep/p1', 'registry.test/kep/*', 'ubuntu', 'docker.io/nginx', 'a'.repeat(64), 'registry.test:5000', 'test.io/Test/image', 'image.repo/*/x', `registry.test/kep/p1@sha256:${'1'.repeat(64)}`];
+
   for (const kubelet of kubelets) {
+    test(`${kubelet}: each allowlist entry taken or refused as pinset's rules for its version say`, async (t) => {
+      const version = /Kubernetes (v\S+)/.exec((await execFileAsync(kubelet, ['--version'])).stdout)?.[1];
+      assert.ok(version, 'kubelet --version');
+      if (!gateDefault(version).on) return t.skip(`${version}: the gate is off by default, and every entry is refused with it`);
+      const verdicts: string[] = [];
+      for (const [i, entry] of ENTRIES.entries()) {
+        const root = join(dir, `${version}-entry-${i}`);
+        await mkdir(join(root, 'conf.d'), { recursive: true });
+        await writeFile(join(root, 'config.yaml'), `${HEAD}failSwapOn: false\nfailCgroupV1: false\ncgroupDriver: cgroupfs\n`);
+        await writeFile(join(root, 'conf.d', '50-entry.conf'), `${HEAD}imagePullCredentialsVerificationPolicy: NeverVerifyAllowlistedImages\npreloadedImagesVerificationAllowlist: [${JSON.stringify(entry)}]\n`);
+        const kubeletDid = await startWith(kubelet, root);
+        const pinsetSays = allowlistEntryProblem(entry, allowlistMatching(version));
+        verdicts.push(`${entry.length > 30 ? `${entry.slice(0, 27)}...` : entry}: ${kubeletDid.verdict}`);
+        assert.equal(kubeletDid.verdict, pinsetSays ? 'refused' : 'taken', `${version} ${JSON.stringify(entry)}: the kubelet ${kubeletDid.verdict === 'refused' ? `refused it (${kubeletDid.said.slice(0, 200)})` : 'took it'}, pinset says ${pinsetSays ?? 'it is taken'}`);
+      }
+      seen.push(`${version} entries: ${verdicts.join(', ')}`);
+    });
+
     test(`${kubelet}: with the gate as its version leaves it, turned on, turned off`, async (t) => {
       assert.ok(existsSync(kubelet), `${kubelet} exists`);
       const version = /Kubernetes (v\S+)/.exec((await execFileAsync(kubelet, ['--version'])).stdout)?.[1];
@@ -89,7 +115,8 @@ describe("pinset's kubelet drop-in on real kubelets of each version: taken, or r
         await writeFile(join(root, 'config.yaml'), `${HEAD}failSwapOn: false\nfailCgroupV1: false\ncgroupDriver: cgroupfs\n`);
         if (gate !== 'default') await writeFile(join(root, 'conf.d', '40-gate.conf'), `${HEAD}featureGates:\n  KubeletEnsureSecretPulledImages: ${gate === 'on'}\n`);
 
-        const printed = await runCli(kubeletAllowlist, [join(dir, 'set.yaml')]);
+        // The drop-in for this version (from 1.36 exact entries, "/*" before); before 1.33 the command prints none, so the "/*" form.
+        const printed = await runCli(kubeletAllowlist, [...(gateDefault(version).known ? ['--kubelet-version', version, '--kubelet-gate-on'] : []), join(dir, 'set.yaml')]);
         assert.equal(printed.code, 0, printed.stderr);
         await writeFile(join(root, 'conf.d', '50-pinset.conf'), printed.stdout);
         const kubeletDid = await startWith(kubelet, root);

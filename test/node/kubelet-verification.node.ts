@@ -2,17 +2,22 @@
 // already on the node (KEP-2535, beta and on by default since Kubernetes
 // 1.35), measured on the real kubelet (run by test/node/run.ts, once per
 // runtime; on a kubelet older than 1.35 it says why it does not apply and
-// skips).
+// skips). The kubelet's files are laid out as kubeadm lays them out (the
+// bed's /etc/default/kubelet gives --config-dir through
+// KUBELET_EXTRA_ARGS), and the agent is deployed from deploy/ alone, no
+// component and no PINSET_KUBELET_* variable: it finds them.
 //
 // One private registry behind htpasswd holds the images of one set, which
 // pinset pins with the set's pull secret; a second one, whose credential
 // only the kubelet's credential provider plugin gives (./real-node-
 // credentials.ts), holds two more, which pinset pins with the same plugin.
 // Of each pair, one image is pulled by pinset alone, the other by the
-// kubelet first, for a pod, before any set names it. Then both registries
-// stop, a namespace's Secret is rotated, and under each configuration of
-// the kubelet (its policy, in a --config-dir drop-in, read at its restart)
-// one pod per image and per case is made:
+// kubelet first, for a pod, before any set names it. A fifth image, in a
+// sibling repository of the secret-* ones (same registry and path), is in
+// no set: another CRI client puts it on the node, as pinset would. Then both
+// registries stop, a namespace's Secret is rotated, and under each
+// configuration of the kubelet (its policy, in a --config-dir drop-in, read
+// at its restart) one pod per image and per case is made:
 //  - none: no pull secret;
 //  - secret: the Secret that pulled first (user "puller");
 //  - other: another namespace, another valid Secret (user "other");
@@ -21,26 +26,29 @@
 //  - recreated: the same, but the Secret deleted and made again with a
 //    newly issued credential (a new object, as some secret operators
 //    replace them).
-// What each pod came to (Running, or the kubelet's reason) is the table in
-// docs/kubelet-credential-verification.md, and the test fails when the
-// kubelet disagrees with it. The drop-in `pinset kubelet-allowlist` prints for
-// the node makes every pod run.
+// What each pod came to (Running, or the kubelet's reason) is the table of
+// the kubelet's version in docs/kubelet-credential-verification.md, and the
+// test fails when the kubelet disagrees with it. The drop-in `pinset
+// kubelet-allowlist --node` prints for the node makes every pod of a pinned
+// image run: on 1.35 "/*" entries, which exempt the sibling too; from 1.36
+// the pinned repositories by name, and the sibling stays verified.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync, readFileSync } from 'node:fs';
-import { rm, writeFile } from 'node:fs/promises';
+import { rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { Agent, fetch } from 'undici';
+import { parse } from 'yaml';
 import { minorOf, realNodeMissing, startRealNode, type RealNode } from '../support/real-node.ts';
 import { PULL_SECRET_NAME } from '../support/real-node-credentials.ts';
-import { AGENT_NAMESPACE, DEPLOY_DIR } from '../support/real-node-deploy.ts';
+import { AGENT_NAMESPACE } from '../support/real-node-deploy.ts';
 import { imageLayout, pushPinsetImage, pushWorkloadImage, type NodeImage } from '../support/real-node-images.ts';
 import { runtimeMissing, type RuntimeName } from '../support/real-node-runtime.ts';
 import { sec, SuiteNode, until, workloadPod } from '../support/real-node-suite.ts';
-import { CASES, CONFIGS, documentedOutcomes, IMAGES, NAMESPACES, TABLE_DOC, type Case, type ConfigName, type ImageKey, type Outcomes } from '../support/kubelet-verification-table.ts';
+import { CASES, CONFIGS, documentedOutcomes, IMAGES, NAMESPACES, PINNED, TABLE_DOC, type Case, type ConfigName, type ImageKey, type Outcomes } from '../support/kubelet-verification-table.ts';
 
 const run = promisify(execFile);
 /** The Secret of each case's namespace (none has no secret). */
@@ -90,7 +98,7 @@ async function dropInFor(config: ConfigName): Promise<string | null> {
       return doc({ imagePullCredentialsVerificationPolicy: config });
     case 'allowlist-names':
       // Each repository by its exact name, as a reader of the field's documentation would write it.
-      return doc({ imagePullCredentialsVerificationPolicy: 'NeverVerifyAllowlistedImages', preloadedImagesVerificationAllowlist: IMAGES.map((k) => images[k].ref.split('@')[0]) });
+      return doc({ imagePullCredentialsVerificationPolicy: 'NeverVerifyAllowlistedImages', preloadedImagesVerificationAllowlist: PINNED.map((k) => images[k].ref.split('@')[0]) });
     case 'pinset':
       return pinsetDropIn();
   }
@@ -106,7 +114,11 @@ async function pinsetDropIn(): Promise<string> {
 async function restartKubelet(dropIn: string | null): Promise<void> {
   const file = join(n().kubeletConfigDir, '50-credential-verification.conf');
   if (dropIn === null) await rm(file, { force: true });
-  else await writeFile(file, dropIn);
+  else {
+    // Whole or not at all, as an administrator's tool writes it: the agent reads the folder when it changes, and a half-written file is one the kubelet would refuse.
+    await writeFile(`${file}.tmp`, dropIn);
+    await rename(`${file}.tmp`, file);
+  }
   await n().stopKubelet();
   const since = Date.now();
   await n().startKubelet();
@@ -165,12 +177,12 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
     const layout = imageLayout();
     images.pinset = await pushPinsetImage(found.bins.skopeo, n().registry, layout);
     const c = n().credentials;
-    let first: string | undefined;
     for (const key of IMAGES) {
       const [registry, host] = key.startsWith('secret') ? [c.secretRegistry, c.secretHost] : [c.pluginRegistry, c.pluginHost];
-      images[key] = await pushWorkloadImage(registry, layout, `kep-${key}`, { host, ...(first && key.startsWith(first) ? { layersFrom: `node-suite/kep-${first}-pinset` } : {}) });
-      first = key.split('-')[0];
+      const kind = key.split('-')[0]!;
+      images[key] = await pushWorkloadImage(registry, layout, `kep-${key}`, { host, ...(key !== `${kind}-pinset` ? { layersFrom: `node-suite/kep-${kind}-pinset` } : {}) });
     }
+    figures.kubeletMinor = minorOf(n().kubeletVersion);
     // A second user of the set's registry, and the namespaces' Secrets.
     users.puller = c.secretRegistry.auth!;
     users.other = { username: 'other', password: `Other-pw-${Date.now()}` };
@@ -196,8 +208,8 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
 
   test('the kubelet pulls two images for pods first; pinset pins all four with the set\'s pull secret and the credential provider; the registries stop', async (t) => {
     if (kubeletSkip) return t.skip(kubeletSkip);
-    // The kubelet's files as on a kubeadm node whose kubelet runs with --config-dir (the bed's), read by the agent.
-    const live = await sn().deployAgent(images.pinset, ['kubeadm', 'kubeadm-config-dir'].map((c) => join(DEPLOY_DIR, 'kubelet-config', c)));
+    // deploy/ alone: the agent finds the kubelet's files as kubeadm keeps them (the bed's).
+    const live = await sn().deployAgent(images.pinset);
     t.diagnostic(`agent pod ${live.metadata.name} Ready`);
     // The kubelet's own pulls: with the Secret of two namespaces, and with its plugin.
     const seeds = [
@@ -213,8 +225,12 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
     const records = join(n().hostPath('var/lib/kubelet'), 'image_manager', 'pulled');
     assert.ok(existsSync(records), `the kubelet keeps pull records in ${records}`);
 
+    // The sibling: on the node through CRI with the registry's credential, as another client than the kubelet puts it there.
+    await n().cri.pullImage(images['secret-sibling'].ref, { auth: { ...users.puller } });
+    assert.ok(await n().cri.imageStatus(images['secret-sibling'].ref), 'the sibling on the node');
+
     await n().api.create(`/api/v1/namespaces/${AGENT_NAMESPACE}/secrets`, n().credentials.pullSecret);
-    const refs = IMAGES.map((k) => images[k].ref);
+    const refs = PINNED.map((k) => images[k].ref);
     await n().api.create(SETS_API, { apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name: 'offline' }, spec: { pullSecrets: [{ name: PULL_SECRET_NAME }], pinnedImages: refs.map((r) => ({ name: r })) } });
     await until('every image of the set pinned', 180_000, async () => {
       for (const r of refs) if ((await n().cri.imageStatus(r))?.pinned !== true) return false;
@@ -238,13 +254,20 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
       if (kubeletSkip) return t.skip(kubeletSkip);
       const dropIn = await dropInFor(config);
       if (dropIn) t.diagnostic(`drop-in:\n${dropIn}`);
+      if (config === 'pinset') {
+        // What --node prints for this kubelet: from 1.36 the set's repositories by name, before it "/*" entries.
+        const allowlist = parse(dropIn!).preloadedImagesVerificationAllowlist as string[];
+        const exact = minorOf(n().kubeletVersion) >= 36;
+        assert.deepEqual(allowlist, exact ? PINNED.map((k) => images[k].ref.split('@')[0]).sort() : [...new Set(PINNED.map((k) => `${images[k].ref.slice(0, images[k].ref.lastIndexOf('/'))}/*`))].sort());
+        figures.pinsetAllowlist = allowlist;
+      }
       await restartKubelet(dropIn);
       const effective = await configz();
       figures[`policy:${config}`] = effective.imagePullCredentialsVerificationPolicy;
       t.diagnostic(`the kubelet runs with ${effective.imagePullCredentialsVerificationPolicy} ${JSON.stringify(effective.preloadedImagesVerificationAllowlist ?? [])}`);
       outcomes[config] = await podsUnder(config);
       t.diagnostic(JSON.stringify(outcomes[config]));
-      // What the agent tells from the kubelet's files (it reads them every minute), and `pinset status`'s note.
+      // What the agent tells from the kubelet's files (it finds them as kubeadm lays them out, reads them every minute), and `pinset status`'s note.
       const expected = config === 'default' ? 'NeverVerifyPreloadedImages' : config === 'pinset' || config === 'allowlist-names' ? 'NeverVerifyAllowlistedImages' : config;
       const told = await until(`the agent's status naming ${expected}`, 150_000, async () => {
         const v = (await sn().nodeStatus()).status?.kubeletVerification;
@@ -252,6 +275,7 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
       }, () => sn().context());
       figures[`agent:${config}`] = told;
       t.diagnostic(`the agent's status: ${JSON.stringify(told)}`);
+      assert.match(told.source, /kubeadm/, 'the status says the kubelet\'s files were found as kubeadm keeps them');
       // The agent says a set is refused exactly when a pod of an image pinset alone pulled needs the registry.
       const pinsetOnlyRefused = (['secret-pinset', 'provider-pinset'] as const).some((i) => CASES.some((c) => outcomes[config]![i][c] !== 'Running'));
       assert.equal((told.refuses ?? []).includes('offline'), pinsetOnlyRefused, `refuses ${JSON.stringify(told.refuses ?? [])} against ${JSON.stringify(outcomes[config])}`);
@@ -259,14 +283,18 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
       t.diagnostic(`pinset status:\n${statusText}`);
       if (pinsetOnlyRefused) assert.match(statusText, new RegExp(`${n().nodeName}[\\s\\S]*offline|offline[\\s\\S]*${n().nodeName}`), 'pinset status names the node and the refused set');
       if (config === 'pinset' || config === 'NeverVerify') {
-        for (const image of IMAGES) for (const c of CASES) assert.equal(outcomes[config][image][c], 'Running', `${config}: ${image} ${c}`);
+        for (const image of PINNED) for (const c of CASES) assert.equal(outcomes[config][image][c], 'Running', `${config}: ${image} ${c}`);
+      }
+      if (config === 'pinset' && minorOf(n().kubeletVersion) >= 36) {
+        // A sibling repository the drop-in does not name stays verified: offline, no pod of it starts.
+        for (const c of CASES) assert.notEqual(outcomes[config]['secret-sibling'][c], 'Running', `pinset's 1.36 drop-in exempted the sibling (${c})`);
       }
     });
   }
 
-  test('the table in docs/kubelet-credential-verification.md is what the kubelet did', (t) => {
+  test("the table of the kubelet's version in docs/kubelet-credential-verification.md is what the kubelet did", (t) => {
     if (kubeletSkip) return t.skip(kubeletSkip);
-    assert.deepEqual(outcomes, documentedOutcomes(readFileSync(TABLE_DOC, 'utf8')));
+    assert.deepEqual(outcomes, documentedOutcomes(readFileSync(TABLE_DOC, 'utf8'), minorOf(n().kubeletVersion)));
   });
 
   test("no credential of this file's users (the other user, the rotated and the re-created Secret's) nor of the bed in any container log, the Node, the Events or the sets", async (t) => {

@@ -11,6 +11,8 @@
 // The steps run in order on one node, on the kubelet's own clock: its image
 // GC runs every 5 minutes, the first real pass about 300 s after it starts
 // (facts/test-bed.md), so the suite takes about 11 minutes per runtime.
+//  0. `pinset preflight` against the real kube-apiserver, before anything is
+//     applied: nothing will fail on this node.
 //  1. deploy/ (the one install for every runtime) applied with server-side apply,
 //     with the credential provider component of deploy/credential-providers/
 //     (the plugin folder the kubelet's own flags name, mounted read-only),
@@ -53,7 +55,11 @@ import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fetch } from 'undici';
+import { gateDefault } from '../../src/api/kubelet-verification.ts';
 import { STATUS_ANNOTATION } from '../../src/api/types.ts';
+import type { CheckOutcome } from '../../src/cli/preflight-checks.ts';
+import { run as runPreflight } from '../../src/cli/preflight.ts';
+import { runCli } from '../support/cli-run.ts';
 import { readPluginLog, TEST_PLUGIN_NAME } from '../support/credential-plugin.ts';
 import { ensureNamespaceBasics, realNodeMissing, startRealNode, type RealNode } from '../support/real-node.ts';
 import { PLUGIN_ARGS, PULL_SECRET_NAME, secretsIn } from '../support/real-node-credentials.ts';
@@ -330,6 +336,16 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
     node = undefined;
   });
 
+  test('pinset preflight against the real kube-apiserver, before the install: the API, the node and its runtime pass, the kubelet gets what its version needs; nothing will fail', async (t) => {
+    const r = await runCli(runPreflight, ['--kubeconfig', n().kubeconfig, '-o', 'json']);
+    const checks = Object.fromEntries((JSON.parse(r.stdout) as { checks: CheckOutcome[] }).checks.map((c) => [c.check, c]));
+    for (const c of Object.values(checks)) t.diagnostic(`preflight ${c.result} ${c.check}: ${c.message}`);
+    assert.equal(r.code, 0, `${r.stdout}${r.stderr}`);
+    for (const name of ['kubernetes', 'openshift', 'priority class', 'nodes', 'runtimes', 'sets']) assert.equal(checks[name]?.result, 'ok', `${name}: ${checks[name]?.message}`);
+    // From 1.33 a note (1.35: the drop-in; 1.33 and 1.34: none with the gate off); before, nothing to do.
+    assert.equal(checks.kubelets?.result, gateDefault(n().kubeletVersion).known ? 'note' : 'ok', checks.kubelets?.message);
+  });
+
   test(`deploy/ applies server-side on ${runtimeLabel}; the DaemonSet's pod runs the image with its own mounts, security context and token, Ready on a Node that is not (no CNI yet)`, async (t) => {
     const t0 = Date.now();
     t.diagnostic(`kubectl apply --server-side: ${await applyDeploy(images.pinset)} objects`);
@@ -500,7 +516,7 @@ describe(`pinset on a real node: kubelet, ${runtimeLabel}, kube-apiserver, ${con
     })) rbac[what] = await canI([...args, ...as]);
     t.diagnostic(`kubectl auth can-i ... ${as.join(' ')}: ${JSON.stringify(rbac)}`);
     assert.deepEqual(rbac, {
-      'get secrets -n pinset-system': 'yes',
+      'get secrets -n pinset-system': 'no',
       'list secrets -n pinset-system': 'yes',
       'watch secrets -n pinset-system': 'yes',
       'get secrets --all-namespaces': 'no',

@@ -50,6 +50,18 @@ function cleanEnv(extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv {
   return { ...env, ...extra };
 }
 
+/**
+ * An agent's node lock lives in its --state-dir (/var/lib/pinset by
+ * default: src/agent/boot/node-lock-place.ts). A test's agent takes it in a
+ * folder of the test's node, given as the flag or as PINSET_STATE_DIR, so
+ * that no test locks this machine's /var/lib/pinset, and the agents of one
+ * test node (and only those) exclude each other.
+ */
+function assertOwnStateDir(args: readonly string[], env: NodeJS.ProcessEnv = {}): void {
+  if (args.includes('--help') || env.PINSET_STATE_DIR || args.some((a) => a === '--state-dir' || a.startsWith('--state-dir='))) return;
+  throw new Error(`an agent in a test needs --state-dir (or PINSET_STATE_DIR) in a folder of the test's node, not this machine's /var/lib/pinset: ${args.join(' ')}`);
+}
+
 export interface OnceResult {
   code: number | null;
   /** One NodeSetStatus per line of stdout. */
@@ -60,6 +72,7 @@ export interface OnceResult {
 
 /** `pinset agent --once ...args`; resolves when it exits (killed after `timeoutMs`). */
 export function runAgentOnce(args: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv; cli?: string; nodeArgs?: string[] } = {}): Promise<OnceResult> {
+  assertOwnStateDir(args, opts.env);
   const child = spawn(process.execPath, [...argvFor(opts.cli ?? SOURCE_CLI, opts.nodeArgs), 'agent', '--once', ...args], { env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] });
   trackChild(child);
   let stdout = '';
@@ -88,6 +101,7 @@ export function runAgentOnce(args: string[], opts: { timeoutMs?: number; env?: N
 
 /** `pinset <args>` (any command) to its end: exit code and output (killed after `timeoutMs`). */
 export function runPinset(args: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv; cli?: string; stdin?: string } = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  if (args[0] === 'agent') assertOwnStateDir(args, opts.env);
   const child = spawn(process.execPath, [...argvFor(opts.cli ?? SOURCE_CLI), ...args], { env: cleanEnv(opts.env), stdio: [opts.stdin === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'] });
   trackChild(child);
   if (opts.stdin !== undefined) child.stdin!.end(opts.stdin);
@@ -147,6 +161,7 @@ export class AgentProcess {
    * ones the program's first line names, as when it is run as a command.
    */
   static start(args: string[], opts: { env?: NodeJS.ProcessEnv; cli?: string; nodeArgs?: string[] } = {}): AgentProcess {
+    assertOwnStateDir(args, opts.env);
     return new AgentProcess(
       spawn(process.execPath, [...argvFor(opts.cli ?? SOURCE_CLI, opts.nodeArgs), 'agent', ...args], { env: cleanEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] }),
     );

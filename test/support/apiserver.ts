@@ -8,14 +8,25 @@
 //   core v1 nodes (cluster-scoped; /status), core v1 events (namespaced),
 //   core v1 pods (namespaced; /status; list across namespaces at /api/v1/pods),
 //   coordination.k8s.io/v1 leases (namespaced),
-//   core v1 secrets (namespaced; see "Secrets" below),
+//   core v1 secrets (namespaced; see "Secrets" below), core v1 configmaps
+//   (namespaced; see "ConfigMaps" below),
 //   pinset.dev/v1alpha1 pinnedimagesets (cluster-scoped CRD with the status
 //   subresource), served while its CustomResourceDefinition stands (below),
 //   and, as plain stored objects for what deploy/ installs: core v1
 //   namespaces and serviceaccounts, apps/v1 daemonsets and deployments, the
 //   rbac.authorization.k8s.io/v1 kinds, admissionregistration.k8s.io/v1
-//   validatingadmissionpolicies and their bindings, and
-//   apiextensions.k8s.io/v1 customresourcedefinitions.
+//   validatingadmissionpolicies and their bindings (and the webhook
+//   configurations beside them), and apiextensions.k8s.io/v1
+//   customresourcedefinitions; core v1 resourcequotas (namespaced; /status;
+//   a create's status dropped, as the quota controller writes it; quota
+//   admission is not modelled), and, on an OpenShift API (opts.openshift),
+//   security.openshift.io/v1 securitycontextconstraints.
+// What kind of cluster it is (test/integration/apiserver-cluster-kinds.test.ts):
+//   /version says what opts.version gives (gitVersion, and major and minor
+//   from it unless given), and a built-in resource in opts.notServed is
+//   not served at all, as on a server that predates it: absent from
+//   discovery (its group too when nothing else is left in it) and 404
+//   "the server could not find the requested resource" on every verb.
 //
 // CustomResourceDefinitions (apiextensions-apiserver; test/integration/
 // apiserver-crd.test.ts): the server starts with deploy/crds/'s CRD
@@ -120,6 +131,10 @@
 //   needs data[.dockerconfigjson] and kubernetes.io/dockercfg data[.dockercfg],
 //   each a JSON object (else 422 with the content redacted); `type` cannot
 //   change on update (422, field is immutable). Field selector `type`.
+// - ConfigMaps (pkg/apis/core/v1, ValidateConfigMap): `data` values are
+//   strings and `binaryData` values base64 (anything else is 400, as the JSON
+//   decoder refuses it); each key is a config key, and no key is in both
+//   (422).
 // - Lease spec.acquireTime/renewTime and Event eventTime (metav1.MicroTime) are
 //   stored in the server's microsecond format, 2006-01-02T15:04:05.000000Z.
 // Seen from client-node 2.0.1: ListWatch/makeInformer never ask for bookmarks,
@@ -147,7 +162,10 @@
 //                                401, and the kubeconfig carries it), validators
 //                                (per resource, (obj) => ["field: message"] -> 422),
 //                                partialObjectMetadata (default true; false: a server that
-//                                transforms nothing, so as= clauses are skipped).
+//                                transforms nothing, so as= clauses are skipped), version
+//                                ({gitVersion, major?, minor?} for /version), notServed
+//                                (built-in resources it does not serve), openshift (serve
+//                                security.openshift.io).
 //   url                          http://127.0.0.1:PORT
 //   kubeConfig()                 a KubeConfig for this server
 //   writeKubeconfig(dir)         writes DIR/kubeconfig (mode 0600) for another process
@@ -201,6 +219,7 @@ export type ResourceName =
   | 'leases'
   | 'pods'
   | 'secrets'
+  | 'configmaps'
   | 'pinnedimagesets'
   | 'customresourcedefinitions'
   | 'namespaces'
@@ -212,7 +231,11 @@ export type ResourceName =
   | 'clusterroles'
   | 'clusterrolebindings'
   | 'validatingadmissionpolicies'
-  | 'validatingadmissionpolicybindings';
+  | 'validatingadmissionpolicybindings'
+  | 'validatingwebhookconfigurations'
+  | 'mutatingwebhookconfigurations'
+  | 'resourcequotas'
+  | 'securitycontextconstraints';
 
 /** The finalizer the API server puts on a CRD being deleted (apiextensions v1 CustomResourceCleanupFinalizer). */
 export const CRD_CLEANUP_FINALIZER = 'customresourcecleanup.apiextensions.k8s.io';
@@ -303,6 +326,21 @@ export interface ApiServerOptions {
   /** How long after a CRD is gone its type's open watches end (crdHandler.tearDown: 1 s). */
   crdTeardownMs?: number;
   /**
+   * What /version answers: the server's gitVersion ("v1.30.5-gke.1014001")
+   * and, when they differ from what it says, major and minor (EKS and GKE
+   * answer minor "30+"). Default: v1.33.0-pinset-test.
+   */
+  version?: { gitVersion: string; major?: string; minor?: string };
+  /**
+   * Built-in resources this server does not serve: absent from discovery,
+   * 404 on every verb, as on a server that predates them
+   * (validatingadmissionpolicies before Kubernetes 1.30 in
+   * admissionregistration.k8s.io/v1, where the webhook configurations are).
+   */
+  notServed?: ResourceName[];
+  /** true: an OpenShift cluster's API, security.openshift.io/v1 SecurityContextConstraints among it. */
+  openshift?: boolean;
+  /**
    * false: a server that transforms no answer (an aggregated API server on
    * the generic DefaultEndpointRestrictions, or one older than Kubernetes
    * 1.15): an Accept clause with as= is skipped like an unknown one.
@@ -341,6 +379,13 @@ interface ResourceType {
   initialStatus?: () => Record<string, unknown>;
   /** Conversion and defaults as the server decodes a request body (may throw 400). */
   decode?: (obj: KubeObject) => void;
+  /**
+   * Names checked as path segments (no "/" or "%", not "." or ".."), not
+   * as DNS subdomains: RBAC's kinds (pkg/apis/rbac/validation
+   * ValidateRBACName), whose names read "system:node" or
+   * "system:openshift:scc:privileged".
+   */
+  pathSegmentNames?: boolean;
   /** The type's own validation (ValidateX / ValidateXUpdate), after the metadata's. */
   check?: (obj: KubeObject, old: KubeObject | undefined) => StatusCause[];
 }
@@ -417,6 +462,35 @@ function checkSecret(obj: KubeObject, old: KubeObject | undefined): StatusCause[
   return causes;
 }
 
+// ConfigMaps: pkg/apis/core/v1 (data is map[string]string, binaryData
+// map[string][]byte as base64: anything else fails to decode, 400),
+// pkg/apis/core/validation ValidateConfigMap (each key a config key, and no
+// key in both data and binaryData: 422).
+function decodeConfigMap(obj: KubeObject): void {
+  for (const field of ['data', 'binaryData'] as const) {
+    const m = obj[field];
+    if (m === undefined || m === null) continue;
+    if (!isMap(m)) throw badRequest(`ConfigMap in version "v1" cannot be handled as a ConfigMap: ${field} must be an object`);
+    for (const [k, v] of Object.entries(m)) {
+      const ok = typeof v === 'string' && (field === 'data' || (/^[A-Za-z0-9+/]*={0,2}$/.test(v) && v.length % 4 === 0));
+      if (!ok) throw badRequest(`ConfigMap in version "v1" cannot be handled as a ConfigMap: ${field === 'data' ? `json: cannot unmarshal ${typeof v} into Go struct field ConfigMap.data of type string` : `illegal base64 data in binaryData[${JSON.stringify(k)}]`}`);
+    }
+  }
+}
+
+function checkConfigMap(obj: KubeObject): StatusCause[] {
+  const causes: StatusCause[] = [];
+  const data = isMap(obj.data) ? obj.data : {};
+  const binary = isMap(obj.binaryData) ? obj.binaryData : {};
+  for (const [field, m] of [['data', data], ['binaryData', binary]] as const) {
+    for (const k of Object.keys(m)) {
+      if (!/^[-._a-zA-Z0-9]+$/.test(k) || k.length > 253) causes.push({ reason: 'FieldValueInvalid', field: `${field}[${k}]`, message: `Invalid value: ${JSON.stringify(k)}: a valid config key must consist of alphanumeric characters, '-', '_' or '.'` });
+    }
+  }
+  for (const k of Object.keys(binary)) if (k in data) causes.push({ reason: 'FieldValueInvalid', field: `data[${k}]`, message: `Invalid value: ${JSON.stringify(k)}: duplicate of key present in binaryData` });
+  return causes;
+}
+
 const TYPES: readonly ResourceType[] = [
   {
     group: '', version: 'v1', plural: 'nodes', singular: 'node', kind: 'Node', namespaced: false, builtin: true,
@@ -439,9 +513,20 @@ const TYPES: readonly ResourceType[] = [
     microTimes: ['spec.acquireTime', 'spec.renewTime'],
   },
   {
+    // pkg/registry/core/resourcequota/strategy.go: a create's status is dropped (the quota controller writes it).
+    group: '', version: 'v1', plural: 'resourcequotas', singular: 'resourcequota', kind: 'ResourceQuota', namespaced: true, builtin: true,
+    statusSubresource: true, statusOnCreate: false, generation: false, requireResourceVersion: false, fields: {},
+    initialStatus: () => ({}),
+  },
+  {
     group: '', version: 'v1', plural: 'secrets', singular: 'secret', kind: 'Secret', namespaced: true, builtin: true,
     statusSubresource: false, statusOnCreate: true, generation: false, requireResourceVersion: false,
     fields: { type: at('type') }, decode: decodeSecret, check: checkSecret,
+  },
+  {
+    group: '', version: 'v1', plural: 'configmaps', singular: 'configmap', kind: 'ConfigMap', namespaced: true, builtin: true,
+    statusSubresource: false, statusOnCreate: true, generation: false, requireResourceVersion: false,
+    fields: {}, decode: decodeConfigMap, check: checkConfigMap,
   },
   {
     group: GROUP, version: VERSION, plural: PLURAL as ResourceName, singular: KIND.toLowerCase(), kind: KIND, namespaced: false, builtin: false,
@@ -463,11 +548,16 @@ const TYPES: readonly ResourceType[] = [
       ['rbac.authorization.k8s.io', 'v1', 'clusterrolebindings', 'ClusterRoleBinding', false],
       ['admissionregistration.k8s.io', 'v1', 'validatingadmissionpolicies', 'ValidatingAdmissionPolicy', false],
       ['admissionregistration.k8s.io', 'v1', 'validatingadmissionpolicybindings', 'ValidatingAdmissionPolicyBinding', false],
+      ['admissionregistration.k8s.io', 'v1', 'validatingwebhookconfigurations', 'ValidatingWebhookConfiguration', false],
+      ['admissionregistration.k8s.io', 'v1', 'mutatingwebhookconfigurations', 'MutatingWebhookConfiguration', false],
+      // Served by OpenShift only (ApiServerOptions.openshift).
+      ['security.openshift.io', 'v1', 'securitycontextconstraints', 'SecurityContextConstraints', false],
     ] as const
   ).map(
     ([group, version, plural, kind, namespaced]): ResourceType => ({
       group, version, plural, singular: kind.toLowerCase(), kind, namespaced, builtin: true,
       statusSubresource: false, statusOnCreate: true, generation: false, requireResourceVersion: false, fields: {},
+      pathSegmentNames: group === 'rbac.authorization.k8s.io',
     }),
   ),
 ];
@@ -985,11 +1075,21 @@ function stringMap(v: unknown, field: string): Record<string, string> | undefine
   return v as Record<string, string>;
 }
 
-function metaCauses(meta: ObjectMeta): StatusCause[] {
+/** Why a name is not a path segment (apimachinery pkg/api/validation/path IsValidPathSegmentName), or undefined. */
+function pathSegmentProblem(name: string): string | undefined {
+  if (name === '.' || name === '..') return `may not be '${name}'`;
+  for (const c of ['/', '%']) if (name.includes(c)) return `may not contain '${c}'`;
+  return undefined;
+}
+
+function metaCauses(meta: ObjectMeta, pathSegmentNames = false): StatusCause[] {
   const causes: StatusCause[] = [];
   const bad = (field: string, message: string, reason = 'FieldValueInvalid') => causes.push({ reason, message, field });
+  const segment = pathSegmentNames && typeof meta.name === 'string' ? pathSegmentProblem(meta.name) : undefined;
   if (!meta.name) bad('metadata.name', 'Required value: name or generateName is required', 'FieldValueRequired');
-  else if (typeof meta.name !== 'string' || meta.name.length > MAX_OBJECT_NAME_LENGTH || !NAME_RE.test(meta.name))
+  else if (pathSegmentNames) {
+    if (segment) bad('metadata.name', `Invalid value: ${JSON.stringify(meta.name)}: ${segment}`);
+  } else if (typeof meta.name !== 'string' || meta.name.length > MAX_OBJECT_NAME_LENGTH || !NAME_RE.test(meta.name))
     bad(
       'metadata.name',
       `Invalid value: ${JSON.stringify(meta.name)}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character`,
@@ -1093,6 +1193,9 @@ export class ApiServer {
   readonly #token: string | undefined;
   readonly #validators: ApiServerOptions['validators'];
   readonly #partialObjectMetadata: boolean;
+  readonly #version: { major: string; minor: string; gitVersion: string };
+  readonly #notServed: ReadonlySet<ResourceName>;
+  readonly #openshift: boolean;
   readonly #objects = new Map(
     TYPES.map((t): [ResourceName, Map<string, KubeObject>] => [t.plural, new Map()]),
   );
@@ -1134,6 +1237,11 @@ export class ApiServer {
     this.#token = opts.token;
     this.#validators = opts.validators;
     this.#partialObjectMetadata = opts.partialObjectMetadata ?? true;
+    const gitVersion = opts.version?.gitVersion ?? 'v1.33.0-pinset-test';
+    const [, major = '', minor = ''] = /^v?(\d+)\.(\d+)/.exec(gitVersion) ?? [];
+    this.#version = { major: opts.version?.major ?? major, minor: opts.version?.minor ?? minor, gitVersion };
+    this.#notServed = new Set(opts.notServed ?? []);
+    this.#openshift = opts.openshift ?? false;
     this.#crdCleanupPollMs = opts.crdCleanupPollMs ?? 5_000;
     this.#crdTeardownMs = opts.crdTeardownMs ?? 1_000;
     if (opts.crd ?? true) this.#installCrd();
@@ -1431,7 +1539,7 @@ export class ApiServer {
 
   #validate(rt: ResourceType, obj: KubeObject, old?: KubeObject): void {
     normalizeMicroTimes(rt, obj);
-    const causes = metaCauses(obj.metadata);
+    const causes = metaCauses(obj.metadata, rt.pathSegmentNames);
     if (causes.length === 0 && rt.check) causes.push(...rt.check(obj, old));
     if (causes.length === 0) {
       for (const line of this.#validators?.[rt.plural]?.(clone(obj)) ?? []) {
@@ -1565,6 +1673,8 @@ export class ApiServer {
 
   /** A custom resource type is served while its CRD stands, Established (built-in types always). */
   #serves(rt: ResourceType): boolean {
+    if (this.#notServed.has(rt.plural)) return false;
+    if (rt.group === 'security.openshift.io') return this.#openshift;
     return rt.builtin || this.#crdCondition(qualified(rt), 'Established') === 'True';
   }
 
@@ -2040,8 +2150,7 @@ export class ApiServer {
   #discovery(pathname: string): JsonMap | string | undefined {
     const p = pathname.replace(/\/+$/, '') || '/';
     if (p === '/healthz' || p === '/readyz' || p === '/livez') return 'ok';
-    if (p === '/version')
-      return { major: '1', minor: '33', gitVersion: 'v1.33.0-pinset-test', platform: 'linux/amd64', goVersion: 'none (in-process test server)' };
+    if (p === '/version') return { ...this.#version, platform: 'linux/amd64', goVersion: 'none (in-process test server)' };
     if (p === '/api') return { kind: 'APIVersions', versions: ['v1'], serverAddressByClientCIDRs: [{ clientCIDR: '0.0.0.0/0', serverAddress: new URL(this.url).host }] };
     const served = TYPES.filter((t) => this.#serves(t));
     const groups = [...new Set(served.filter((t) => t.group).map((t) => `${t.group}/${t.version}`))];

@@ -2,10 +2,11 @@
 // systemd stand-in whose ReloadUnit("crio.service") does what CRI-O's unit
 // does (ExecReload=kill -HUP $MAINPID): it signals the CRI-O stand-in and the
 // job ends "done" at once, while CRI-O re-reads its files 10-40 ms later and
-// may refuse them. Point the agent at `endpoint`, `dropInDir` and
-// `env.DBUS_SYSTEM_BUS_ADDRESS`. With `hostRoot`, each is where a CRI-O node
-// keeps it under that root (/run/crio/crio.sock, /etc/crio/crio.conf.d,
-// /run/dbus/system_bus_socket), for an agent that finds them itself.
+// may refuse them. Point the agent at `endpoint`, `dropInDir`, `stateDir`
+// (its node lock) and `env.DBUS_SYSTEM_BUS_ADDRESS`. With `hostRoot`, each
+// is where a CRI-O node keeps it under that root (/run/crio/crio.sock,
+// /etc/crio/crio.conf.d, /var/lib/pinset, /run/dbus/system_bus_socket), for
+// an agent that finds them itself.
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -18,6 +19,8 @@ export interface CrioNode {
   crio: FakeCrio;
   /** CRI-O's drop-in folder (created empty). */
   dropInDir: string;
+  /** The agent's --state-dir on this node (not created): where its node lock lives. */
+  stateDir: string;
   /** CRI endpoint, unix:///... */
   endpoint: string;
   /** Environment for a process that should reach this bus as its system bus. */
@@ -31,6 +34,7 @@ export async function startCrioNode(
   const dir = await mkdtemp(join(tmpdir(), 'pinset-node-'));
   const root = opts.hostRoot;
   const dropInDir = root ? join(root, 'etc/crio/crio.conf.d') : join(dir, 'crio.conf.d');
+  const stateDir = root ? join(root, 'var/lib/pinset') : join(dir, 'state');
   await mkdir(dropInDir, { recursive: true });
   if (root) await mkdir(join(root, 'run/crio'), { recursive: true });
   if (root) await mkdir(join(root, 'run/dbus'), { recursive: true });
@@ -46,7 +50,7 @@ export async function startCrioNode(
     cleanups.push(() => bus.dispose());
     const systemd = await startSystemdStandIn({ address: bus.address, units: ['crio.service'], onReload: () => crio.sighup() });
     cleanups.push(() => systemd.close());
-    return { bus, systemd, crio, dropInDir, endpoint: crio.endpoint, env: { DBUS_SYSTEM_BUS_ADDRESS: bus.address }, stop };
+    return { bus, systemd, crio, dropInDir, stateDir, endpoint: crio.endpoint, env: { DBUS_SYSTEM_BUS_ADDRESS: bus.address }, stop };
   } catch (err) {
     await stop();
     throw err;

@@ -81,6 +81,7 @@ export async function makeNodeBed(
       '--static-dir', o.staticDir ?? staticDir,
       '--cri-endpoint', node.endpoint,
       '--crio-dropin-dir', o.dropInDir ?? node.dropInDir,
+      '--state-dir', node.stateDir,
       '--reload', 'dbus',
       '--auth-file', join(dir, 'no-auth.json'),
       '--metrics-addr', '',

@@ -212,6 +212,8 @@ export interface RealCrioNode {
   bus: PrivateBus;
   systemd: SystemdStandIn;
   dropInDir: string;
+  /** The agent's --state-dir on this node (not created): where its node lock lives. */
+  stateDir: string;
   endpoint: string;
   env: { DBUS_SYSTEM_BUS_ADDRESS: string };
   stop(): Promise<void>;
@@ -234,7 +236,7 @@ export async function startRealCrioNode(opts: RealCrioOptions): Promise<RealCrio
     // ExecReload=/bin/kill -s HUP $MAINPID: the job ends once the signal is sent.
     const systemd = await startSystemdStandIn({ address: bus.address, units: ['crio.service'], onReload: () => crio.sighup() });
     cleanups.push(() => systemd.close());
-    return { crio, bus, systemd, dropInDir: crio.dropInDir, endpoint: crio.endpoint, env: { DBUS_SYSTEM_BUS_ADDRESS: bus.address }, stop };
+    return { crio, bus, systemd, dropInDir: crio.dropInDir, stateDir: join(dir, 'state'), endpoint: crio.endpoint, env: { DBUS_SYSTEM_BUS_ADDRESS: bus.address }, stop };
   } catch (err) {
     await stop();
     throw err;

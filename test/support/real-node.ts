@@ -315,6 +315,9 @@ export const NODE_NAME = 'pinset-node';
 /** The kubelet's config file and drop-in folder on the bed's host root, at kubeadm's paths. */
 export const KUBELET_CONFIG_FILE = 'var/lib/kubelet/config.yaml';
 export const KUBELET_CONFIG_DIR = 'etc/kubernetes/kubelet.conf.d';
+/** kubeadm's flags file, and the .deb's file of KUBELET_EXTRA_ARGS (10-kubeadm.conf). */
+export const KUBEADM_FLAGS_FILE = 'var/lib/kubelet/kubeadm-flags.env';
+export const KUBELET_EXTRA_ARGS_FILE = 'etc/default/kubelet';
 
 /** What `<bin> --version` prints last: `Kubernetes v1.35.6` gives v1.35.6. */
 export async function binaryVersion(bin: string): Promise<string> {
@@ -524,6 +527,15 @@ export async function startRealNode(bins: NodeBins, runtimeName: RuntimeName): P
     const kubeletConfigFile = host(KUBELET_CONFIG_FILE);
     const kubeletConfigDir = host(KUBELET_CONFIG_DIR);
     await writeFile(kubeletConfigFile, JSON.stringify(kubeletConfig, null, 2));
+    // kubeadm's files around them, as on a kubeadm node whose kubelet has a
+    // drop-in folder: kubeadm's flags file, and the package's
+    // /etc/default/kubelet giving --config-dir through KUBELET_EXTRA_ARGS
+    // (10-kubeadm.conf reads both). The agent finds the kubelet's files from
+    // these; the kubelet below is started with the same flags, their paths
+    // under the host root.
+    await mkdir(host('etc/default'), { recursive: true });
+    await writeFile(host(KUBEADM_FLAGS_FILE), `KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=${runtime.endpoint.replace(`unix://${hostRoot}`, 'unix://')}"\n`);
+    await writeFile(host(KUBELET_EXTRA_ARGS_FILE), `KUBELET_EXTRA_ARGS="--config-dir=/${KUBELET_CONFIG_DIR}"\n`);
     const kubeletArgs = [
       '--config', kubeletConfigFile,
       '--config-dir', kubeletConfigDir,

@@ -2,6 +2,12 @@
 // with its storage in a temporary folder, optionally behind htpasswd basic
 // auth. Always stopped by PID; can be paused and resumed on the same port and
 // storage to play "registry down, then up again".
+// With `proxy` it is a pull-through cache of another registry (distribution's
+// proxy mode: shared/facts/registry-caches.md); with `configFile` it runs a
+// configuration of the caller's (deploy/cache's), given its address, storage
+// and upstream through the environment as a pod's would be
+// (REGISTRY_HTTP_ADDR, REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY,
+// REGISTRY_PROXY_*: distribution lets the environment set any key).
 import { execFile } from 'node:child_process';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
@@ -34,6 +40,10 @@ export interface RegistryOptions {
   tokenAuth?: TokenAuthConfig;
   /** Serve HTTPS with this certificate and key (PEM files); with clientCas, only to clients with a certificate they signed. */
   tls?: { certificate: string; key: string; clientCas?: string[]; probeClient?: { cert: string; key: string } };
+  /** A pull-through cache of this registry (distribution's proxy mode), logging in with these credentials when given. */
+  proxy?: { remoteurl: string; username?: string; password?: string };
+  /** Run this distribution configuration file (YAML) instead of one of this helper's; address, storage and `proxy` come through the environment. */
+  configFile?: string;
 }
 
 /** A free loopback TCP port (the kernel picks it; the listener is closed before use). */
@@ -48,6 +58,18 @@ export async function freePort(): Promise<number> {
   return port;
 }
 
+/** distribution's environment names for the `proxy` section's keys (REGISTRY_<SECTION>_<KEY>), as deploy/cache/ sets them. */
+export const PROXY_ENV = { remoteurl: 'REGISTRY_PROXY_REMOTEURL', username: 'REGISTRY_PROXY_USERNAME', password: 'REGISTRY_PROXY_PASSWORD' } as const;
+
+function proxyEnv(proxy: RegistryOptions['proxy']): NodeJS.ProcessEnv {
+  if (!proxy) return {};
+  return {
+    [PROXY_ENV.remoteurl]: proxy.remoteurl,
+    ...(proxy.username !== undefined ? { [PROXY_ENV.username]: proxy.username } : {}),
+    ...(proxy.password !== undefined ? { [PROXY_ENV.password]: proxy.password } : {}),
+  };
+}
+
 export class Registry {
   readonly dir: string;
   readonly port: number;
@@ -55,6 +77,8 @@ export class Registry {
   readonly tls: boolean;
   readonly tokenAuth: boolean;
   readonly #configFile: string;
+  /** The registry process's environment (configuration set through it); undefined: this process's. */
+  #env: NodeJS.ProcessEnv | undefined;
   #process: ServerProcess | undefined;
   /** The client certificate the readiness probe shows a registry that asks for one (files). */
   #probeClient: { cert: string; key: string } | undefined;
@@ -85,18 +109,37 @@ export class Registry {
       let lastError: unknown;
       for (let attempt = 0; attempt < 5; attempt++) {
         const port = await freePort();
+        const storage = path.join(dir, 'storage');
+        if (opts.configFile) {
+          const registry = new Registry(dir, port, opts.configFile, undefined);
+          registry.#env = {
+            ...process.env,
+            REGISTRY_HTTP_ADDR: `127.0.0.1:${port}`,
+            REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY: storage,
+            ...proxyEnv(opts.proxy),
+          };
+          try {
+            await registry.resume();
+            return registry;
+          } catch (err) {
+            lastError = err;
+            await registry.#process?.stop();
+            continue;
+          }
+        }
         const configFile = path.join(dir, 'config.yml');
         // distribution reads YAML; JSON is YAML, and JSON.stringify escapes paths safely.
         const config = {
           version: 0.1,
           log: { level: 'warn', accesslog: { disabled: true } },
-          storage: { filesystem: { rootdirectory: path.join(dir, 'storage') }, delete: { enabled: true } },
+          storage: { filesystem: { rootdirectory: storage }, delete: { enabled: true } },
           http: {
             addr: `127.0.0.1:${port}`,
             secret: 'pinset-test-registry',
             ...(opts.tls ? { tls: { certificate: opts.tls.certificate, key: opts.tls.key, ...(opts.tls.clientCas ? { clientcas: opts.tls.clientCas } : {}) } } : {}),
           },
           ...(htpasswdFile ? { auth: { htpasswd: { realm: 'pinset-test', path: htpasswdFile } } } : {}),
+          ...(opts.proxy ? { proxy: opts.proxy } : {}),
           ...(opts.tokenAuth
             ? {
                 auth: {
@@ -178,7 +221,7 @@ export class Registry {
     if (this.#process?.running) return;
     const binary = findBinary('docker-registry');
     if (!binary) throw new Error('docker-registry is not installed (apt-get install docker-registry)');
-    const proc = new ServerProcess(`docker-registry on ${this.host}`, binary, ['serve', this.#configFile], path.join(this.dir, 'registry.log'));
+    const proc = new ServerProcess(`docker-registry on ${this.host}`, binary, ['serve', this.#configFile], path.join(this.dir, 'registry.log'), this.#env);
     this.#process = proc;
     const expected = this.auth || this.tokenAuth ? 401 : 200;
     // A TLS registry's certificate is the test's own: the probe does not check it.

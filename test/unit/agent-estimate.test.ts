@@ -17,6 +17,7 @@ import type { ImageFilesystem, ImageRuntime, RuntimeImage, RuntimeInfo } from '.
 import { PinFile } from '../../src/crio/pinfile.ts';
 import { createReloader } from '../../src/crio/reload.ts';
 import { silentLogger } from '../../src/util/log.ts';
+import { crioChoice } from '../support/crio-choice.ts';
 
 const GiB = 1024 ** 3;
 const D = (c: string) => `sha256:${c.repeat(64)}`;
@@ -97,8 +98,7 @@ describe('the agent estimates before pulling', () => {
     const a = new Agent({
       nodeName: 'n1',
       runtime,
-      pinFile,
-      reloader: createReloader('none'),
+      pins: crioChoice({ pinFile, reloader: createReloader('none'), runtime, logger }),
       puller: new ImagePuller({ runtime, maxParallel: 2, logger }),
       reporter: new StatusReporter({ write: async () => {} }, { logger }),
       logger,

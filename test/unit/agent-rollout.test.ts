@@ -22,6 +22,7 @@ import { createReloader } from '../../src/crio/reload.ts';
 import { RolloutGate } from '../../src/rollout/gate.ts';
 import { MemoryRolloutSlots, MemorySlotStore } from '../../src/rollout/memory-slots.ts';
 import { silentLogger } from '../../src/util/log.ts';
+import { crioChoice } from '../support/crio-choice.ts';
 
 const D = (c: string) => `sha256:${c.repeat(64)}`;
 const APP = `registry.test/org/app@${D('a')}`;
@@ -109,8 +110,7 @@ async function node(name: string, sizeEstimator?: MemorySizeEstimator): Promise<
   const agent = new Agent({
     nodeName: name,
     runtime,
-    pinFile: await PinFile.open(path.join(dir, name, 'crio.conf.d'), { mainConfig: path.join(dir, name, 'crio.conf') }),
-    reloader: createReloader('none'),
+    pins: crioChoice({ pinFile: await PinFile.open(path.join(dir, name, 'crio.conf.d'), { mainConfig: path.join(dir, name, 'crio.conf') }), reloader: createReloader('none'), runtime, logger }),
     puller: new ImagePuller({ runtime, maxParallel: 4, logger }),
     reporter: new StatusReporter(sink, { logger }),
     logger,

@@ -70,6 +70,31 @@ async function certsD(registry: string, doc: Record<string, unknown>): Promise<s
 }
 
 describe('the registry client through containerd hosts', () => {
+  test("the values of a hosts.toml's headers never reach an error, even when the registry echoes them", async () => {
+    const echo = http.createServer((req, res) => {
+      res.writeHead(403, { 'content-type': 'application/json' }).end(JSON.stringify({ errors: [{ code: 'DENIED', message: `denied: authorization=${req.headers.authorization} x-api-key=${req.headers['x-api-key']}` }] }));
+    });
+    await new Promise<void>((r) => echo.listen(0, '127.0.0.1', r));
+    const host = `127.0.0.1:${(echo.address() as AddressInfo).port}`;
+    const root = await certsD('hdr.example', {
+      server: `http://${host}`,
+      host: { [`http://${host}`]: { capabilities: ['pull', 'resolve'], header: { authorization: 'Bearer hdr-bearer-4567', 'x-api-key': ['key-89abcdef'] } } },
+    });
+    const client = new RegistryClient({ containerdHosts: new ContainerdHosts(root), attempts: 1 });
+    try {
+      await assert.rejects(client.manifest(name(`hdr.example/team/app@${sha(manifest)}`)), (e: RegistryError) => {
+        assert.equal(e.kind, 'Unauthorized');
+        assert.match(e.message, /DENIED: denied: authorization=\[redacted\] x-api-key=\[redacted\]/);
+        assert.doesNotMatch(e.message, /hdr-bearer-4567|key-89abcdef/);
+        return true;
+      });
+    } finally {
+      await client.close();
+      echo.closeAllConnections();
+      await new Promise<void>((r) => echo.close(() => r()));
+    }
+  });
+
   test('a pull-only mirror is not asked to resolve a tag; the next mirror is, under its own API root, with ?ns= and its headers', async () => {
     const trap = await server(() => 200);
     const mirror = await server(() => 200);

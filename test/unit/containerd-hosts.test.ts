@@ -8,7 +8,7 @@ import { mkdir, mkdtemp, rm, utimes, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { mirrorConfigFor } from '../../src/agent/estimate.ts';
+import { mirrorConfigFor } from '../../src/agent/boot/registry-access.ts';
 import { containerdNeedsHostTable } from '../../src/containerd/versions.ts';
 import { ContainerdHosts, ContainerdHostsError } from '../../src/registry/containerd-hosts.ts';
 import { hostDirectory, hostPaths, parseHostsToml, withDefaultHost, type HostEntry } from '../../src/registry/hosts-toml.ts';

@@ -269,7 +269,7 @@ describe('Containerfile', () => {
       const socket = path.join(scratch, 'no-runtime.sock');
       const result = await runImage(['agent'], [
         '--once', '--node-name', 'image-test', '--static-dir', path.join(scratch, 'sets.d'), '--cri-endpoint', `unix://${socket}`,
-        '--crio-dropin-dir', path.join(scratch, 'crio.conf.d'), '--reload', 'none', '--auth-file', path.join(scratch, 'none.json'),
+        '--crio-dropin-dir', path.join(scratch, 'crio.conf.d'), '--state-dir', path.join(scratch, 'state'), '--reload', 'none', '--auth-file', path.join(scratch, 'none.json'),
       ]);
       assert.doesNotMatch(result.stderr, /ERR_MODULE_NOT_FOUND|Cannot find (module|package)|no such file.*\.proto/i, result.stderr);
       assert.match(result.stderr, /"msg":"pinset agent starting"/, result.stderr);

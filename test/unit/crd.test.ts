@@ -3,6 +3,7 @@
 // (its x-kubernetes-* extensions implemented as ajv keywords, CEL rules
 // evaluated with @marcbachmann/cel-js), and the corpora must get the same
 // verdict from that model of the API server and from src/api/validate.ts.
+import { ProgressTracker } from '../../src/controller/progress.ts';
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile, readdir } from 'node:fs/promises';
@@ -185,6 +186,22 @@ describe('CRD: one grammar with the TypeScript validator', () => {
         ['Age', 'date', '.metadata.creationTimestamp'],
       ],
     );
+  });
+
+  test('printer columns with -o wide: the Progressing and Degraded counts, the progress and the ETA as the controller writes them', () => {
+    const cols = (version.additionalPrinterColumns as Obj[]).filter((c) => c.priority === 1);
+    assert.deepEqual(
+      cols.map((c) => [c.name, c.type, c.jsonPath]),
+      [
+        ['Progressing', 'integer', '.status.nodes.progressing'],
+        ['Degraded', 'integer', '.status.nodes.degraded'],
+        ['Progress', 'string', '.status.progress.summary'],
+        // A string: a date column prints the time since it, and a time to come as "<invalid>".
+        ['ETA', 'string', '.status.progress.estimatedCompletionTime'],
+      ],
+    );
+    const all = (version.additionalPrinterColumns as Obj[]).map((c) => c.name);
+    assert.equal(all.at(-1), 'Age', 'Age stays the last column');
   });
 
   test('the reference pattern is REFERENCE_PATTERN and the limits are the TypeScript constants', () => {
@@ -379,6 +396,28 @@ describe('corpora: the CRD and the TypeScript validator agree', async () => {
     assert.ok(apiServerErrors({ ...ok, status: { ...status, degradedNodes: eleven } }).some((e) => e.path === '/status/degradedNodes'));
     const badCondition = { ...status.conditions[0], status: 'Maybe' };
     assert.ok(apiServerErrors({ ...ok, status: { ...status, conditions: [badCondition] } }).some((e) => e.path === '/status/conditions/0/status'));
+  });
+
+  test('status.progress as the controller computes it is accepted, in bytes and in images; a malformed one is refused', () => {
+    const set = setWith({ pinnedImages: [{ name: `quay.io/org/app@sha256:${H}` }] });
+    const tracker = new ProgressTracker(60_000);
+    const at = (s: number) => new Date(Date.UTC(2025, 0, 2, 3, 4, s));
+    const work = (present: number, unit: 'bytes' | 'images' = 'bytes') => ({ unit, present, total: 4000, remaining: 4000 - present, nodes: 4, done: 0, downloading: 2, waiting: 2, degraded: 0 });
+    tracker.observe({ name: 'b', generation: 1 }, work(1000), at(0));
+    const bytes = tracker.observe({ name: 'b', generation: 1 }, work(1500), at(10));
+    assert.equal(bytes.rate, 50);
+    assert.ok(bytes.estimatedCompletionTime);
+    tracker.observe({ name: 'i', generation: 1 }, work(1000, 'images'), at(0));
+    const images = tracker.observe({ name: 'i', generation: 1 }, work(1003, 'images'), at(9));
+    assert.equal(images.rate, 0.33, 'images per second, to two decimals');
+    for (const progress of [bytes, images]) assert.deepEqual(apiServerErrors({ ...set, status: { observedGeneration: 1, progress } }), []);
+    const bad = (over: Record<string, unknown>) => apiServerErrors({ ...set, status: { observedGeneration: 1, progress: { ...bytes, ...over } } }).map((e) => e.path);
+    assert.ok(bad({ unit: 'kilobytes' }).includes('/status/progress/unit'));
+    assert.ok(bad({ present: -1 }).includes('/status/progress/present'));
+    assert.ok(bad({ summary: 'x'.repeat(257) }).includes('/status/progress/summary'));
+    assert.ok(bad({ rate: -2 }).includes('/status/progress/rate'));
+    const { summary: _s, ...noSummary } = bytes;
+    assert.ok(apiServerErrors({ ...set, status: { progress: noSummary } }).some((e) => e.path === '/status/progress/summary' || e.path === '/status/progress'));
   });
 });
 

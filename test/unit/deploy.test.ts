@@ -12,6 +12,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { AGENT_FLAGS } from '../../src/agent/agent-flags.ts';
 import { parseYamlDocuments } from '../../src/api/yaml.ts';
+import { PINSET_LABEL, PINSET_LABEL_VALUE } from '../../src/cli/manifests.ts';
 
 const run = promisify(execFile);
 const ROOT = path.resolve(import.meta.dirname, '../..');
@@ -108,6 +109,10 @@ describe('kubectl kustomize deploy', { skip }, () => {
     ]);
   });
 
+  test('every object carries pinset\'s label, the one `pinset uninstall` removes by', () => {
+    for (const o of objects) assert.equal(o.metadata.labels?.[PINSET_LABEL], PINSET_LABEL_VALUE, `${o.kind} ${o.metadata.name}`);
+  });
+
   test('every container runs the image of this version', () => {
     for (const w of objects.filter((o) => o.kind === 'DaemonSet' || o.kind === 'Deployment')) {
       for (const c of w.spec.template.spec.containers) assert.equal(c.image, `ghcr.io/pinset/pinset:${pkg.version}`, w.metadata.name);
@@ -137,6 +142,10 @@ describe('kubectl kustomize deploy', { skip }, () => {
       for (const [k, v] of Object.entries(ds().spec.selector.matchLabels as Obj)) assert.equal(ds().spec.template.metadata.labels[k], v);
     });
 
+    test('on Linux nodes only: a node selector on the OS label every kubelet sets', () => {
+      assert.deepEqual(pod().nodeSelector, { 'kubernetes.io/os': 'linux' });
+    });
+
     test('NODE_NAME from the downward API, metrics on :9402', () => {
       const env = Object.fromEntries((container().env as Obj[]).map((e) => [e.name, e]));
       assert.deepEqual(env.NODE_NAME.valueFrom, { fieldRef: { fieldPath: 'spec.nodeName' } });
@@ -153,7 +162,7 @@ describe('kubectl kustomize deploy', { skip }, () => {
       assert.match(await readFile(path.join(ROOT, 'deploy/agent/daemonset.yaml'), 'utf8'), /BENCHMARKS\.md/);
     });
 
-    test('host paths: the host\'s /run, /var/lib (read-only) and /etc (writable, for CRI-O\'s drop-in) under /host, and pinset\'s own state folder; nothing any runtime\'s own', () => {
+    test('host paths: the host\'s /run, /var/lib and /etc read-only under /host; writable only CRI-O\'s /etc/crio (over its place under /host/etc) and pinset\'s own state folder', () => {
       const volumes: Record<string, Obj> = Object.fromEntries((pod().volumes as Obj[]).map((v) => [v.name, v.hostPath]));
       const mounts: Record<string, Obj> = Object.fromEntries((container().volumeMounts as Obj[]).map((m) => [m.mountPath, m]));
       const expect: [string, string, string, boolean][] = [
@@ -162,9 +171,11 @@ describe('kubectl kustomize deploy', { skip }, () => {
         ['/run', 'Directory', '/host/run', true],
         // The image filesystems, k3s's and RKE2's containerd config and hosts, the kubelet's config.json.
         ['/var/lib', 'Directory', '/host/var/lib', true],
-        // One mount for crio.conf.d and the staging folder beside it (a rename between two mounts fails: EXDEV), and no /etc/crio created elsewhere.
-        ['/etc', 'Directory', '/host/etc', false],
-        // The node lock on containerd nodes: pinset's own folder.
+        // crio.conf, /etc/containerd, /etc/containers, the static sets: read, never written.
+        ['/etc', 'Directory', '/host/etc', true],
+        // One mount for crio.conf.d and the staging folder beside it (a rename between two mounts fails: EXDEV).
+        ['/etc/crio', 'DirectoryOrCreate', '/host/etc/crio', false],
+        // The node lock: pinset's own folder.
         ['/var/lib/pinset', 'DirectoryOrCreate', '/var/lib/pinset', false],
       ];
       assert.equal(Object.keys(volumes).length, expect.length, 'no other volumes');
@@ -178,9 +189,13 @@ describe('kubectl kustomize deploy', { skip }, () => {
         assert.equal(m.name, vol[0]);
         assert.equal(m.readOnly === true, readOnly, `${mountPath} readOnly`);
       }
-      // Created where missing only if it is pinset's own: a runtime's folder would appear on every other runtime's nodes.
-      for (const [, hp] of Object.entries(volumes)) if (hp.type === 'DirectoryOrCreate' || hp.type === '' || hp.type === undefined) assert.match(hp.path, /\/pinset(\/|$)/, `${hp.path} would be created on nodes that lack it`);
-      for (const p of ['/host/run', '/host/var/lib']) assert.equal(mounts[p]!.mountPropagation, 'HostToContainer', `${p}: what the host mounts or unmounts there later is seen`);
+      // Created where missing only if it is pinset's own, or CRI-O's folder, which must be writable and so mounted by itself.
+      for (const [, hp] of Object.entries(volumes)) {
+        if (hp.type === 'DirectoryOrCreate' || hp.type === '' || hp.type === undefined) assert.ok(/\/pinset(\/|$)/.test(hp.path) || hp.path === '/etc/crio', `${hp.path} would be created on nodes that lack it`);
+      }
+      for (const p of ['/host/run', '/host/var/lib', '/host/etc']) assert.equal(mounts[p]!.mountPropagation, 'HostToContainer', `${p}: what the host mounts or unmounts there later is seen`);
+      // The writable /etc/crio sits where the agent looks for it: under the read-only /etc, at the host path under --host-root.
+      assert.equal(mounts['/host/etc/crio']!.mountPath, path.posix.join(mounts['/host/etc']!.mountPath, 'crio'));
     });
 
     test('the agent finds its runtime under /host: no socket and no pin backend named; paths it reads given as the host\'s under /host', () => {
@@ -278,11 +293,9 @@ describe('kubectl kustomize deploy', { skip }, () => {
     test('the agent: read sets and their one CRD; read and patch Nodes; core Events in "default" only; rollout slot Leases and pull secrets in its namespace only', () => {
       assert.deepEqual(grants(AGENT_SA), [
         'cluster apiextensions.k8s.io/customresourcedefinitions/pinnedimagesets.pinset.dev get',
-        'cluster core/nodes get',
         'cluster core/nodes list',
         'cluster core/nodes patch',
         'cluster core/nodes watch',
-        'cluster pinset.dev/pinnedimagesets get',
         'cluster pinset.dev/pinnedimagesets list',
         'cluster pinset.dev/pinnedimagesets watch',
         'default core/events create',
@@ -292,7 +305,6 @@ describe('kubectl kustomize deploy', { skip }, () => {
         'pinset-system coordination.k8s.io/leases get',
         'pinset-system coordination.k8s.io/leases list',
         'pinset-system coordination.k8s.io/leases update',
-        'pinset-system core/secrets get',
         'pinset-system core/secrets list',
         'pinset-system core/secrets watch',
       ]);
@@ -311,11 +323,9 @@ describe('kubectl kustomize deploy', { skip }, () => {
       assert.deepEqual(grants(CONTROLLER_SA), [
         'cluster core/nodes list',
         'cluster core/nodes watch',
-        'cluster pinset.dev/pinnedimagesets get',
         'cluster pinset.dev/pinnedimagesets list',
         'cluster pinset.dev/pinnedimagesets watch',
         'cluster pinset.dev/pinnedimagesets/status patch',
-        'cluster pinset.dev/pinnedimagesets/status update',
         'pinset-system coordination.k8s.io/leases create',
         'pinset-system coordination.k8s.io/leases/pinset-controller get',
         'pinset-system coordination.k8s.io/leases/pinset-controller update',
@@ -328,7 +338,6 @@ describe('kubectl kustomize deploy', { skip }, () => {
       // Reading and patching their own Node and recording Events, nodes already may (the Node authorizer).
       assert.deepEqual(grants('system:nodes', 'Group'), [
         'cluster apiextensions.k8s.io/customresourcedefinitions/pinnedimagesets.pinset.dev get',
-        'cluster pinset.dev/pinnedimagesets get',
         'cluster pinset.dev/pinnedimagesets list',
         'cluster pinset.dev/pinnedimagesets watch',
       ]);
@@ -373,17 +382,18 @@ describe('kubectl kustomize deploy', { skip }, () => {
     });
   });
 
-  test('the admission policies name the agent\'s service account as built here', () => {
+  test('the admission policies name the agent\'s service account as built here, in any namespace', () => {
     one('ServiceAccount', AGENT_SA, NS);
+    const identity = `request.userInfo.username.matches('^system:serviceaccount:[^:]+:${AGENT_SA}$')`;
     const policy = one('ValidatingAdmissionPolicy', 'pinset-agent-node-scope');
-    const [identity] = policy.spec.matchConditions.map((c: Obj) => c.expression as string);
-    assert.ok(identity!.startsWith(`request.userInfo.username == 'system:serviceaccount:${NS}:${AGENT_SA}' ||`), identity);
+    const [nodeScope] = policy.spec.matchConditions.map((c: Obj) => c.expression as string);
+    assert.ok(nodeScope!.startsWith(`${identity} ||`), nodeScope);
     const slots = one('ValidatingAdmissionPolicy', 'pinset-agent-rollout-slots');
     const handover = one('ValidatingAdmissionPolicy', 'pinset-agent-rollout-handover');
-    for (const p of [slots, handover]) assert.equal(p.spec.matchConditions[0].expression, `request.userInfo.username == 'system:serviceaccount:${NS}:${AGENT_SA}'`, p.metadata.name);
+    for (const p of [slots, handover]) assert.equal(p.spec.matchConditions[0].expression, identity, p.metadata.name);
     const grants = one('ValidatingAdmissionPolicy', 'pinset-controller-rollout-grants');
     const controllerSa = one('Deployment', 'pinset-controller', NS).spec.template.spec.serviceAccountName;
-    assert.equal(grants.spec.matchConditions[0].expression, `request.userInfo.username == 'system:serviceaccount:${NS}:${controllerSa}'`);
+    assert.equal(grants.spec.matchConditions[0].expression, `request.userInfo.username.matches('^system:serviceaccount:[^:]+:${controllerSa}$')`);
     for (const p of [policy, slots, handover, grants]) {
       const binding = one('ValidatingAdmissionPolicyBinding', p.metadata.name);
       assert.equal(binding.spec.policyName, p.metadata.name);
@@ -474,6 +484,27 @@ describe('kubectl kustomize with deploy/credential-providers/<cloud>', { skip },
 });
 
 // ---------------------------------------------------------------------------
+// deploy/critical-pods-quota: for clusters that admit the agent's priority
+// class only in namespaces with a ResourceQuota for it (GKE).
+
+describe('kubectl kustomize with deploy/critical-pods-quota', { skip }, async () => {
+  test("adds one ResourceQuota, in the agent's namespace, whose scope covers the agent's priority class and no other; nothing else changed", async () => {
+    const base = await build('deploy');
+    const built = await buildOverlay(['deploy'], ['deploy/critical-pods-quota']);
+    const id = (o: Obj) => `${o.kind} ${o.metadata.namespace ?? '-'}/${o.metadata.name}`;
+    const added = built.filter((o) => !base.some((b) => id(b) === id(o)));
+    assert.deepEqual(added.map(id), ['ResourceQuota pinset-system/pinset-critical-pods']);
+    for (const o of built) if (o !== added[0]) assert.deepEqual(o, base.find((b) => id(b) === id(o)), id(o));
+    const agent = base.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'pinset-agent')!;
+    const quota = added[0]!;
+    assert.equal(quota.metadata.namespace, agent.metadata.namespace);
+    assert.equal(quota.metadata.labels['app.kubernetes.io/part-of'], 'pinset');
+    assert.deepEqual(quota.spec.scopeSelector.matchExpressions, [{ scopeName: 'PriorityClass', operator: 'In', values: [agent.spec.template.spec.priorityClassName] }]);
+    assert.deepEqual(Object.keys(quota.spec.hard), ['pods'], 'counts pods and nothing else');
+  });
+});
+
+// ---------------------------------------------------------------------------
 // deploy/kubelet-config: components that give the agent the kubelet's
 // configuration files, for its credential verification policy.
 
@@ -511,6 +542,74 @@ describe('kubectl kustomize with deploy/kubelet-config/<distribution>', { skip }
       for (const p of [want.file, want.dir].filter(Boolean)) assert.ok(added.some((m) => p === m.mountPath || p.startsWith(`${m.mountPath}/`)), `${p} is mounted`);
     });
   }
+});
+
+// ---------------------------------------------------------------------------
+// What the agent may write on a node: CRI-O's folder and pinset's state
+// folder, and nothing else, whichever components are added.
+
+/** Every host path a pod template of `objs` mounts writable (a mount without readOnly), sorted. */
+function writableHostPaths(objs: Obj[]): string[] {
+  const out = new Set<string>();
+  for (const o of objs) {
+    const pod = o.spec?.template?.spec;
+    if (!pod) continue;
+    const hostPaths = new Map<string, string>((pod.volumes ?? []).filter((v: Obj) => v.hostPath).map((v: Obj) => [v.name, v.hostPath.path]));
+    for (const c of [...(pod.initContainers ?? []), ...(pod.containers ?? [])] as Obj[]) {
+      for (const m of (c.volumeMounts ?? []) as Obj[]) if (hostPaths.has(m.name) && m.readOnly !== true) out.add(hostPaths.get(m.name)!);
+    }
+  }
+  return [...out].sort();
+}
+
+describe('writable host paths: CRI-O\'s folder and pinset\'s state only', { skip }, async () => {
+  const allowed = ['/etc/crio', '/var/lib/pinset'];
+  test('kubectl kustomize deploy/ and deploy/containerd/', async () => {
+    assert.deepEqual(writableHostPaths(objects), allowed);
+    assert.deepEqual(writableHostPaths(await build('deploy/containerd')), allowed);
+  });
+
+  const components = [
+    ...['eks', 'gke', 'aks'].map((c) => `deploy/credential-providers/${c}`),
+    ...['kubeadm', 'kubeadm-config-dir', 'k3s', 'rke2', 'eks'].map((c) => `deploy/kubelet-config/${c}`),
+    'deploy/placement/no-control-plane',
+  ];
+  test('with each component: what a component mounts is read-only', async () => {
+    for (const c of components) {
+      const built = await buildOverlay(['deploy'], c.endsWith('kubeadm-config-dir') ? ['deploy/kubelet-config/kubeadm', c] : [c]);
+      assert.deepEqual(writableHostPaths(built), allowed, c);
+    }
+  });
+
+  test('the drop-pins Jobs: CRI-O\'s folder (on CRI-O nodes only) and the lock\'s folder', async () => {
+    const job = async (f: string) => parseYamlDocuments(await readFile(path.join(ROOT, 'deploy/drop-pins', f), 'utf8')).map((d) => ('value' in d ? (d.value as Obj) : assert.fail(d.error)));
+    assert.deepEqual(writableHostPaths(await job('crio.yaml')), allowed);
+    assert.deepEqual(writableHostPaths(await job('containerd.yaml')), ['/var/lib/pinset']);
+    const crioVolumes = (await job('crio.yaml')).find((o) => o.kind === 'Job')!.spec.template.spec.volumes as Obj[];
+    assert.equal(crioVolumes.find((v) => v.hostPath.path === '/etc/crio')?.hostPath.type, 'Directory', 'the CRI-O Job never creates /etc/crio');
+  });
+});
+
+describe('kubectl kustomize with deploy/placement/no-control-plane', { skip }, async () => {
+  test('the agent is kept off control-plane nodes by a required node affinity; it still tolerates every taint; nothing else changed', async () => {
+    const base = objects;
+    const built = await buildOverlay(['deploy'], ['deploy/placement/no-control-plane']);
+    const id = (o: Obj) => `${o.kind} ${o.metadata.namespace ?? '-'}/${o.metadata.name}`;
+    assert.deepEqual(built.map(id).sort(), base.map(id).sort());
+    for (const o of built) if (o.kind !== 'DaemonSet') assert.deepEqual(o, base.find((b) => id(b) === id(o)), id(o));
+    const pod = built.find((o) => o.kind === 'DaemonSet')!.spec.template.spec;
+    assert.deepEqual(pod.affinity, {
+      nodeAffinity: {
+        requiredDuringSchedulingIgnoredDuringExecution: {
+          nodeSelectorTerms: [{ matchExpressions: [{ key: 'node-role.kubernetes.io/control-plane', operator: 'DoesNotExist' }, { key: 'node-role.kubernetes.io/master', operator: 'DoesNotExist' }] }],
+        },
+      },
+    });
+    assert.deepEqual(pod.tolerations, [{ operator: 'Exists' }]);
+    const { affinity: _a, ...rest } = pod;
+    const { affinity: _b, ...baseRest } = base.find((o) => o.kind === 'DaemonSet')!.spec.template.spec;
+    assert.deepEqual(rest, baseRest);
+  });
 });
 
 // ---------------------------------------------------------------------------

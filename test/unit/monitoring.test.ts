@@ -158,15 +158,34 @@ describe('deploy/monitoring', () => {
     assert.deepEqual(problemsOf('histogram_quantile(0.9, sum by (le) (rate(pinset_pull_duration_seconds_bucket[5m])))', metrics), []);
   });
 
-  test('the alerts cover what operators need: Degraded 15 minutes, pins overridden, an agent not reconciling, reloads failing', () => {
+  test('the alerts cover what operators need: Degraded 15 minutes, pins overridden, an agent not reconciling, reloads failing, a kubelet that would pull pinned images again offline', () => {
     const byName = Object.fromEntries(rules.map((r) => [r.alert, r]));
-    assert.deepEqual(Object.keys(byName).sort(), ['PinnedImageSetDegraded', 'PinnedImageSetPinsOverridden', 'PinsetAgentNotReconciling', 'PinsetControllerNotLeading', 'PinsetReloadFailing']);
+    assert.deepEqual(Object.keys(byName).sort(), [
+      'PinnedImageSetDegraded',
+      'PinnedImageSetPinsOverridden',
+      'PinsetAgentNotReconciling',
+      'PinsetControllerNotLeading',
+      'PinsetKubeletVerifiesPinnedImages',
+      'PinsetReloadFailing',
+    ]);
+    assert.match(byName.PinsetKubeletVerifiesPinnedImages.expr, /by \(namespace, pod, node, set, policy\) \(pinset_kubelet_verification_refused_sets\)/);
     assert.equal(byName.PinnedImageSetDegraded.for, '15m');
     assert.match(byName.PinsetAgentNotReconciling.expr, /3 \* pinset_resync_interval_seconds/);
     for (const r of rules) {
       assert.ok(r.labels?.severity, `${r.alert}: a severity`);
       assert.ok(r.annotations?.summary && r.annotations?.description, `${r.alert}: summary and description`);
     }
+  });
+
+  test('the agent\'s refused sets: a series per set and policy, those no longer refused gone at the next report', async () => {
+    const m = new AgentMetrics();
+    m.reportKubeletRefused('AlwaysVerify', ['edge', 'boot (static)']);
+    const series = async () => ((await m.registry.getSingleMetric('pinset_kubelet_verification_refused_sets')!.get()).values as { labels: Record<string, string>; value: number }[]).map((v) => `${v.labels.set}|${v.labels.policy}=${v.value}`).sort();
+    assert.deepEqual(await series(), ['boot (static)|AlwaysVerify=1', 'edge|AlwaysVerify=1']);
+    m.reportKubeletRefused('NeverVerifyAllowlistedImages', ['edge']);
+    assert.deepEqual(await series(), ['edge|NeverVerifyAllowlistedImages=1']);
+    m.reportKubeletRefused('NeverVerifyAllowlistedImages', []);
+    assert.deepEqual(await series(), []);
   });
 
   for (const r of rules) {

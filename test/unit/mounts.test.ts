@@ -57,7 +57,7 @@ describe('the drop-in folder on a mount of its own', () => {
       const problem = await pf.mountProblem();
       assert.ok(problem, 'the layout is detected');
       assert.match(problem, new RegExp(`^${esc(dir)} is a mount point of its own, apart from the staging folder ${esc(pf.stagingDir)}: the pin file cannot be renamed into place \\(EXDEV\\)\\. `));
-      assert.match(problem, new RegExp(`Mount ${esc(path.dirname(dir))} read-write as one mount instead \\(deploy/agent/daemonset\\.yaml mounts the host's /etc at /host/etc;`));
+      assert.match(problem, new RegExp(`Mount ${esc(path.dirname(dir))} read-write as one mount instead \\(deploy/agent/daemonset\\.yaml mounts the host's /etc/crio at /host/etc/crio;`));
       assert.match(problem, /the current pins stay$/);
 
       const listed = await fsp.readdir(dir);

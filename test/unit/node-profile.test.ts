@@ -1,15 +1,18 @@
-// The node's profile (src/agent/node-profile.ts): which socket answered
+// The node's profile (src/agent/boot/node-profile.ts): which socket answered
 // under the host root, and what follows from the answer. The sockets here
 // are files in a temporary host root and the runtimes answer from memory,
 // keyed by the endpoint they were asked on; real sockets and runtimes are in
 // test/e2e/deploy-args.test.ts.
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import type { ImageRuntime, RuntimeInfo } from '../../src/cri/runtime.ts';
-import { containerdConfigPath, describeProfile, hostPath, nodeProfile, sameRuntime, UnsettledRuntime, type ProfileFlags } from '../../src/agent/node-profile.ts';
+import { CRIO_DROPIN_DIR, type ProfileConfig } from '../../src/agent/boot/config.ts';
+import { hostPath } from '../../src/agent/boot/host-paths.ts';
+import { CONTAINERD_CONFIG_MAX_BYTES, containerdConfigPath, describeProfile, nodeProfile, sameRuntime, UnsettledRuntime } from '../../src/agent/boot/node-profile.ts';
 
 const CRIO: RuntimeInfo = { runtimeName: 'cri-o', runtimeVersion: '1.32.13', runtimeApiVersion: 'v1' };
 const CTRD: RuntimeInfo = { runtimeName: 'containerd', runtimeVersion: '2.1.9', runtimeApiVersion: 'v1' };
@@ -57,9 +60,11 @@ describe('node profile', () => {
     }
     return r;
   }
-  const flags = (hostRoot: string, more: Partial<ProfileFlags> = {}): ProfileFlags => ({ hostRoot, pinBackend: 'auto', stateDir: path.join(hostRoot, 'state'), ...more });
+  const flags = (hostRoot: string, more: Partial<ProfileConfig> = {}): ProfileConfig => ({ hostRoot, pinBackend: 'auto', dropInDir: hostPath(hostRoot, CRIO_DROPIN_DIR), ...more });
+  /** The node lock, wherever the runtime is: the agent's own (src/agent/boot/node-lock-place.ts). */
+  const lock = (r: string) => path.join(r, 'var/lib/pinset/agent.lock');
 
-  test('CRI-O at /var/run/crio/crio.sock (seen at <root>/run/crio): its drop-in under the root, its lock beside it, ImageFsInfo', async () => {
+  test('CRI-O at /var/run/crio/crio.sock (seen at <root>/run/crio): its drop-in under the root, ImageFsInfo', async () => {
     const r = await host(['/var/run/crio/crio.sock']);
     const { runtimeFor } = runtimes({ [`${r}/run/crio/crio.sock`]: { info: CRIO, imageFs: '/var/lib/containers/storage/overlay-images' } });
     const p = await nodeProfile(flags(r), { runtimeFor });
@@ -69,10 +74,10 @@ describe('node profile', () => {
     assert.equal(p.usesDropIn, true);
     assert.equal(p.criEndpoint, `unix://${r}/run/crio/crio.sock`);
     assert.equal(p.dropInDir, `${r}/etc/crio/crio.conf.d`);
-    assert.equal(p.lockPath, `${r}/etc/crio/.pinset/agent.lock`);
     assert.deepEqual(p.imageFs, ['/var/lib/containers/storage/overlay-images']);
     assert.equal(p.containerdHostsDir, undefined);
-    const said = describeProfile(p, r, 'crio');
+    assert.equal(p.hostRoot, r);
+    const said = describeProfile(p, lock(r));
     assert.deepEqual(said, {
       name: 'cri-o',
       version: '1.32.13',
@@ -82,11 +87,11 @@ describe('node profile', () => {
       socket: '/run/crio/crio.sock',
       imageFs: ['/var/lib/containers/storage/overlay-images'],
       dropInDir: '/etc/crio/crio.conf.d',
-      lock: '/etc/crio/.pinset/agent.lock',
+      lock: '/var/lib/pinset/agent.lock',
     });
   });
 
-  test("containerd at its own paths: label pins, the lock in --state-dir, the hosts folder from config.toml's config_path (version 2 and 3)", async () => {
+  test("containerd at its own paths: label pins, the hosts folder from config.toml's config_path (version 2 and 3)", async () => {
     for (const [config, want] of [
       ['version = 2\n[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/containerd/certs.d:/etc/docker/certs.d"\n', '/etc/containerd/certs.d:/etc/docker/certs.d'],
       ["version = 3\n[plugins.'io.containerd.cri.v1.images'.registry]\n  config_path = '/srv/hosts'\n", '/srv/hosts'],
@@ -98,9 +103,8 @@ describe('node profile', () => {
       assert.equal(p.layout, 'containerd');
       assert.equal(p.pinBackend, 'containerd');
       assert.equal(p.usesDropIn, false);
-      assert.equal(p.lockPath, path.join(r, 'state', 'agent.lock'));
       assert.equal(p.containerdHostsDir, want.split(':').map((d) => hostPath(r, d)).join(':'));
-      assert.equal(describeProfile(p, r).hostsDir, want);
+      assert.equal(describeProfile(p, lock(r)).hostsDir, want);
     }
   });
 
@@ -109,6 +113,24 @@ describe('node profile', () => {
     const { runtimeFor } = runtimes({ [`${r}/run/containerd/containerd.sock`]: { info: CTRD } });
     assert.equal((await nodeProfile(flags(r), { runtimeFor })).containerdHostsDir, hostPath(r, '/etc/containerd/certs.d'));
     assert.equal(await containerdConfigPath(path.join(r, 'missing.toml')), undefined);
+  });
+
+  test('config.toml a FIFO or larger than the limit: not read (detection never waits on it), the default hosts folder', { timeout: 10_000 }, async () => {
+    const r = await host(['/run/containerd/containerd.sock']);
+    const config = hostPath(r, '/etc/containerd/config.toml');
+    await mkdir(path.dirname(config), { recursive: true });
+    execFileSync('mkfifo', [config]);
+    const { runtimeFor } = runtimes({ [`${r}/run/containerd/containerd.sock`]: { info: CTRD } });
+    // A read of a FIFO with no writer never ends: this would wait for the test's timeout.
+    const p = await nodeProfile(flags(r), { runtimeFor });
+    assert.equal(p.layout, 'containerd');
+    assert.equal(p.containerdHostsDir, hostPath(r, '/etc/containerd/certs.d'));
+    await rm(config);
+    const named = 'version = 2\n[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/srv/hosts"\n';
+    await writeFile(config, named);
+    assert.equal(await containerdConfigPath(config), '/srv/hosts', 'within the limit, read');
+    await writeFile(config, named + '#'.repeat(CONTAINERD_CONFIG_MAX_BYTES - named.length) + '\n');
+    assert.equal(await containerdConfigPath(config), undefined, 'one byte past the limit, not read');
   });
 
   test("k3s and RKE2 share /run/k3s/containerd/containerd.sock: each one's hosts folder under /var/lib/rancher", async () => {
@@ -144,7 +166,7 @@ describe('node profile', () => {
     const p = await nodeProfile(flags(r), { runtimeFor });
     assert.equal(p.problem, '2 container runtimes answer on this node: cri-o 1.32.13 at /run/crio/crio.sock, containerd 2.1.9 at /run/containerd/containerd.sock; pinset pins on one: give --cri-endpoint (PINSET_CRI_ENDPOINT) to say which');
     assert.equal(p.pinBackend, 'none');
-    assert.equal(describeProfile(p, r).problem, p.problem);
+    assert.equal(describeProfile(p, lock(r)).problem, p.problem);
   });
 
   test('explicit flags win: --cri-endpoint is not looked for, --pin-backend and --containerd-hosts-dir are kept', async () => {

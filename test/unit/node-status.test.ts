@@ -95,6 +95,65 @@ describe('version 2: what agents write', () => {
   });
 });
 
+describe('bytes and rate: progress in bytes, added to version 2', () => {
+  const downloading: NodeSetStatus = { ...pulling, reason: 'Pulling', message: '120 of 412 images present', bytes: { present: 2201170739, total: 6603512217 }, rate: 5452595.4 };
+
+  test('written as [present, total], or [total] when all are present; the rate in whole bytes per second; read back', () => {
+    const [ready] = typicalSets(1);
+    const done = { ...ready!, bytes: { present: 734003200, total: 734003200 } };
+    const doc = JSON.parse(encodeNodeStatus(status([downloading, done])));
+    assert.deepEqual(doc.sets[0].bytes, [2201170739, 6603512217]);
+    assert.equal(doc.sets[0].rate, 5452595);
+    assert.deepEqual(doc.sets[1].bytes, [734003200]);
+    assert.equal(doc.sets[1].rate, undefined);
+    const read = parseNodeStatus(JSON.stringify(doc));
+    assert.equal(read.droppedEntries, undefined);
+    assert.deepEqual(read.status?.sets, [{ ...downloading, rate: 5452595 }, done]);
+  });
+
+  test('the version stays 2: a set without them reads as before, and with them nothing else of the set changes', () => {
+    const { bytes: _b, rate: _r, ...without } = downloading;
+    const withThem = parseNodeStatus(encodeNodeStatus(status([downloading]))).status!;
+    const withoutThem = parseNodeStatus(encodeNodeStatus(status([without]))).status!;
+    assert.equal(withThem.version, 2);
+    const { bytes: _b2, rate: _r2, ...rest } = withThem.sets[0]!;
+    assert.deepEqual(rest, withoutThem.sets[0]);
+    assert.equal(withoutThem.sets[0]!.bytes, undefined);
+  });
+
+  test('a malformed bytes or rate is left out on its own: the set\'s entry stays', () => {
+    const entry = (extra: Record<string, unknown>) => ({ name: 'a', gen: 1, phase: 'Progressing', reason: 'Pulling', images: [2, 1], ...extra });
+    const raw = JSON.stringify({
+      version: 2, pinFile: 'p.conf', updatedAt: 'x',
+      sets: [
+        entry({ bytes: [5, 3] }),
+        entry({ bytes: [1, 2, 3] }),
+        entry({ bytes: 'all' }),
+        entry({ bytes: [-1, 2] }),
+        entry({ bytes: [] }),
+        entry({ rate: -1 }),
+        entry({ rate: 1.5 }),
+        entry({ rate: '5 MB/s', bytes: [1.5, 3] }),
+      ],
+    });
+    const r = parseNodeStatus(raw);
+    assert.equal(r.droppedEntries, undefined);
+    assert.equal(r.status?.sets.length, 8);
+    for (const s of r.status!.sets) {
+      assert.equal(s.bytes, undefined);
+      assert.equal(s.rate, undefined);
+      assert.equal(s.reason, 'Pulling');
+    }
+  });
+
+  test('10 typical sets with their bytes still fit in 2 KiB', () => {
+    const ten = makeNodeStatus('worker-3', PIN_FILE, typicalSets(10).map((s) => ({ ...s, bytes: { present: 13207024435, total: 13207024435 } })), '2026-11-21T10:04:05.123Z');
+    assert.ok(encodedSize(ten) <= 2048, `${encodedSize(ten)} bytes`);
+    const busy = makeNodeStatus('worker-3', PIN_FILE, typicalSets(10).map((s) => ({ ...s, phase: 'Progressing' as const, reason: 'Pulling', bytes: { present: 2201170739, total: 13207024435 }, rate: 11811160 })), '2026-11-21T10:04:05.123Z');
+    assert.ok(encodedSize(busy) <= 2048 + 512, `${encodedSize(busy)} bytes`);
+  });
+});
+
 describe('the reader: versions 1 and 2 side by side', () => {
   test('the same report written by an old and a new agent reads the same', () => {
     const s = status([degraded, recovered, pulling, ...typicalSets(2)]);

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { readNodeStatus } from '../../src/api/node-status.ts';
+import { encodeNodeStatus, readNodeStatus } from '../../src/api/node-status.ts';
 import { STATUS_ANNOTATION, type NodeSetStatus } from '../../src/api/types.ts';
 import { changedSetNames, compactReading, observeNode, SharedValues } from '../../src/controller/observed-nodes.ts';
 import { rollUpSetStatus } from '../../src/controller/rollup.ts';
@@ -46,7 +46,7 @@ describe('what the controller keeps of a Node', () => {
     assert.deepEqual(kept.metadata, { name: 'n1', resourceVersion: '42' });
     assert.deepEqual(kept.labels, { role: 'worker' });
     assert.deepEqual(kept.reading, {
-      status: { sets: [{ name: 'upgrade', uid: UID, source: 'api', desiredGeneration: 3, currentGeneration: 3, phase: 'Ready', reason: 'AllImagesPinned' }] },
+      status: { sets: [{ name: 'upgrade', uid: UID, source: 'api', desiredGeneration: 3, currentGeneration: 3, phase: 'Ready', reason: 'AllImagesPinned', images: { wanted: 40, present: 40, pinned: 40, failed: 0, invalid: 0 } }] },
     });
   });
 
@@ -81,8 +81,17 @@ describe('what the controller keeps of a Node', () => {
     const pool = new SharedValues();
     const r = (sets: NodeSetStatus[]) => compactReading(annotations(sets), pool);
     const other = entry({ name: 'other', uid: 'u2' });
-    assert.deepEqual(changedSetNames(r([entry(), other]), r([entry({ images: { wanted: 1, present: 0, pinned: 0, failed: 0, invalid: 0 } }), other])), new Set());
+    // What the roll-up does not read changes nothing: a message of a set that is not Degraded, the disk estimate.
+    assert.deepEqual(changedSetNames(r([entry(), other]), r([entry({ message: 'another text', estimatedBytes: 99 }), other])), new Set());
     assert.deepEqual(changedSetNames(r([entry(), other]), r([entry({ phase: 'Progressing' }), other])), new Set(['upgrade']));
+    // Progress does: the set's status.progress is summed from the counts and
+    // bytes (which only version 2 carries: agents that report bytes write it).
+    const r2 = (sets: NodeSetStatus[]) => compactReading({ [STATUS_ANNOTATION]: encodeNodeStatus({ version: 2, pinFile: 'x.conf', updatedAt: '2025-03-01T10:00:00Z', sets }) }, pool);
+    const pulling = entry({ phase: 'Progressing', reason: 'Pulling', images: { wanted: 40, present: 10, pinned: 40, failed: 0, invalid: 0 }, bytes: { present: 100, total: 400 } });
+    assert.deepEqual(changedSetNames(r2([pulling, other]), r2([{ ...pulling, images: { ...pulling.images, present: 11 } }, other])), new Set(['upgrade']));
+    assert.deepEqual(changedSetNames(r2([pulling, other]), r2([{ ...pulling, bytes: { present: 150, total: 400 } }, other])), new Set(['upgrade']));
+    assert.deepEqual(changedSetNames(r2([pulling, other]), r2([{ ...pulling, rate: 12 }, other])), new Set(['upgrade']));
+    assert.deepEqual(changedSetNames(r2([pulling, other]), r2([{ ...pulling }, other])), new Set());
     assert.deepEqual(changedSetNames(r([entry()]), r([entry(), other])), new Set(['other']));
     assert.equal(changedSetNames(r([entry()]), compactReading({ [STATUS_ANNOTATION]: 'x' }, pool)), undefined);
     assert.equal(changedSetNames(compactReading(undefined, pool), r([entry()])), undefined);

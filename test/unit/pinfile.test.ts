@@ -346,6 +346,34 @@ describe('PinFile.write', () => {
     }
   });
 
+  test('a hard link or a symbolic link planted at the temp name after open(): what it points at stays as it was, the pin file is written', async () => {
+    for (const plant of ['link', 'symlink'] as const) {
+      const dir = await confDir();
+      const pf = await PinFile.open(dir);
+      await pf.write(renderPinFile([A]));
+      // Someone else's file on the same file system (a hard link cannot cross file systems).
+      const victim = path.join(path.dirname(dir), 'victim');
+      await fsp.writeFile(victim, 'keep me');
+      await fsp[plant](victim, pf.tempPath);
+      await pf.write(renderPinFile([A, B]));
+      assert.equal(await fsp.readFile(victim, 'utf8'), 'keep me', `${plant}: its target is not written`);
+      assert.equal((await fsp.stat(victim)).nlink, 1, `${plant}: the planted name is gone, the target left with its own name only`);
+      assert.deepEqual(pinsOf(await fsp.readFile(pf.path, 'utf8')), [A, B].sort());
+      assert.deepEqual(await fsp.readdir(pf.stagingDir), [], 'no temp file left');
+    }
+  });
+
+  test('a staging folder that is a symbolic link is refused before anything is written through it', async () => {
+    const dir = await confDir();
+    const pf = await PinFile.open(dir);
+    const elsewhere = path.join(path.dirname(dir), 'elsewhere');
+    await fsp.mkdir(elsewhere);
+    await fsp.symlink(elsewhere, pf.stagingDir);
+    await assert.rejects(pf.write(renderPinFile([A])), /the staging folder .*\.pinset is a symbolic link, not a folder/);
+    assert.deepEqual(await fsp.readdir(elsewhere), []);
+    assert.equal(await fsp.readFile(pf.path, 'utf8').catch(() => null), null, 'no pin file');
+  });
+
   test('a folder that cannot be created (its parent is a regular file) fails the write', async () => {
     const parent = path.join(await confDir(), 'etc-crio');
     const pf = await PinFile.open(path.join(parent, 'crio.conf.d'));

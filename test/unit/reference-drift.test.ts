@@ -11,7 +11,8 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
-import { DROP_PINS_FLAGS } from '../../src/agent/drop-pins.ts';
+import { hostname } from 'node:os';
+import { DROP_PINS_FLAGS } from '../../src/agent/drop-pins/drop-pins.ts';
 import { EVENT_REASONS } from '../../src/agent/node-sinks.ts';
 import { STATUS_DOCUMENT_KEYS, STATUS_SET_KEYS } from '../../src/api/node-status.ts';
 import { SET_REASONS } from '../../src/api/reasons.ts';
@@ -87,6 +88,20 @@ function docFlags(md: string): Map<string, Map<string, string>> {
   return out;
 }
 
+/** The default column docs/reference.md gives each command's flags: command -> flag -> the cell. */
+function docDefaults(md: string): Map<string, Map<string, string>> {
+  const out = new Map<string, Map<string, string>>();
+  for (const s of sections(md)) {
+    const named = spans(s.heading).filter((x) => x.startsWith('pinset ')).map((x) => x.slice('pinset '.length));
+    for (const row of s.rows) {
+      for (const f of spans(row[0]!).filter((x) => x.startsWith('--'))) {
+        for (const cmd of named) out.set(cmd, (out.get(cmd) ?? new Map<string, string>()).set(f.slice(2), row[2] ?? ''));
+      }
+    }
+  }
+  return out;
+}
+
 /** What `pinset <argv> --help` prints. */
 async function helpOf(name: string, argv: string[]): Promise<string> {
   const cmd = commands[name]!;
@@ -119,6 +134,24 @@ describe('the reference and the code name the same things', () => {
       for (const s of specs) {
         const env = d.get(s.name);
         if (env !== undefined && env !== (s.env ?? '')) problems.push(`pinset ${cmd} --${s.name}: the environment variable is ${s.env ?? '(none)'} in the code, ${env || '(none)'} in docs/reference.md`);
+      }
+    }
+    assert.deepEqual(problems, []);
+  });
+
+  test('every default a flag has in the code is the one docs/reference.md gives, in a code span', async () => {
+    // A default computed where the code runs (a host name) must not be in
+    // the flag's table: --help and this page would show the machine that
+    // made them.
+    const defaults = docDefaults(await doc('reference.md'));
+    const problems: string[] = [];
+    for (const [cmd, specs] of await codeFlags()) {
+      if (cmd === 'agent --drop-pins') continue; // its table has no default column: the agent's own applies
+      for (const s of specs) {
+        if (s.default === undefined) continue;
+        if (String(s.default) === hostname()) problems.push(`pinset ${cmd} --${s.name}: its default is this machine's host name, a value of wherever --help runs`);
+        const cell = defaults.get(cmd)?.get(s.name);
+        if (cell !== undefined && cell !== `\`${String(s.default)}\``) problems.push(`pinset ${cmd} --${s.name}: the default is ${JSON.stringify(String(s.default))} in the code, ${JSON.stringify(cell)} in docs/reference.md`);
       }
     }
     assert.deepEqual(problems, []);

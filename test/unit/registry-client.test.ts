@@ -157,6 +157,30 @@ describe('registry client', () => {
     }
   });
 
+  test('a bearer token from the token service never reaches an error, even when the registry echoes it in a body cut to size', async () => {
+    const token = `tok-${'s3cr3t'.repeat(40)}`;
+    const srv = await serve((req, res) => {
+      if (req.url?.startsWith('/token')) return void res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ token, expires_in: 300 }));
+      const a = req.headers.authorization;
+      if (!a) return void res.writeHead(401, { 'www-authenticate': `Bearer realm="http://${req.headers.host}/token",service="r"` }).end();
+      // A registry (or a proxy) that echoes the request's headers: the token crosses the 200-character cut.
+      res.writeHead(404, { 'content-type': 'text/plain' }).end(`${'x'.repeat(120)} no such manifest for a request with Authorization: ${a}`);
+    });
+    const client = new RegistryClient({ registries: insecure(srv.host), attempts: 1 });
+    try {
+      await assert.rejects(client.manifest(name(`r.test/a/b@${sha(manifestBody)}`)), (e: RegistryError) => {
+        assert.equal(e.kind, 'NotFound');
+        assert.match(e.message, /Authorization: Bearer \[redacted\]/);
+        assert.doesNotMatch(e.message, /s3cr3t/, 'not even the part of the token before the cut');
+        return true;
+      });
+      assert.equal(client.scrubber.scrub(`a message with ${token} in it`), 'a message with [redacted] in it');
+    } finally {
+      await client.close();
+      await srv.close();
+    }
+  });
+
   test('a redirect is followed; the credentials do not follow it to another host', async () => {
     const seen: (string | undefined)[] = [];
     const elsewhere = await serve((req, res) => {

@@ -12,22 +12,24 @@
 // Exactly one must answer. None, or two (a node moving from one runtime to
 // the other), is a problem said plainly: nothing is pinned that the agent
 // cannot confirm, and it looks again at a paced interval.
-// From the answer: the pin backend (CRI-O's drop-in, containerd's labels,
-// else pre-load only), the image filesystem (CRI ImageFsInfo), containerd's
+// From the answer: the image filesystem (CRI ImageFsInfo) and containerd's
 // registry hosts folder (the `config_path` of the config the layout keeps,
-// else the layout's default) and where the node lock lives (beside CRI-O's
-// drop-in, else --state-dir). A flag given explicitly wins over what was
-// found.
+// else the layout's default); and what that calls for in pins, decided
+// where every pin decision is (./pin-kit.ts pinPlan). A flag given
+// explicitly wins over what was found. The node lock is not the profile's:
+// it is in the same place whatever was found (./node-lock-place.ts).
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
 import * as path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
-import { CriImageRuntime, unixSocketPath } from '../cri/client.ts';
-import type { NodeRuntime } from '../api/types.ts';
-import { RuntimeError, type ImageFilesystem, type ImageRuntime, type RuntimeImage, type RuntimeInfo } from '../cri/runtime.ts';
-import { errMessage } from '../util/problem-log.ts';
-import { LOCK_FILE_NAME, lockPathFor } from './node-lock.ts';
-import type { PinBackendFlag } from './pin-choice.ts';
+import type { NodeRuntime } from '../../api/types.ts';
+import { CriImageRuntime, unixSocketPath } from '../../cri/client.ts';
+import { RuntimeError, type ImageFilesystem, type ImageRuntime, type RuntimeImage, type RuntimeInfo } from '../../cri/runtime.ts';
+import type { PinBackendFlag } from '../../pins/choice.ts';
+import { errMessage } from '../../util/problem-log.ts';
+import { readRegularFile } from '../../util/regular-file.ts';
+import type { ProfileConfig } from './config.ts';
+import { fromHostRoot, hostPath } from './host-paths.ts';
+import { pinPlan } from './pin-kit.ts';
 
 /** The node layouts the agent knows: where each keeps its socket, configuration and registry hosts. */
 export type Layout = 'crio' | 'containerd' | 'k3s' | 'rke2';
@@ -56,59 +58,37 @@ export const LAYOUTS: Readonly<Record<Layout, LayoutPaths>> = {
   },
 };
 
-/** CRI-O's drop-in folder on the host. */
-export const CRIO_DROPIN_DIR = '/etc/crio/crio.conf.d';
-
 /** How long one socket may take to answer Version during detection: a runtime that answers nothing in this long is not taken as this node's. */
 export const DETECT_VERSION_DEADLINE_MS = 3_000;
 
-export interface NodeProfile {
+/** What was found on the node (or taken from explicit flags). */
+export interface FoundRuntime {
   /** 'detected': found on the node; 'flags': --cri-endpoint given, the rest from flags as before. */
   source: 'detected' | 'flags';
   layout?: Layout;
   /** The runtime's answer to CRI Version (absent when none answered). */
   runtime?: RuntimeInfo;
+  /** Where this process sees the host's /run, /etc and /var/lib (--host-root). */
+  hostRoot: string;
   criEndpoint: string;
-  /** The pin backend to use (pin-choice.ts decides per runtime answer; `auto` with flags). */
-  pinBackend: PinBackendFlag;
-  /** CRI-O's drop-in folder is used: its pin file is opened, its lock is beside it. */
-  usesDropIn: boolean;
+  /** CRI-O's drop-in folder as this process sees it (used or not: see usesDropIn). */
   dropInDir: string;
   /** containerd's registry hosts folder(s) as the agent reads them, for the size estimate. */
   containerdHostsDir?: string;
   /** The image filesystems CRI ImageFsInfo names, as host paths. */
   imageFs: string[];
-  lockPath: string;
   /** Why no runtime could be settled on (none answered, or two did); the agent then pins nothing and looks again. */
   problem?: string;
   /** How long the detection took. */
   detectionMs: number;
 }
 
-/** Host path `p` as this process sees it under `hostRoot` (/ on the host itself). */
-export function hostPath(hostRoot: string, p: string): string {
-  if (hostRoot === '/' || hostRoot === '') return p;
-  const onHost = p.startsWith('/var/run/') ? p.slice('/var'.length) : p;
-  return path.join(hostRoot, onHost);
-}
-
-/** A host path as this process sees it, back to the host's (for reports). */
-export function fromHostRoot(hostRoot: string, p: string): string {
-  if (hostRoot === '/' || hostRoot === '' || !p.startsWith(`${hostRoot.replace(/\/$/, '')}/`)) return p;
-  return p.slice(hostRoot.replace(/\/$/, '').length);
-}
-
-/** What the flags set, explicitly or by default, that detection uses. */
-export interface ProfileFlags {
-  hostRoot: string;
-  /** Given explicitly: no detection of the socket. */
-  criEndpoint?: string;
-  /** Given explicitly (not `auto`): wins over the detected backend. */
+/** The node's profile: what was found, and what it calls for in pins (./pin-kit.ts pinPlan). */
+export interface NodeProfile extends FoundRuntime {
+  /** --pin-backend as what was found narrows it: the backend the runtime calls for, or `auto` while that depends on its answer. */
   pinBackend: PinBackendFlag;
-  /** Given explicitly: wins over the detected folder. */
-  dropInDir?: string;
-  containerdHostsDir?: string;
-  stateDir: string;
+  /** CRI-O's drop-in folder is used: its pin file is opened and CRI-O's backend can be made. */
+  usesDropIn: boolean;
 }
 
 export interface ProfileProbes {
@@ -157,14 +137,23 @@ async function layoutOf(hostRoot: string, socket: string, info: RuntimeInfo): Pr
 }
 
 /**
+ * The largest containerd configuration read: containerd's own default
+ * configuration (`containerd config default`) is under 20 KiB; a larger file
+ * is not one to take the registry hosts folder from.
+ */
+export const CONTAINERD_CONFIG_MAX_BYTES = 1024 * 1024;
+
+/**
  * containerd's config_path from its configuration file: version 2's CRI
  * plugin, or version 3's images plugin (containerd 2.x). Undefined when the
- * file is missing, unreadable or names none.
+ * file is missing, unreadable, not a regular file within the limit (a FIFO
+ * at its name is refused at once: detection never waits on it) or names
+ * none.
  */
 export async function containerdConfigPath(file: string): Promise<string | undefined> {
   let text: string;
   try {
-    text = await readFile(file, 'utf8');
+    text = await readRegularFile(file, { maxBytes: CONTAINERD_CONFIG_MAX_BYTES });
   } catch {
     return undefined;
   }
@@ -202,16 +191,9 @@ async function imageFsOf(rt: ImageRuntime): Promise<string[]> {
   }
 }
 
-function lockFor(usesDropIn: boolean, dropInDir: string, stateDir: string): string {
-  return usesDropIn ? lockPathFor(dropInDir) : path.join(stateDir, LOCK_FILE_NAME);
-}
-
 /** The profile from explicit flags (--cri-endpoint given): the runtime is not looked for, only asked what it is. */
-async function profileFromFlags(f: ProfileFlags, runtimeFor: (endpoint: string) => ImageRuntime, started: number, now: () => number): Promise<NodeProfile> {
+async function profileFromFlags(f: ProfileConfig, runtimeFor: (endpoint: string) => ImageRuntime): Promise<Omit<FoundRuntime, 'detectionMs'>> {
   const endpoint = f.criEndpoint!;
-  const dropInDir = f.dropInDir ?? hostPath(f.hostRoot, CRIO_DROPIN_DIR);
-  // auto: where CRI-O's configuration folder is there, its drop-in may be the backend (pins written while CRI-O is down apply at its start).
-  const usesDropIn = f.pinBackend === 'crio' || (f.pinBackend === 'auto' && existsSync(path.dirname(path.resolve(dropInDir))));
   const rt = runtimeFor(endpoint);
   let info: RuntimeInfo | undefined;
   let imageFs: string[] = [];
@@ -226,54 +208,33 @@ async function profileFromFlags(f: ProfileFlags, runtimeFor: (endpoint: string) 
   return {
     source: 'flags',
     ...(info ? { runtime: info } : {}),
+    hostRoot: f.hostRoot,
     criEndpoint: endpoint,
-    pinBackend: f.pinBackend,
-    usesDropIn,
-    dropInDir,
+    dropInDir: f.dropInDir,
     ...(f.containerdHostsDir ? { containerdHostsDir: f.containerdHostsDir } : {}),
     imageFs,
-    lockPath: lockFor(usesDropIn, dropInDir, f.stateDir),
-    detectionMs: now() - started,
   };
 }
 
-/** The backend for a detected layout, unless --pin-backend says otherwise. */
-function backendFor(layout: Layout, info: RuntimeInfo, flag: PinBackendFlag): PinBackendFlag {
-  if (flag !== 'auto') return flag;
-  if (layout === 'crio') return 'crio';
-  // pin-choice.ts still checks that this containerd's version honours the label.
-  return info.runtimeName.toLowerCase() === 'containerd' ? 'containerd' : 'auto';
+/** None answered, or several did: said plainly, and nothing settled on. */
+function unsettled(f: ProfileConfig, answers: readonly Answer[], silent: readonly string[]): Omit<FoundRuntime, 'detectionMs'> {
+  const probed = [...new Set(Object.values(LAYOUTS).map((l) => l.socket))].join(', ');
+  const problem =
+    answers.length === 0
+      ? `no container runtime answers on this node's CRI sockets (${probed}${f.hostRoot !== '/' ? ` under ${f.hostRoot}` : ''})${silent.length ? `; not answering: ${silent.join('; ')}` : ''}`
+      : `${answers.length} container runtimes answer on this node: ${answers.map((a) => `${a.info.runtimeName} ${a.info.runtimeVersion} at ${fromHostRoot(f.hostRoot, unixSocketPath(a.endpoint) ?? a.endpoint)}`).join(', ')}; pinset pins on one: give --cri-endpoint (PINSET_CRI_ENDPOINT) to say which`;
+  return {
+    source: 'detected',
+    hostRoot: f.hostRoot,
+    criEndpoint: answers[0]?.endpoint ?? `unix://${hostPath(f.hostRoot, LAYOUTS.crio.socket)}`,
+    dropInDir: f.dropInDir,
+    imageFs: [],
+    problem,
+  };
 }
 
-/** Look at the node (or take the flags) and write down its profile. Never throws for what the node lacks: a problem is in `problem`. */
-export async function nodeProfile(f: ProfileFlags, probes: ProfileProbes = {}): Promise<NodeProfile> {
-  const now = probes.now ?? Date.now;
-  const started = now();
-  const runtimeFor = probes.runtimeFor ?? ((e: string) => new CriImageRuntime(e, { version: DETECT_VERSION_DEADLINE_MS }));
-  if (f.criEndpoint) return profileFromFlags(f, runtimeFor, started, now);
-  const { answers, silent } = await probeSockets(f.hostRoot, runtimeFor);
-  const dropInDir = f.dropInDir ?? hostPath(f.hostRoot, CRIO_DROPIN_DIR);
-  if (answers.length !== 1) {
-    const probed = [...new Set(Object.values(LAYOUTS).map((l) => l.socket))].join(', ');
-    const problem =
-      answers.length === 0
-        ? `no container runtime answers on this node's CRI sockets (${probed}${f.hostRoot !== '/' ? ` under ${f.hostRoot}` : ''})${silent.length ? `; not answering: ${silent.join('; ')}` : ''}`
-        : `${answers.length} container runtimes answer on this node: ${answers.map((a) => `${a.info.runtimeName} ${a.info.runtimeVersion} at ${fromHostRoot(f.hostRoot, unixSocketPath(a.endpoint) ?? a.endpoint)}`).join(', ')}; pinset pins on one: give --cri-endpoint (PINSET_CRI_ENDPOINT) to say which`;
-    return {
-      source: 'detected',
-      criEndpoint: answers[0]?.endpoint ?? `unix://${hostPath(f.hostRoot, LAYOUTS.crio.socket)}`,
-      pinBackend: 'none',
-      usesDropIn: false,
-      dropInDir,
-      imageFs: [],
-      lockPath: lockFor(false, dropInDir, f.stateDir),
-      problem,
-      detectionMs: now() - started,
-    };
-  }
-  const a = answers[0]!;
-  const pinBackend = backendFor(a.layout, a.info, f.pinBackend);
-  const usesDropIn = pinBackend === 'crio';
+/** The one runtime that answered: its layout, image filesystem and registry hosts folder. */
+async function detected(f: ProfileConfig, a: Answer, runtimeFor: (endpoint: string) => ImageRuntime): Promise<Omit<FoundRuntime, 'detectionMs'>> {
   const rt = runtimeFor(a.endpoint);
   const imageFs = await imageFsOf(rt).finally(() => rt.close());
   const containerdHostsDir = f.containerdHostsDir ?? (a.layout === 'crio' ? undefined : await hostsDirOf(f.hostRoot, a.layout));
@@ -281,15 +242,27 @@ export async function nodeProfile(f: ProfileFlags, probes: ProfileProbes = {}): 
     source: 'detected',
     layout: a.layout,
     runtime: a.info,
+    hostRoot: f.hostRoot,
     criEndpoint: a.endpoint,
-    pinBackend,
-    usesDropIn,
-    dropInDir,
+    dropInDir: f.dropInDir,
     ...(containerdHostsDir ? { containerdHostsDir } : {}),
     imageFs,
-    lockPath: lockFor(usesDropIn, dropInDir, f.stateDir),
-    detectionMs: now() - started,
   };
+}
+
+/** Look at the node (or take the flags) and write down its profile. Never throws for what the node lacks: a problem is in `problem`. */
+export async function nodeProfile(f: ProfileConfig, probes: ProfileProbes = {}): Promise<NodeProfile> {
+  const now = probes.now ?? Date.now;
+  const started = now();
+  const runtimeFor = probes.runtimeFor ?? ((e: string) => new CriImageRuntime(e, { version: DETECT_VERSION_DEADLINE_MS }));
+  let found: Omit<FoundRuntime, 'detectionMs'>;
+  if (f.criEndpoint) found = await profileFromFlags(f, runtimeFor);
+  else {
+    const { answers, silent } = await probeSockets(f.hostRoot, runtimeFor);
+    found = answers.length === 1 ? await detected(f, answers[0]!, runtimeFor) : unsettled(f, answers, silent);
+  }
+  const profile = { ...found, detectionMs: now() - started };
+  return { ...profile, ...pinPlan(profile, f.pinBackend) };
 }
 
 /** Two profiles name the same runtime in the same place (a re-detection that found what the agent runs on). */
@@ -299,22 +272,23 @@ export function sameRuntime(a: NodeProfile, b: NodeProfile): boolean {
 
 /**
  * The profile as the node status and the start log line carry it: host
- * paths, not the agent's own view of them; the backend in use and the
- * runtime's last answer when given (both may change after the start).
+ * paths, not the agent's own view of them. The agent's status puts the
+ * backend in use and the runtime's last answer in their places (both may
+ * change after the start: src/agent/set-report.ts currentRuntime).
  */
-export function describeProfile(p: NodeProfile, hostRoot: string, pinBackend?: string, info?: RuntimeInfo): NodeRuntime {
-  const host = (q: string) => fromHostRoot(hostRoot, q);
-  const runtime = info ?? p.runtime;
+export function describeProfile(p: NodeProfile, lockPath: string): NodeRuntime {
+  const host = (q: string) => fromHostRoot(p.hostRoot, q);
+  const runtime = p.runtime;
   return {
     ...(runtime ? { name: runtime.runtimeName, version: runtime.runtimeVersion } : {}),
     ...(p.layout ? { layout: p.layout } : {}),
     source: p.source,
-    pinBackend: pinBackend ?? p.pinBackend,
+    pinBackend: p.pinBackend,
     socket: host(unixSocketPath(p.criEndpoint) ?? p.criEndpoint),
     ...(p.imageFs.length ? { imageFs: p.imageFs } : {}),
     ...(p.usesDropIn ? { dropInDir: host(p.dropInDir) } : {}),
     ...(p.containerdHostsDir ? { hostsDir: p.containerdHostsDir.split(':').map(host).join(':') } : {}),
-    lock: host(p.lockPath),
+    lock: host(lockPath),
     ...(p.problem ? { problem: p.problem } : {}),
   };
 }

@@ -1,0 +1,248 @@
+// A set's progress across its nodes and its ETA (src/controller/progress.ts),
+// on a fake clock: what is summed, how the ETA takes the waiting nodes,
+// slots and waves into account, and rollouts simulated step by step whose
+// ETA at half-way is checked against when they really end.
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import type { SetImageCounts } from '../../src/api/types.ts';
+import { estimateSeconds, fleetWork, ProgressTracker, progressSummary, type FleetWork, type NodeProgressInput } from '../../src/controller/progress.ts';
+
+const counts = (wanted: number, present: number): SetImageCounts => ({ wanted, present, pinned: wanted, failed: 0, invalid: 0 });
+const T0 = Date.UTC(2026, 11, 7, 12, 0, 0);
+const at = (s: number) => new Date(T0 + s * 1000);
+
+describe('fleetWork: what is summed', () => {
+  test('bytes as the nodes report them; a node without bytes counts as the others do, by the share of its images present', () => {
+    const nodes: NodeProgressInput[] = [
+      { verdict: 'ready', entry: { reason: 'AllImagesPinned', images: counts(10, 10), bytes: { present: 1000, total: 1000 } } },
+      { verdict: 'progressing', entry: { reason: 'Pulling', images: counts(10, 4), bytes: { present: 400, total: 1000 }, rate: 50 } },
+      // Waits for a slot: has not asked the registry for sizes.
+      { verdict: 'progressing', entry: { reason: 'WaitingForRolloutSlot', images: counts(10, 0) } },
+      // Has not reported on this generation.
+      { verdict: 'progressing' },
+      // An agent from before `bytes`.
+      { verdict: 'progressing', entry: { reason: 'Pulling', images: counts(10, 5) } },
+      { verdict: 'degraded', entry: { reason: 'ImageNotFound', images: counts(10, 2), bytes: { present: 200, total: 1000 } } },
+      // Waits for the first wave, with the images that landed already pulled.
+      { verdict: 'progressing', entry: { reason: 'WaitingForFirstWave', images: counts(10, 3) } },
+    ];
+    assert.deepEqual(fleetWork(nodes, 10), {
+      unit: 'bytes',
+      present: 1000 + 400 + 0 + 0 + 500 + 200 + 300,
+      total: 7000,
+      // The degraded node's 800 are not left to time: it waits on a fix.
+      remaining: 600 + 1000 + 1000 + 500 + 700,
+      nodes: 7,
+      done: 1,
+      downloading: 2,
+      waiting: 3,
+      degraded: 1,
+      reportedRate: 50,
+    });
+  });
+
+  test('images, each once per node, where no node reports bytes; a node that has reported nothing counts the set\'s images', () => {
+    const w = fleetWork(
+      [
+        { verdict: 'ready', entry: { reason: 'AllImagesPinned', images: counts(6, 6) } },
+        { verdict: 'progressing', entry: { reason: 'Pulling', images: counts(6, 2) } },
+        { verdict: 'progressing' },
+      ],
+      6,
+    );
+    assert.deepEqual([w.unit, w.present, w.total, w.remaining, w.downloading, w.waiting, w.reportedRate], ['images', 8, 18, 10, 1, 1, undefined]);
+  });
+
+  test('a node with every image present but not yet pinned downloads nothing and has nothing left', () => {
+    const w = fleetWork([{ verdict: 'progressing', entry: { reason: 'WaitingForPin', images: counts(3, 3), bytes: { present: 90, total: 90 } } }], 3);
+    assert.deepEqual([w.present, w.total, w.remaining, w.downloading, w.waiting, w.done], [90, 90, 0, 0, 0, 0]);
+  });
+});
+
+describe('estimateSeconds: the work left over the fleet\'s throughput', () => {
+  const work = (over: Partial<FleetWork>): FleetWork => ({ unit: 'bytes', present: 0, total: 0, remaining: 6000, nodes: 6, done: 0, downloading: 2, waiting: 4, degraded: 0, ...over });
+
+  test('the waiting nodes\' whole download is in the work left, at the measured throughput', () => {
+    assert.equal(estimateSeconds(work({}), { rate: 100, meanDownloading: 2 }, 2), 60);
+  });
+
+  test('the last wave: fewer nodes left than downloaded at once go at their share of the throughput', () => {
+    // 400/s was made by 4 nodes at once; 1 node is left with 1000.
+    assert.equal(estimateSeconds(work({ remaining: 1000, downloading: 1, waiting: 0 }), { rate: 400, meanDownloading: 4 }, undefined), 10);
+  });
+
+  test('fewer slots than the nodes that made the throughput (maxConcurrentNodes lowered): each slot at its share', () => {
+    assert.equal(estimateSeconds(work({}), { rate: 300, meanDownloading: 3 }, 1), 60);
+  });
+
+  test('no throughput measured yet: the rates the downloading nodes report', () => {
+    assert.equal(estimateSeconds(work({ reportedRate: 200 }), {}, 2), 30);
+  });
+
+  test('no ETA: nothing arrived over the window, no rate at all, or no node left but degraded ones', () => {
+    assert.equal(estimateSeconds(work({}), { rate: 0, meanDownloading: 2 }, 2), undefined);
+    assert.equal(estimateSeconds(work({}), {}, 2), undefined);
+    assert.equal(estimateSeconds(work({ remaining: 0, downloading: 0, waiting: 0, degraded: 2 }), { rate: 50 }, 2), undefined);
+  });
+});
+
+describe('ProgressTracker: status.progress from successive observations', () => {
+  const w = (present: number, over: Partial<FleetWork> = {}): FleetWork => ({ unit: 'bytes', present, total: 1000, remaining: 1000 - present, nodes: 1, done: 0, downloading: 1, waiting: 0, degraded: 0, ...over });
+
+  test('the first observation has no rate and no ETA; the second gives both; the ETA is absolute, in whole seconds', () => {
+    const t = new ProgressTracker(60_000);
+    const first = t.observe({ name: 's', generation: 1 }, w(0), at(0));
+    assert.deepEqual(first, { unit: 'bytes', present: 0, total: 1000, nodesDownloading: 1, nodesWaiting: 0, summary: '0% of 1000 B' });
+    const second = t.observe({ name: 's', generation: 1 }, w(250), at(10.4));
+    assert.equal(second.rate, 24);
+    // 750 left at 250 / 10.4 s: 31.2 s after 10.4 s.
+    assert.equal(second.estimatedCompletionTime, '2026-12-07T12:00:42Z');
+    assert.equal(second.summary, '25% of 1000 B, 24 B/s');
+  });
+
+  test('the window starts over on a new generation, another object of the same name, another unit, or fewer bytes present', () => {
+    const t = new ProgressTracker(60_000);
+    const set = { name: 's', uid: 'u1', generation: 1 };
+    t.observe(set, w(0), at(0));
+    assert.ok(t.observe(set, w(100), at(10)).rate);
+    assert.equal(t.observe({ ...set, generation: 2 }, w(150), at(20)).rate, undefined);
+    assert.ok(t.observe({ ...set, generation: 2 }, w(200), at(30)).rate);
+    assert.equal(t.observe({ ...set, generation: 2, uid: 'u2' }, w(250), at(40)).rate, undefined);
+    assert.ok(t.observe({ ...set, generation: 2, uid: 'u2' }, w(300), at(50)).rate);
+    assert.equal(t.observe({ ...set, generation: 2, uid: 'u2' }, w(3, { unit: 'images', total: 10 }), at(60)).rate, undefined);
+    t.observe({ ...set, generation: 2, uid: 'u2' }, w(5, { unit: 'images', total: 10 }), at(70));
+    assert.equal(t.observe({ ...set, generation: 2, uid: 'u2' }, w(4, { unit: 'images', total: 10 }), at(80)).rate, undefined, 'a node left');
+  });
+
+  test('stalled: nothing arrived over the window, so a rate of 0 and no ETA', () => {
+    const t = new ProgressTracker(60_000);
+    t.observe({ name: 's', generation: 1 }, w(100), at(0));
+    t.observe({ name: 's', generation: 1 }, w(400), at(30));
+    t.observe({ name: 's', generation: 1 }, w(400), at(100));
+    const p = t.observe({ name: 's', generation: 1 }, w(400), at(130));
+    assert.equal(p.rate, 0);
+    assert.equal(p.estimatedCompletionTime, undefined);
+  });
+
+  test('all present: no rate shown and no ETA', () => {
+    const t = new ProgressTracker(60_000);
+    t.observe({ name: 's', generation: 1 }, w(500), at(0));
+    const done = t.observe({ name: 's', generation: 1 }, w(1000, { remaining: 0, downloading: 0, done: 1 }), at(10));
+    assert.equal(done.rate, undefined);
+    assert.equal(done.estimatedCompletionTime, undefined);
+    assert.equal(done.summary, '100% of 1000 B');
+  });
+
+  test('retain and forget keep one window per set that is still there', () => {
+    const t = new ProgressTracker(60_000);
+    for (const name of ['a', 'b', 'c']) t.observe({ name, generation: 1 }, w(0), at(0));
+    t.retain(new Set(['a', 'c']));
+    t.forget('c');
+    assert.equal(t.size, 1);
+  });
+
+  test('the summary in images', () => {
+    assert.equal(progressSummary({ unit: 'images', present: 15, total: 36, rate: 0.4 }), '41% of 36 images, 0.40 images/s');
+    assert.equal(progressSummary({ unit: 'images', present: 0, total: 1 }), '0% of 1 image');
+    assert.equal(progressSummary({ unit: 'bytes', present: 1, total: 3 * 1024 ** 3 }), '0% of 3.0 GiB');
+  });
+});
+
+// ---------------------------------------------------------------------------
+// Rollouts simulated second by second: each node downloads its bytes at a
+// rate while it may, and reports (bytes present, phase and reason) every
+// `reportEvery` seconds; the controller observes every second what was
+// reported. The ETA the tracker gives when half the bytes are present is
+// compared with when the rollout really ends.
+
+interface SimNode {
+  present: number;
+  /** Whether it may download now, and at what rate, given the others. */
+  state: 'waiting' | 'downloading' | 'done';
+}
+
+function simulate(o: {
+  nodes: number;
+  bytes: number;
+  slots?: number;
+  /** Bytes per second each downloading node gets, given how many download and whether the first node is done (a cache then holds the first copy). */
+  rate: (downloading: number, firstDone: boolean) => number;
+  /** Nodes of the first wave (the others wait for them, then pull what they hold). */
+  firstWave?: number;
+  reportEvery: number;
+  windowMs: number;
+}): { etaAtHalf: number; halfAt: number; end: number } {
+  const nodes: SimNode[] = Array.from({ length: o.nodes }, () => ({ present: 0, state: 'waiting' }));
+  const reported = nodes.map(() => ({ present: 0, reason: 'WaitingForRolloutSlot', verdict: 'progressing' as NodeProgressInput['verdict'] }));
+  const tracker = new ProgressTracker(o.windowMs);
+  const slots = o.slots ?? Infinity;
+  const wave = o.firstWave ?? 0;
+  let halfAt: number | undefined;
+  let etaAtHalf: number | undefined;
+  for (let t = 0; t < 100_000; t++) {
+    // Slots are taken at once by the waiting nodes (the first wave first).
+    for (const n of nodes) if (n.state === 'waiting' && nodes.filter((x) => x.state === 'downloading').length < slots) n.state = 'downloading';
+    const firstDone = nodes[0]!.state === 'done';
+    const waveDone = nodes.slice(0, wave).every((n) => n.state === 'done');
+    const downloading = nodes.filter((n) => n.state === 'downloading').length;
+    for (const [i, n] of nodes.entries()) {
+      if (n.state !== 'downloading') continue;
+      let r = o.rate(downloading, firstDone);
+      // A follower of the first wave has only what the first wave holds.
+      if (wave > 0 && i >= wave) r = Math.min(r, Math.max(0, Math.min(...nodes.slice(0, wave).map((x) => x.present)) - n.present));
+      n.present = Math.min(o.bytes, n.present + r);
+      if (n.present >= o.bytes) n.state = 'done';
+    }
+    for (const [i, n] of nodes.entries()) {
+      const r = reported[i]!;
+      // A phase change is written at once, progress every `reportEvery` s.
+      if (n.state === 'done' && r.verdict !== 'ready') Object.assign(r, { present: o.bytes, verdict: 'ready', reason: 'AllImagesPinned' });
+      else if (n.state === 'downloading' && t % o.reportEvery === 0) Object.assign(r, { present: n.present, reason: wave > 0 && i >= wave && !waveDone ? 'WaitingForFirstWave' : 'Pulling' });
+    }
+    const work = fleetWork(
+      reported.map((r) => ({ verdict: r.verdict, entry: { reason: r.reason, bytes: { present: r.present, total: o.bytes } } })),
+      1,
+    );
+    const p = tracker.observe({ name: 'sim', generation: 1, ...(o.slots ? { slots: o.slots } : {}) }, work, at(t));
+    if (halfAt === undefined && work.present * 2 >= work.total) {
+      halfAt = t;
+      etaAtHalf = p.estimatedCompletionTime ? (Date.parse(p.estimatedCompletionTime) - T0) / 1000 : NaN;
+    }
+    if (nodes.every((n) => n.state === 'done')) return { etaAtHalf: etaAtHalf!, halfAt: halfAt!, end: t };
+  }
+  throw new Error('the simulated rollout did not end');
+}
+
+function within(r: { etaAtHalf: number; halfAt: number; end: number }, share: number): void {
+  const real = r.end - r.halfAt;
+  const told = r.etaAtHalf - r.halfAt;
+  assert.ok(Math.abs(told - real) <= share * real, `at half-way (${r.halfAt} s) the ETA said ${told} s more, it took ${real} s`);
+}
+
+describe('the ETA at half-way of simulated rollouts, within 25 % of the real end', () => {
+  const MB = 1e6;
+
+  test('6 nodes, 2 slots, each node on its own link: 3 waves', () => {
+    within(simulate({ nodes: 6, bytes: 600 * MB, slots: 2, rate: () => 10 * MB, reportEvery: 5, windowMs: 60_000 }), 0.25);
+  });
+
+  test('6 nodes, no limit, one link shared by all: the throughput is the link\'s', () => {
+    within(simulate({ nodes: 6, bytes: 100 * MB, rate: (n) => (50 * MB) / n, reportEvery: 5, windowMs: 60_000 }), 0.25);
+  });
+
+  test('6 nodes, one slot, a cache: the first node over the link, the next ones from the cache, ten times faster', () => {
+    // The proportions of 15 GB over 100 Mbit/s (20 minutes) and then from a
+    // cache in the cluster at 1 Gbit/s (2 minutes), with the default
+    // 10-minute window and progress written every 1 to 5 minutes, scaled
+    // down 80x (7.5 s; every 0.75 to 3.75 s).
+    for (const reportEvery of [1, 2, 3]) within(simulate({ nodes: 6, bytes: 300 * MB, slots: 1, rate: (_n, warm) => (warm ? 50 * MB : 5 * MB), reportEvery, windowMs: 7_500 }), 0.25);
+  });
+
+  test('6 nodes, a first wave of one: the others wait for it and pull what it holds from the cache', () => {
+    within(simulate({ nodes: 6, bytes: 300 * MB, rate: () => 5 * MB, firstWave: 1, reportEvery: 5, windowMs: 60_000 }), 0.25);
+  });
+
+  test('22 nodes, 4 slots: the last wave half full', () => {
+    within(simulate({ nodes: 22, bytes: 200 * MB, slots: 4, rate: () => 8 * MB, reportEvery: 5, windowMs: 120_000 }), 0.25);
+  });
+});
