@@ -20,7 +20,7 @@
 // backend's choice (src/pins/choice.ts), built where the node's runtime is
 // decided (./boot/pin-kit.ts). It owns the reactions to what changes
 // outside: the API side tells it (onDesiredStateChanged, onSecretChanged,
-// onRolloutSlotLost), and so do the backends (a wake-up).
+// onRolloutSlotLost, onRolloutChanged), and so do the backends (a wake-up).
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
@@ -30,6 +30,7 @@ import type { ImageRuntime } from '../cri/runtime.ts';
 import type { AgentMetrics } from '../metrics/agent-metrics.ts';
 import type { PinChoice } from '../pins/choice.ts';
 import type { AuthFile } from '../registry/auth.ts';
+import type { FirstWave } from '../rollout/first-wave.ts';
 import type { RolloutGate } from '../rollout/gate.ts';
 import type { BackoffPolicy } from '../util/backoff.ts';
 import { Cancelled } from '../util/cancel.ts';
@@ -91,6 +92,8 @@ export interface AgentOptions {
   diskEstimateFactor?: number;
   /** Rollout slots: downloads of sets with spec.rollout.maxConcurrentNodes wait for one (src/rollout/gate.ts). */
   rolloutGate?: RolloutGate | null;
+  /** The first wave: downloads of sets with spec.rollout.firstWave wait until a first-wave node holds the image (src/rollout/first-wave.ts). */
+  firstWave?: FirstWave | null;
   resyncIntervalMs?: number;
   /** How often, at most, the runtime is asked (one ListImages) whether pinned images are still there between reconciles. */
   presenceCheckMs?: number;
@@ -149,6 +152,7 @@ export class Agent {
       admission: new PullAdmission(opts),
       puller: opts.puller,
       rolloutGate: opts.rolloutGate,
+      firstWave: opts.firstWave,
       credentials: opts.credentials,
       presence: this.presence,
       report: new SetReport({ ...opts, now: this.now, nodeRuntime: () => opts.nodeRuntime && currentRuntime(opts.nodeRuntime, this.pins.for(this.runtime.info).name, this.runtime.info) }),
@@ -179,6 +183,11 @@ export class Agent {
   /** A rollout slot this node held was lost: the reconcile asks for it again. */
   onRolloutSlotLost(): void {
     this.trigger('rollout slot lost');
+  }
+
+  /** A slot or first-wave seat was granted, or the first wave landed an image: what may be downloaded changed. */
+  onRolloutChanged(why: string): void {
+    this.trigger(why);
   }
 
   /** Ask for a reconcile. `cancel`: the desired state changed, so a running reconcile is stale. */
@@ -215,6 +224,8 @@ export class Agent {
       if (pull !== undefined) at = Math.min(at, pull);
       const slot = this.opts.rolloutGate?.nextAttemptAt();
       if (slot !== undefined) at = Math.min(at, slot);
+      const wave = this.opts.firstWave?.nextAttemptAt();
+      if (wave !== undefined) at = Math.min(at, wave);
     }
     return Math.min(at, pins.nextAttemptAt(!runtimeGate.failing) ?? Infinity);
   }

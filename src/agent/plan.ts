@@ -66,6 +66,8 @@ export interface PlannedSet {
   held?: { file: string; error: string };
   /** spec.rollout.maxConcurrentNodes: at most this many nodes download the set at a time (absent: no limit). */
   maxConcurrentNodes?: number;
+  /** spec.rollout.firstWave.nodes: each image is first fetched by this many nodes, the others wait for it (absent: no first wave). */
+  firstWaveNodes?: number;
   /** spec.pullSecrets: Secrets in the agents' namespace whose credentials are tried first for its images. */
   pullSecrets: string[];
 }
@@ -134,6 +136,7 @@ function planSet(o: ObservedSet, labels: Labels | null): PlannedSet {
     pullSecrets: v.pullSecrets,
     ...(o.held ? { held: o.held } : {}),
     ...(v.errors.length === 0 && typeof set.spec.rollout?.maxConcurrentNodes === 'number' ? { maxConcurrentNodes: set.spec.rollout.maxConcurrentNodes } : {}),
+    ...(v.errors.length === 0 && typeof set.spec.rollout?.firstWave?.nodes === 'number' ? { firstWaveNodes: set.spec.rollout.firstWave.nodes } : {}),
   };
   // A set whose selector cannot be read selects nothing: it is reported, not applied.
   const selectorBroken = v.errors.some((e) => e.startsWith('spec.nodeSelector')) || !set?.spec;

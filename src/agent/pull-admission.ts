@@ -1,10 +1,11 @@
 // Pull admission: which of the pulls due now may start. Three checks, in
 // this order, each with its own owner:
 // - the disk watermark (./disk.ts): above it, no download starts (NoSpace);
-// - rollout slots (src/rollout/gate.ts via ./rollout-hook.ts): a set with
-//   spec.rollout.maxConcurrentNodes downloads only while the node holds one
-//   of its slots; asked before the size estimate, so only nodes about to
-//   download a set ask the registry about its images;
+// - the first wave and rollout slots (src/rollout/ via ./rollout-hook.ts):
+//   an image of a set with spec.rollout.firstWave waits until a first-wave
+//   node holds it; a set with spec.rollout.maxConcurrentNodes downloads only
+//   while the node holds one of its slots; asked before the size estimate,
+//   so only nodes about to download a set ask the registry about its images;
 // - the size estimate (./estimate.ts): the images about to be downloaded,
 //   from the registries' manifests, must fit below the watermark, or
 //   nothing of the batch starts.
@@ -15,6 +16,7 @@
 // are written and confirmed rather than after.
 import type { Logger } from 'pino';
 import { RuntimeError } from '../cri/runtime.ts';
+import type { FirstWave, SetWave } from '../rollout/first-wave.ts';
 import type { RolloutGate, SlotWait } from '../rollout/gate.ts';
 import { checkpoint } from '../util/cancel.ts';
 import type { ProblemLog } from '../util/problem-log.ts';
@@ -33,6 +35,8 @@ export interface PullAdmissionOptions {
   /** Estimated disk = compressed download x this (default 2). */
   diskEstimateFactor?: number;
   rolloutGate?: RolloutGate | null;
+  /** The first wave of sets with spec.rollout.firstWave (src/rollout/first-wave.ts); absent without an API. */
+  firstWave?: FirstWave | null;
 }
 
 export interface Admitted {
@@ -40,6 +44,7 @@ export interface Admitted {
   pulling: WantedImage[];
   waits?: ReadonlyMap<string, SlotWait>;
   unenforced?: ReadonlyMap<string, string>;
+  waves?: ReadonlyMap<string, SetWave>;
 }
 
 export class PullAdmission {
@@ -106,14 +111,14 @@ export class PullAdmission {
 
   /** Admit what may start among `toPull` (downloads and name-only pulls); failures are recorded on the puller. */
   async admit(plan: Plan, toPull: readonly WantedImage[], isName: (w: WantedImage) => boolean, runtime: RuntimeSnapshot, problems: ProblemLog, signal: AbortSignal): Promise<Admitted> {
-    const { puller, rolloutGate, diskCheck } = this.o;
+    const { puller, rolloutGate, firstWave, diskCheck } = this.o;
     const dueDownloads = toPull.filter((w) => puller.isDue(w.key) && !isName(w));
     let diskProblem = dueDownloads.length > 0 ? await (this.early ?? diskCheck?.problem()) : null;
     if (diskProblem) {
       this.log.warn({ missing: dueDownloads.length, err: diskProblem }, 'image filesystem above its high watermark; not pulling');
       for (const w of dueDownloads) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
     }
-    const admitted = await admitDownloads(rolloutGate, plan, diskProblem ? toPull.filter(isName) : [...toPull], (w) => puller.isDue(w.key) && !isName(w));
+    const admitted = await admitDownloads({ gate: rolloutGate, firstWave }, plan, diskProblem ? toPull.filter(isName) : [...toPull], (w) => puller.isDue(w.key) && !isName(w));
     const mayPull = new Set(admitted.pulls);
     const dueNow = dueDownloads.filter((w) => mayPull.has(w));
     if (!diskProblem && dueNow.length > 0 && this.o.sizeEstimator) {
@@ -124,7 +129,7 @@ export class PullAdmission {
         await rolloutGate?.releaseAll('no room below the watermark');
       }
     }
-    return { pulling: diskProblem ? admitted.pulls.filter(isName) : admitted.pulls, waits: admitted.waits, unenforced: admitted.unenforced };
+    return { pulling: diskProblem ? admitted.pulls.filter(isName) : admitted.pulls, waits: admitted.waits, unenforced: admitted.unenforced, waves: admitted.waves };
   }
 
   /**

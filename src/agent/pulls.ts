@@ -46,12 +46,12 @@ export function pullsNeeded(plan: Plan, runtime: RuntimeSnapshot, pins: PinBacke
  * puller's), reporting progress while they run. Returns the images pulled.
  */
 export async function runPulls(
-  o: { puller: ImagePuller; log: Logger; runtime: RuntimeSnapshot; pins: PinBackend; report: () => void; waitingForSlot: number },
+  o: { puller: ImagePuller; log: Logger; runtime: RuntimeSnapshot; pins: PinBackend; report: () => void; waitingForSlot: number; onLanded?: (w: WantedImage) => void },
   need: PullPlan,
   pulling: readonly WantedImage[],
   signal: AbortSignal,
-): Promise<{ pulled: WantedImage[]; attempted: number }> {
-  if (pulling.length === 0) return { pulled: [], attempted: 0 };
+): Promise<{ pulled: WantedImage[]; failed: WantedImage[]; attempted: number }> {
+  if (pulling.length === 0) return { pulled: [], failed: [], attempted: 0 };
   const { puller, runtime } = o;
   const downloads = pulling.filter((w) => need.kinds.get(w.key) === 'download').length;
   o.log.info(
@@ -63,7 +63,9 @@ export async function runPulls(
   const assumePinned = !o.pins.readsPins;
   const landed = (r: PullResult) => {
     const w = byKey.get(r.key);
-    if (r.ok && w) runtime.landed(w, r.imageRef, assumePinned);
+    if (!r.ok || !w) return;
+    runtime.landed(w, r.imageRef, assumePinned);
+    o.onLanded?.(w);
   };
   o.report(); // a set that starts pulling shows Progressing now
   const progress = setInterval(o.report, PROGRESS_REPORT_MS);
@@ -76,6 +78,6 @@ export async function runPulls(
   } finally {
     clearInterval(progress);
   }
-  const pulled = results.filter((r) => r.ok).map((r) => byKey.get(r.key)).filter((w): w is WantedImage => w !== undefined);
-  return { pulled, attempted: results.length };
+  const of = (ok: boolean) => results.filter((r) => r.ok === ok).map((r) => byKey.get(r.key)).filter((w): w is WantedImage => w !== undefined);
+  return { pulled: of(true), failed: of(false), attempted: results.length };
 }

@@ -7,6 +7,7 @@ import type { Logger } from 'pino';
 import type { NodeSetStatus } from '../api/types.ts';
 import type { PinBackend, PinTarget } from '../pins/backend.ts';
 import type { PinChoice } from '../pins/choice.ts';
+import type { FirstWave } from '../rollout/first-wave.ts';
 import type { RolloutGate } from '../rollout/gate.ts';
 import { checkpoint } from '../util/cancel.ts';
 import type { SetSources } from './observe.ts';
@@ -14,6 +15,7 @@ import type { AgentCredentials } from './image-credentials.ts';
 import { planReconcile, type Plan, type WantedImage } from './plan.ts';
 import type { Presence } from './presence.ts';
 import type { PullAdmission } from './pull-admission.ts';
+import { WaveLandings } from './rollout-hook.ts';
 import { pullsNeeded, runPulls } from './pulls.ts';
 import type { ImagePuller } from './puller.ts';
 import type { RuntimeObserver } from './runtime-state.ts';
@@ -37,6 +39,7 @@ export interface ReconcileParts {
   admission: PullAdmission;
   puller: ImagePuller;
   rolloutGate?: RolloutGate | null;
+  firstWave?: FirstWave | null;
   credentials?: AgentCredentials | null;
   presence: Presence;
   report: SetReport;
@@ -78,9 +81,11 @@ export async function reconcile(p: ReconcileParts, signal: AbortSignal): Promise
   const report = (final = false) =>
     p.report.report({ plan, runtime, pins: pins.status(), puller: p.puller, estimates: p.admission.estimates, admitted, pullSecretProblems: p.credentials?.setProblems(plan, final) });
 
-  // 5. Pulls, reporting progress while they run.
+  // 5. Pulls, reporting progress while they run; a first-wave node records each image as it lands.
   const waitingForSlot = need.toPull.length - admitted.pulling.length;
-  const { pulled, attempted } = await runPulls({ puller: p.puller, log: p.log, runtime, pins, report: () => void report(), waitingForSlot }, need, admitted.pulling, signal);
+  const landings = new WaveLandings(p.firstWave, plan, (w) => !!runtime.found(w));
+  const { pulled, failed, attempted } = await runPulls({ puller: p.puller, log: p.log, runtime, pins, report: () => void report(), waitingForSlot, onLanded: (w) => landings.landed(w) }, need, admitted.pulling, signal);
+  await landings.settle(failed.filter((w) => !need.isName(w)));
   if (admitted.pulling.length > 0) await p.rolloutGate?.releaseAll();
 
   // 6. Verify: what landed is pinned and confirmed, then read back; last, the runtime checked against its pins.

@@ -91,6 +91,7 @@ export class SetReport {
       estimates: f.estimates,
       rolloutWaits: f.admitted?.waits,
       rolloutUnenforced: f.admitted?.unenforced,
+      firstWaves: f.admitted?.waves,
       pullSecretProblems: f.pullSecretProblems,
     });
     this.history = history;

@@ -16,6 +16,7 @@ import {
 import { mostSevere, severity, type SetProblem, type SetReason } from '../api/reasons.ts';
 import type { FailureKind } from '../cri/runtime.ts';
 import type { PinStatus } from '../pins/backend.ts';
+import type { SetWave } from '../rollout/first-wave.ts';
 import type { SlotWait } from '../rollout/gate.ts';
 import type { Plan, PlannedSet, WantedImage } from './plan.ts';
 import { wantedKey } from './plan.ts';
@@ -50,6 +51,8 @@ export interface StatusFacts {
   rolloutWaits?: ReadonlyMap<string, SlotWait>;
   /** Per set key: the set downloads without a rollout slot because this node may not hold one, and why. */
   rolloutUnenforced?: ReadonlyMap<string, string>;
+  /** Per set key: the set's first wave (spec.rollout.firstWave, src/rollout/first-wave.ts) as this node sees it. */
+  firstWaves?: ReadonlyMap<string, SetWave>;
   /** Per set key: a pull secret of the set that cannot be used (missing, of another type, malformed), named with why. */
   pullSecretProblems?: ReadonlyMap<string, string>;
 }
@@ -154,7 +157,10 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
     holds.push({ reason: worst.reason, message: worst.message + tail });
   }
   const allPresent = counts.present === counts.wanted;
-  if (!allPresent) {
+  const wave = facts.firstWaves?.get(s.key);
+  if (!allPresent && wave && wave.waitingFor.length > 0) {
+    holds.push({ reason: 'WaitingForFirstWave', message: `${waveMessage(wave)}; ${counts.present} of ${counts.wanted} images present` });
+  } else if (!allPresent) {
     const wait = facts.rolloutWaits?.get(s.key);
     if (wait) {
       const why = wait.error
@@ -165,6 +171,7 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
       const unknown = facts.estimates?.get(s.key)?.unknown;
       const unenforced = facts.rolloutUnenforced?.get(s.key);
       const note =
+        (wave ? `; ${waveNote(wave)}` : '') +
         (unenforced ? `; downloading without a rollout slot, this node may not hold one: ${unenforced}` : '') +
         (unknown ? `; size estimate unknown, so only the watermark was checked: ${unknown}` : '');
       holds.push({ reason: 'Pulling', message: `${counts.present} of ${counts.wanted} images present${note}` });
@@ -187,6 +194,27 @@ function phaseOf(s: PlannedSet, facts: StatusFacts, wanted: Map<string, WantedIm
   }
   const { phase, reason, message } = mostSevere(holds, STATUS_MAX_MESSAGE_BYTES);
   return { phase, reason, ...(message !== undefined ? { message } : {}), counts };
+}
+
+/** Who is in the first wave, for a message: at most three names. */
+function waveMembers(wave: SetWave): string {
+  if (wave.members.length === 0) return 'no node has taken a first-wave seat yet';
+  const shown = wave.members.slice(0, 3).join(', ');
+  return `first wave: ${shown}${wave.members.length > 3 ? ` and ${wave.members.length - 3} more` : ''}`;
+}
+
+/** Why this node's downloads wait for the first wave. */
+function waveMessage(wave: SetWave): string {
+  const why = wave.error ? ` (this node's attempts at a first-wave seat fail, retrying: ${wave.error})` : '';
+  return `waiting for the first wave to fetch ${wave.waitingFor.length} image(s) before this node pulls them: ${wave.landed} of ${wave.images} landed (${waveMembers(wave)})${why}`;
+}
+
+/** What the first wave means for a set this node downloads. */
+function waveNote(wave: SetWave): string {
+  if (wave.member) return `in the first wave: fetching the images for the other nodes (${waveMembers(wave)})`;
+  if (wave.forbidden) return `not waiting for the first wave, this node may not use its Leases: ${wave.forbidden}`;
+  if (wave.stalled) return `not waiting for the first wave any more: it landed nothing new for a long while (${wave.landed} of ${wave.images} landed)`;
+  return `${wave.landed} of ${wave.images} images landed by the first wave (${waveMembers(wave)})`;
 }
 
 /**

@@ -14,6 +14,7 @@
 // until the agent has subscribed and the watches start.
 import { existsSync } from 'node:fs';
 import type { Logger } from 'pino';
+import { FirstWave } from '../../rollout/first-wave.ts';
 import { RolloutGate } from '../../rollout/gate.ts';
 import { UsageError } from '../../util/flags.ts';
 import type { KubeObserver } from '../kube.ts';
@@ -22,14 +23,15 @@ import { LogStatusSink, StatusReporter } from '../status-reporter.ts';
 import type { ApiConfig } from './config.ts';
 
 async function loadKubeModules() {
-  const [{ loadAgentKubeConfig }, { KubeObserver }, { AGENT_FIELD_MANAGER, NodeAnnotationSink, NodeEventRecorder }, { clientNodeLeaseApi }, { LeaseRolloutSlots }] = await Promise.all([
+  const [{ loadAgentKubeConfig }, { KubeObserver }, { AGENT_FIELD_MANAGER, NodeAnnotationSink, NodeEventRecorder }, { clientNodeLeaseApi }, { LeaseRolloutSlots }, { LeaseWaveRecords }] = await Promise.all([
     import('../../api/kubeconfig.ts'),
     import('../kube.ts'),
     import('../node-sinks.ts'),
     import('../../rollout/lease-api.ts'),
     import('../../rollout/lease-slots.ts'),
+    import('../../rollout/lease-records.ts'),
   ]);
-  return { loadAgentKubeConfig, KubeObserver, AGENT_FIELD_MANAGER, NodeAnnotationSink, NodeEventRecorder, clientNodeLeaseApi, LeaseRolloutSlots };
+  return { loadAgentKubeConfig, KubeObserver, AGENT_FIELD_MANAGER, NodeAnnotationSink, NodeEventRecorder, clientNodeLeaseApi, LeaseRolloutSlots, LeaseWaveRecords };
 }
 
 /** What the API side tells its subscribers (the agent implements it). */
@@ -40,6 +42,8 @@ export interface ApiListener {
   onSecretChanged(name: string): void;
   /** A rollout slot this node held was lost. */
   onRolloutSlotLost(): void;
+  /** Between two reconciles, a slot or first-wave seat was granted to this node or the first wave landed an image: admit again now. */
+  onRolloutChanged(why: string): void;
 }
 
 export interface ApiSide {
@@ -47,6 +51,7 @@ export interface ApiSide {
   reporter: StatusReporter;
   events: EventRecorder | null;
   rolloutGate: RolloutGate | null;
+  firstWave: FirstWave | null;
   /** The agent runs in a pod (in-cluster config). */
   inCluster: boolean;
   /** The --kubeconfig that does not exist yet: static sets only until it appears. */
@@ -69,6 +74,9 @@ class ApiChanges implements ApiListener {
   onRolloutSlotLost(): void {
     for (const l of this.listeners) l.onRolloutSlotLost();
   }
+  onRolloutChanged(why: string): void {
+    for (const l of this.listeners) l.onRolloutChanged(why);
+  }
 }
 
 /** Waits for `p` at most `ms`; the timer does not hold the process open once `p` is done. */
@@ -78,10 +86,10 @@ async function within(p: Promise<unknown> | undefined, ms: number): Promise<void
   clearTimeout(timer);
 }
 
-function closer(parts: Pick<ApiSide, 'kube' | 'reporter' | 'rolloutGate'>): () => Promise<void> {
+function closer(parts: Pick<ApiSide, 'kube' | 'reporter' | 'rolloutGate' | 'firstWave'>): () => Promise<void> {
   return async () => {
-    // Free any rollout slot now rather than keep other nodes waiting for it to expire.
-    await within(parts.rolloutGate?.close(), 2_000);
+    // Free any rollout slot and first-wave seat now rather than keep other nodes waiting for it to expire.
+    await within(Promise.all([parts.rolloutGate?.close(), parts.firstWave?.close()]), 2_000);
     await parts.kube?.stop();
     // The last status goes out if the API answers within 2 s.
     await within(parts.reporter.flush(), 2_000);
@@ -105,16 +113,20 @@ export async function apiSide(cfg: ApiConfig, logger: Logger): Promise<ApiSide> 
   const base = { inCluster, ...(awaitedKubeconfig ? { awaitedKubeconfig } : {}), subscribe: (l: ApiListener) => void changes.listeners.push(l) };
   if (!kc || !m) {
     const reporter = new StatusReporter(new LogStatusSink(logger), { logger, progressIntervalMs });
-    return { ...base, kube: null, events: null, rolloutGate: null, reporter, close: closer({ kube: null, reporter, rolloutGate: null }) };
+    return { ...base, kube: null, events: null, rolloutGate: null, firstWave: null, reporter, close: closer({ kube: null, reporter, rolloutGate: null, firstWave: null }) };
   }
   const kube = new m.KubeObserver(kc, nodeName, logger, (why) => changes.onDesiredStateChanged(why), {
     minWatchTimeoutMs: cfg.minWatchTimeoutMs,
     secretNamespace: leaseNamespace,
     onSecretChange: (name) => changes.onSecretChanged(name),
   });
-  const slots = new m.LeaseRolloutSlots({ api: m.clientNodeLeaseApi(kc), namespace: leaseNamespace, identity: nodeName, fieldManager: m.AGENT_FIELD_MANAGER, leaseDurationMs: cfg.rolloutLeaseDurationMs });
+  const leases = { api: m.clientNodeLeaseApi(kc), namespace: leaseNamespace, identity: nodeName, fieldManager: m.AGENT_FIELD_MANAGER };
+  const slots = new m.LeaseRolloutSlots({ ...leases, leaseDurationMs: cfg.rolloutLeaseDurationMs });
   const reporter = new StatusReporter(new m.NodeAnnotationSink(kc, nodeName), { logger, progressIntervalMs });
-  const rolloutGate = new RolloutGate({ slots, logger, onLost: () => changes.onRolloutSlotLost() });
+  // With onChange a waiting node queues, and a slot or seat granted from the queue is taken and used at once (src/rollout/grants.ts).
+  const onChange = (why: string) => changes.onRolloutChanged(why);
+  const rolloutGate = new RolloutGate({ slots, logger, onLost: () => changes.onRolloutSlotLost(), onChange });
+  const firstWave = new FirstWave({ slots, records: new m.LeaseWaveRecords(leases), logger, onChange });
   const events = new m.NodeEventRecorder(kc, nodeName, () => kube.currentNode()?.metadata?.uid, logger);
-  return { ...base, kube, reporter, events, rolloutGate, close: closer({ kube, reporter, rolloutGate }) };
+  return { ...base, kube, reporter, events, rolloutGate, firstWave, close: closer({ kube, reporter, rolloutGate, firstWave }) };
 }

@@ -202,6 +202,7 @@ async function buildAgent(p: Process, prof: NodeProfile, b: { api: ApiSide; rt: 
     sizeEstimator: access.sizeEstimator,
     diskEstimateFactor: cfg.registry.diskEstimateFactor,
     rolloutGate: api.rolloutGate,
+    firstWave: api.firstWave,
     resyncIntervalMs: cfg.loop.resyncIntervalMs,
     presenceCheckMs: cfg.loop.presenceCheckMs,
     nodeRuntime: describeProfile(prof, b.lock.path),
