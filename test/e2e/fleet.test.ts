@@ -6,11 +6,13 @@
 // reach through the hosts.toml `pinset mirror-config` prints.
 //
 // What a user would see: every node Ready with every image pinned, the
-// bytes the link carried, and how sets without a first wave roll out: with
-// no limit every node goes for the images at once (a cache in front cannot
-// then spare the link much: distribution fetches each concurrent miss on
-// its own); with one slot the nodes take turns and, after the first, the
-// cache serves them: the link carries one copy through the cache.
+// bytes the link carried, and how sets roll out: with no limit every node
+// goes for the images at once (a cache in front cannot then spare the link
+// much: distribution fetches each concurrent miss on its own); with one
+// slot the nodes take turns and, after the first, the cache serves them;
+// with a first wave one node fetches each image and the others pull it
+// from the cache once it holds it, image by image: either way the link
+// carries one copy through the cache.
 // Measurements of the same bed at benchmark sizes: bench/fleet.ts.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
@@ -33,6 +35,11 @@ async function layersOf(bed: FleetBed, images: readonly PushedImage[]): Promise<
     out.push(...m.layers);
   }
   return out;
+}
+
+/** Of `layers`, the GETs across the link that carried each (200s); one copy through distribution 2.8 is one or two (see below). */
+function crossings(bed: FleetBed, layers: readonly { digest: string }[]): Map<string, number> {
+  return new Map(layers.map((l) => [l.digest, bed.link.blobGets(l.digest).filter((g) => g.status === 200).length]));
 }
 
 /** Per node, from its first image started to its last finished. */
@@ -118,12 +125,34 @@ describe(`a fleet of ${NODES} containerd nodes behind a 16 Mbit/s link, with a p
     }
     // distribution 2.8 fetches a blob it does not hold twice (to store it,
     // and to serve it): one copy through it is at most two GETs a layer.
-    for (const layer of await layersOf(bed, images)) {
-      const gets = bed.link.blobGets(layer.digest).filter((g) => g.status === 200);
-      assert.ok(gets.length >= 1 && gets.length <= 2, `layer ${layer.digest} crossed the link ${gets.length} times, not once or twice`);
-    }
+    for (const [digest, n] of crossings(bed, await layersOf(bed, images))) assert.ok(n >= 1 && n <= 2, `layer ${digest} crossed the link ${n} times, not once or twice`);
     const first = turns[0]!;
     const later = bed.link.transfers.filter((x) => x.method === 'GET' && /\/blobs\//.test(x.path) && x.startedAt > first.to);
     assert.deepEqual(later.map((x) => x.path), [], `after ${first.node}, no blob crossed the link`);
+  });
+
+  test('firstWave {nodes: 1}, no limit: one node fetches each image, the others pull it once that node holds it, image by image; the link carries one copy through the cache', async (t) => {
+    if (!requireComponents(t, NEEDS) || !bed) return;
+    const images = await bed.pushImages('wave', IMAGES, IMAGE_BYTES);
+    const payload = images.reduce((n, i) => n + i.size, 0);
+    bed.link.reset();
+    bed.createSet('wave', images, { firstWave: { nodes: 1 } });
+    await bed.waitAllReady('wave', IMAGES, 180_000);
+    for (const n of bed.nodes) {
+      for (const i of images) assert.equal((await n.cri.imageStatus(i.ref))?.pinned, true, `${n.name}: ${i.ref} pinned`);
+    }
+
+    for (const i of images) {
+      const pulls = bed.pulls().filter((p) => p.image === i.ref);
+      assert.equal(new Set(pulls.map((p) => p.node)).size, NODES, `every node pulled ${i.ref}`);
+      // The first wave: the node whose pull ended first. Every other node started after it held the image.
+      const first = pulls.reduce((a, b) => ((b.finishedAt ?? Infinity) < (a.finishedAt ?? Infinity) ? b : a));
+      const early = pulls.filter((p) => p.node !== first.node && p.startedAt < first.finishedAt!);
+      assert.deepEqual(early.map((p) => p.node), [], `${i.ref}: pulled before ${first.node} of the first wave held it`);
+    }
+    for (const [digest, n] of crossings(bed, await layersOf(bed, images))) assert.ok(n >= 1 && n <= 2, `layer ${digest} crossed the link ${n} times, not once or twice`);
+    // Manifests and configs are small; the layers are nearly all of it: one copy through the cache is at most twice the payload.
+    assert.ok(bed.link.egressBytes() <= 2 * payload * 1.1, `the link carried ${bed.link.egressBytes()} bytes, more than one copy through the cache (2 x ${payload})`);
+    assert.ok(bed.api.list('leases').some((l) => /\.landed$/.test((l as { metadata: { name: string } }).metadata.name)), "the first wave's record is a Lease");
   });
 });

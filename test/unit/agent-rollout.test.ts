@@ -4,6 +4,9 @@
 // WaitingForRolloutSlot until the first is done. Content already on a node
 // (a name-only pull) and sets without a limit never wait. The status the
 // reporter writes shows a phase change before any progress timer fires.
+// With spec.rollout.firstWave, the nodes that are not in the first wave
+// pull each image once a first-wave node holds it, image by image, and a
+// first-wave node whose pull fails gives its place to another.
 import assert from 'node:assert/strict';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
@@ -19,8 +22,9 @@ import type { NodeStatus, PinnedImageSet } from '../../src/api/types.ts';
 import type { ImageFilesystem, ImageRuntime, RuntimeImage, RuntimeInfo } from '../../src/cri/runtime.ts';
 import { PinFile } from '../../src/crio/pinfile.ts';
 import { createReloader } from '../../src/crio/reload.ts';
+import { FirstWave } from '../../src/rollout/first-wave.ts';
 import { RolloutGate } from '../../src/rollout/gate.ts';
-import { MemoryRolloutSlots, MemorySlotStore } from '../../src/rollout/memory-slots.ts';
+import { MemoryRolloutSlots, MemorySlotStore, MemoryWaveRecords } from '../../src/rollout/memory-slots.ts';
 import { silentLogger } from '../../src/util/log.ts';
 import { crioChoice } from '../support/crio-choice.ts';
 
@@ -29,18 +33,37 @@ const APP = `registry.test/org/app@${D('a')}`;
 const DB = `registry.test/org/db@${D('b')}`;
 const TOOL = `registry.test/org/tool@${D('c')}`;
 
-/** A runtime whose downloads wait until released; what was downloaded is listed. */
+/** A runtime whose downloads wait until released (all, or one image); what was downloaded is listed. */
 class HeldRuntime implements ImageRuntime {
   images: RuntimeImage[] = [];
   downloads: string[] = [];
   #release: (() => void) | undefined;
   #gate: Promise<void> | undefined;
+  /** Downloads held one by one, by reference: released or failed each on its own. */
+  readonly #each = new Map<string, { done: Promise<void>; release: () => void; fail: (e: Error) => void }>();
   hold(): void {
     this.#gate = new Promise((r) => (this.#release = r));
   }
   release(): void {
     this.#release?.();
     this.#gate = undefined;
+  }
+  holdEach(refs: readonly string[]): void {
+    for (const ref of refs) {
+      let release!: () => void;
+      let fail!: (e: Error) => void;
+      const done = new Promise<void>((res, rej) => ((release = res), (fail = rej)));
+      done.catch(() => {});
+      this.#each.set(ref, { done, release, fail });
+    }
+  }
+  releaseOne(ref: string): void {
+    this.#each.get(ref)!.release();
+    this.#each.delete(ref);
+  }
+  failOne(ref: string, e: Error): void {
+    this.#each.get(ref)!.fail(e);
+    this.#each.delete(ref);
   }
   async version(): Promise<RuntimeInfo> {
     return { runtimeName: 'memory', runtimeVersion: '0', runtimeApiVersion: 'v1' };
@@ -60,6 +83,7 @@ class HeldRuntime implements ImageRuntime {
     }
     this.downloads.push(ref);
     await this.#gate;
+    await this.#each.get(ref)?.done;
     this.images.push({ id, repoTags: [], repoDigests: [ref], size: 1, pinned: false, runtimeHandler: '' });
     return id;
   }
@@ -79,12 +103,13 @@ class MemorySink implements StatusSink {
   }
 }
 
-function apiSet(name: string, images: string[], maxConcurrentNodes?: number): PinnedImageSet {
+function apiSet(name: string, images: string[], maxConcurrentNodes?: number, firstWave?: number): PinnedImageSet {
+  const rollout = { ...(maxConcurrentNodes ? { maxConcurrentNodes } : {}), ...(firstWave ? { firstWave: { nodes: firstWave } } : {}) };
   return {
     apiVersion: 'pinset.dev/v1alpha1',
     kind: 'PinnedImageSet',
     metadata: { name, uid: `uid-${name}`, generation: 1 },
-    spec: { pinnedImages: images.map((n) => ({ name: n })), ...(maxConcurrentNodes ? { rollout: { maxConcurrentNodes } } : {}) },
+    spec: { pinnedImages: images.map((n) => ({ name: n })), ...(Object.keys(rollout).length > 0 ? { rollout } : {}) },
   };
 }
 
@@ -93,6 +118,7 @@ interface Node {
   runtime: HeldRuntime;
   sink: MemorySink;
   gate: RolloutGate;
+  wave: FirstWave;
 }
 
 let dir: string;
@@ -106,7 +132,9 @@ async function node(name: string, sizeEstimator?: MemorySizeEstimator): Promise<
   const staticDir = path.join(dir, name, 'sets');
   await mkdir(staticDir, { recursive: true });
   const kube = { currentNode: () => ({ metadata: { name, labels: {} } }), currentSets: () => sets, settled: async () => {}, setsProblem: () => undefined } as unknown as KubeObserver;
-  const gate = new RolloutGate({ slots: new MemoryRolloutSlots(store, name), logger, firstAttemptSpreadMs: 0, retry: { baseMs: 1, capMs: 1 } });
+  const slots = new MemoryRolloutSlots(store, name);
+  const gate = new RolloutGate({ slots, logger, firstAttemptSpreadMs: 0, retry: { baseMs: 1, capMs: 1 } });
+  const wave = new FirstWave({ slots, records: new MemoryWaveRecords(store, name), logger, claims: { firstAttemptSpreadMs: 0, retry: { baseMs: 1, capMs: 1 } }, recordIntervalMs: 1, failedCooldownMs: 60_000 });
   const agent = new Agent({
     nodeName: name,
     runtime,
@@ -117,9 +145,10 @@ async function node(name: string, sizeEstimator?: MemorySizeEstimator): Promise<
     kube,
     staticDir,
     rolloutGate: gate,
+    firstWave: wave,
     ...(sizeEstimator ? { sizeEstimator, diskCheck: new DiskCheck(runtime, { highWatermarkPercent: 85, usageOf: async () => ({ size: 100 * 2 ** 30, available: 90 * 2 ** 30 }) }) } : {}),
   });
-  return { agent, runtime, sink, gate };
+  return { agent, runtime, sink, gate, wave };
 }
 
 beforeEach(async () => {
@@ -218,6 +247,68 @@ describe('the reconcile takes a rollout slot before it downloads', () => {
     await n1.agent.reconcile();
     assert.equal(store.slots.size, 0, 'freed: the set has nothing left to download here');
     n1.runtime.release();
+  });
+});
+
+describe('the reconcile follows the first wave (spec.rollout.firstWave)', () => {
+  test('image by image: a node outside the first wave pulls each image once a first-wave node holds it; slots are asked only for what may go; a set without a first wave never waits', async () => {
+    sets = [apiSet('web', [APP, DB], 2, 1), apiSet('tools', [TOOL])];
+    const [n1, n2] = [await node('n1'), await node('n2')];
+    n1.runtime.holdEach([APP, DB]);
+    const first = n1.agent.reconcile();
+    await waitFor(() => n1.runtime.downloads.length === 3);
+    assert.deepEqual(n1.gate.held(), ['api/web'], 'the first-wave node holds a rollout slot too');
+
+    const waiting = await n2.agent.reconcile();
+    assert.deepEqual(n2.runtime.downloads, [TOOL], 'the set without a first wave downloads at once; the other waits');
+    const web = waiting.sets.find((x) => x.name === 'web')!;
+    assert.equal(web.phase, 'Progressing');
+    assert.equal(web.reason, 'WaitingForFirstWave');
+    assert.match(web.message!, /^waiting for the first wave to fetch 2 image\(s\) before this node pulls them: 0 of 2 landed \(first wave: n1\); 0 of 2 images present$/);
+    assert.deepEqual(n2.gate.held(), [], 'no slot asked for while every image waits');
+
+    n1.runtime.releaseOne(APP);
+    await waitFor(() => [...store.records.values()].some((r) => r.landed !== 'AA=='));
+    const one = await n2.agent.reconcile();
+    assert.deepEqual(n2.runtime.downloads.sort(), [APP, TOOL].sort(), 'the landed image, not the one still coming');
+    assert.match(one.sets.find((x) => x.name === 'web')!.message!, /1 of 2 landed \(first wave: n1\); 1 of 2 images present$/);
+
+    n1.runtime.releaseOne(DB);
+    const done = await first;
+    assert.equal(done.sets.find((x) => x.name === 'web')!.phase, 'Ready');
+    await waitFor(() => [...store.records.values()].some((r) => r.landed === 'Aw=='));
+    const all = await n2.agent.reconcile();
+    assert.equal(all.sets.find((x) => x.name === 'web')!.phase, 'Ready');
+    assert.deepEqual(n2.runtime.downloads.sort(), [APP, DB, TOOL].sort());
+  });
+
+  test('a first-wave node whose pull fails gives its seat up: another node takes it and fetches for the rest', async () => {
+    sets = [apiSet('web', [APP], undefined, 1)];
+    const [n1, n2, n3] = [await node('n1'), await node('n2'), await node('n3')];
+    n1.runtime.holdEach([APP]);
+    const first = n1.agent.reconcile();
+    await waitFor(() => n1.runtime.downloads.length === 1);
+    assert.equal((await n2.agent.reconcile()).sets[0]!.reason, 'WaitingForFirstWave');
+    n1.runtime.failOne(APP, new Error('connection reset by peer'));
+    const failed = await first;
+    assert.equal(failed.sets[0]!.phase, 'Degraded');
+
+    const member = await n2.agent.reconcile();
+    assert.deepEqual(n2.runtime.downloads, [APP], 'n2 took the seat n1 gave up and fetched');
+    assert.equal(member.sets[0]!.phase, 'Ready');
+    await waitFor(() => [...store.records.values()].some((r) => r.holder === 'n2' && r.landed === 'AQ=='));
+    assert.equal((await n3.agent.reconcile()).sets[0]!.phase, 'Ready', 'the rest pull once n2 holds it');
+    assert.deepEqual(n3.runtime.downloads, [APP]);
+  });
+
+  test('a node holding some of the images already fetches the rest as the first wave, and its record shows both', async () => {
+    sets = [apiSet('web', [APP, DB], undefined, 1)];
+    const n1 = await node('n1');
+    n1.runtime.images.push({ id: `id-${D('a')}`, repoTags: [], repoDigests: [APP], size: 1, pinned: false, runtimeHandler: '' });
+    const r = await n1.agent.reconcile();
+    assert.deepEqual(n1.runtime.downloads, [DB], 'it is the first wave: it fetches what it lacks');
+    assert.equal(r.sets[0]!.phase, 'Ready');
+    await waitFor(() => [...store.records.values()].some((x) => x.landed === 'Aw=='), 2_000);
   });
 });
 
