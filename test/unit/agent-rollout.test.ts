@@ -16,7 +16,10 @@ import { Agent } from '../../src/agent/agent.ts';
 import { DiskCheck } from '../../src/agent/disk.ts';
 import { MemorySizeEstimator } from '../../src/agent/estimate.ts';
 import type { KubeObserver } from '../../src/agent/kube.ts';
+import type { PlannedSet } from '../../src/agent/plan.ts';
 import { ImagePuller } from '../../src/agent/puller.ts';
+import { firstWaves } from '../../src/agent/rollout-hook.ts';
+import { parseReference } from '../../src/api/reference.ts';
 import { StatusReporter, type StatusSink } from '../../src/agent/status-reporter.ts';
 import type { NodeStatus, PinnedImageSet } from '../../src/api/types.ts';
 import type { ImageFilesystem, ImageRuntime, RuntimeImage, RuntimeInfo } from '../../src/cri/runtime.ts';
@@ -310,6 +313,26 @@ describe('the reconcile follows the first wave (spec.rollout.firstWave)', () => 
     assert.equal(r.sets[0]!.phase, 'Ready');
     await waitFor(() => [...store.records.values()].some((x) => x.landed === 'Aw=='), 2_000);
   });
+});
+
+test('firstWaves: a set from the API goes by its name and uid, a static set by its name and a hash of its images; a set without the field, not selected or broken has none', () => {
+  const ref = (r: string) => {
+    const p = parseReference(r);
+    return p.ok ? p.value : assert.fail(p.error);
+  };
+  const base: PlannedSet = { key: 'api/web', name: 'web', uid: 'uid-web', source: 'api', origin: 'api', generation: 1, runtimeHandler: '', selection: 'selected', specErrors: [], invalidImages: [], references: [ref(APP), ref(DB)], pullSecrets: [], firstWaveNodes: 2 };
+  const waves = firstWaves([
+    base,
+    { ...base, key: 'static/web', source: 'static', origin: '/etc/pinset/sets/web.yaml', uid: undefined },
+    { ...base, key: 'api/none', name: 'none', firstWaveNodes: undefined },
+    { ...base, key: 'api/elsewhere', name: 'elsewhere', selection: 'not-selected' },
+    { ...base, key: 'api/broken', name: 'broken', specErrors: ['spec.pinnedImages: required'] },
+  ]);
+  assert.deepEqual([...waves.keys()], ['api/web', 'static/web']);
+  assert.deepEqual(waves.get('api/web'), { name: 'web', uid: 'uid-web', nodes: 2, digests: [D('a'), D('b')] });
+  const fromFile = waves.get('static/web')!;
+  assert.match(fromFile.name, /^web\.static-[0-9a-f]{10}$/);
+  assert.equal(fromFile.uid, undefined, 'a static set has no uid: its Leases are not owned by an object');
 });
 
 async function waitFor(pred: () => boolean, timeoutMs = 5_000): Promise<void> {
