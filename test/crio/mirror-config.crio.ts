@@ -63,7 +63,7 @@ const byCrio = <T extends Seen>(lines: readonly T[]): T[] => lines.filter((l) =>
 const BLOBS = 2;
 const blobGets = <T extends Seen>(lines: readonly T[], image: PushedImage): T[] =>
   lines.filter((l) => l.method === 'GET' && l.path.startsWith(`/v2/${image.repo}/blobs/`));
-/** CRI-O's manifest GET by digest and its blob GETs for `image`, with a 200. */
+/** Whether `lines` hold a 200 GET of `image`'s manifest by digest, and how many of its blobs they got with a 200. */
 const servedImage = (lines: readonly Seen[], image: PushedImage) => ({
   manifest: lines.some((l) => l.method === 'GET' && l.path === `/v2/${image.repo}/manifests/${image.digest}` && l.status === 200),
   blobs: new Set(blobGets(lines, image).filter((l) => l.status === 200).map((l) => l.path)).size,
@@ -84,7 +84,8 @@ async function crioAtCache(cache: Registry, from: number, image: PushedImage): P
   }
 }
 
-const describeLink = (ts: readonly Seen[]) => ts.map((t) => `${t.method} ${t.path} ${t.status} ${t.userAgent}`).join('\n');
+/** Requests one a line, for failure messages. */
+const listed = (ts: readonly Seen[]) => ts.map((t) => `${t.method} ${t.path} ${t.status} ${t.userAgent}`).join('\n');
 
 interface Bed {
   upstream: Registry;
@@ -177,7 +178,7 @@ describe('a real CRI-O pulls through the drop-in `pinset mirror-config --runtime
       const before = await pushRandom(bed.upstream, 'mirror/before', LAYER_BYTES, { host: FLEET_REGISTRY });
       await pull(bed, before);
       const crioUserAgent = byCrio(link.transfers)[0]?.userAgent;
-      assert.ok(crioUserAgent, `CRI-O's own requests cross the link, named by their User-Agent:\n${describeLink(link.transfers)}`);
+      assert.ok(crioUserAgent, `CRI-O's own requests cross the link, named by their User-Agent:\n${listed(link.transfers)}`);
       assert.equal(blobGets(byCrio(link.transfers), before).length, BLOBS, 'CRI-O fetched the config and the layer itself');
       assert.deepEqual(cacheAsked(cache, 0), [], 'the cache saw no request');
 
@@ -193,11 +194,11 @@ describe('a real CRI-O pulls through the drop-in `pinset mirror-config --runtime
       const accessBefore = cacheAccess(cache).length;
       const a = await pushRandom(bed.upstream, 'mirror/a', LAYER_BYTES, { host: FLEET_REGISTRY });
       await pull(bed, a);
-      assert.deepEqual(byCrio(link.transfers), [], `CRI-O itself never reached the registry:\n${describeLink(link.transfers)}`);
-      assert.equal(servedImage(link.transfers, a).blobs, BLOBS, `the cache fetched the config and the layer across the link:\n${describeLink(link.transfers)}`);
+      assert.deepEqual(byCrio(link.transfers), [], `CRI-O itself never reached the registry:\n${listed(link.transfers)}`);
+      assert.equal(servedImage(link.transfers, a).blobs, BLOBS, `the cache fetched the config and the layer across the link:\n${listed(link.transfers)}`);
       assert.ok(link.egressBytes() >= LAYER_BYTES, `the layer crossed the link (${link.egressBytes()} bytes)`);
       const served = await crioAtCache(cache, accessBefore, a);
-      assert.deepEqual(servedImage(served, a), { manifest: true, blobs: BLOBS }, `CRI-O got the manifest by digest, the config and the layer from the cache:\n${describeLink(served)}`);
+      assert.deepEqual(servedImage(served, a), { manifest: true, blobs: BLOBS }, `CRI-O got the manifest by digest, the config and the layer from the cache:\n${listed(served)}`);
       assert.equal(served[0]!.userAgent, crioUserAgent, 'the same CRI-O that pulled across the link before');
 
       // The cache stopped: containers/image moves on to the registry's own location, the pull succeeds.
@@ -205,7 +206,7 @@ describe('a real CRI-O pulls through the drop-in `pinset mirror-config --runtime
       link.reset();
       const b = await pushRandom(bed.upstream, 'mirror/b', LAYER_BYTES, { host: FLEET_REGISTRY });
       await pull(bed, b);
-      assert.equal(blobGets(byCrio(link.transfers), b).filter((x) => x.status === 200).length, BLOBS, `with the cache down, CRI-O fetched the config and the layer across the link:\n${describeLink(link.transfers)}`);
+      assert.equal(blobGets(byCrio(link.transfers), b).filter((x) => x.status === 200).length, BLOBS, `with the cache down, CRI-O fetched the config and the layer across the link:\n${listed(link.transfers)}`);
       assert.deepEqual(link.transfers.filter((x) => x.userAgent !== crioUserAgent), [], 'nobody else crossed the link');
 
       // The drop-in removed and CRI-O reloaded, the cache up again: the cache sees nothing of the next pull.
@@ -249,7 +250,7 @@ describe('a real CRI-O pulls through the drop-in `pinset mirror-config --runtime
       }
       for (const image of [p, q]) {
         const served = await crioAtCache(cache, accessBefore, image);
-        assert.deepEqual(servedImage(served, image), { manifest: true, blobs: BLOBS }, `${image.ref}: CRI-O got it from the cache:\n${describeLink(served)}`);
+        assert.deepEqual(servedImage(served, image), { manifest: true, blobs: BLOBS }, `${image.ref}: CRI-O got it from the cache:\n${listed(served)}`);
       }
 
       link.reset();
