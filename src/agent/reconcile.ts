@@ -9,12 +9,13 @@ import type { PinBackend, PinTarget } from '../pins/backend.ts';
 import type { PinChoice } from '../pins/choice.ts';
 import type { RolloutGate } from '../rollout/gate.ts';
 import { checkpoint } from '../util/cancel.ts';
+import { errMessage } from '../util/problem-log.ts';
 import type { SetSources } from './observe.ts';
 import type { AgentCredentials } from './image-credentials.ts';
 import { planReconcile, type Plan, type WantedImage } from './plan.ts';
 import type { Presence } from './presence.ts';
 import type { PullAdmission } from './pull-admission.ts';
-import { pullsNeeded, runPulls } from './pulls.ts';
+import { progressReportMs, pullsNeeded, runPulls } from './pulls.ts';
 import type { ImagePuller } from './puller.ts';
 import type { RuntimeObserver } from './runtime-state.ts';
 import type { SetReport } from './set-report.ts';
@@ -76,11 +77,13 @@ export async function reconcile(p: ReconcileParts, signal: AbortSignal): Promise
   const need = pullsNeeded(plan, runtime, pins, p.puller, p.log);
   const admitted = await p.admission.admit(plan, need.toPull, need.isName, runtime, p.sets.problems, signal);
   const report = (final = false) =>
-    p.report.report({ plan, runtime, pins: pins.status(), puller: p.puller, estimates: p.admission.estimates, admitted, pullSecretProblems: p.credentials?.setProblems(plan, final) });
+    p.report.report({ plan, runtime, pins: pins.status(), puller: p.puller, estimates: p.admission.estimates, sizes: p.admission.imageSizes, admitted, pullSecretProblems: p.credentials?.setProblems(plan, final) });
+  const progress = () => void report().catch((e: unknown) => p.log.warn({ err: errMessage(e) }, 'progress report failed'));
 
-  // 5. Pulls, reporting progress while they run.
+  // 5. Pulls, reporting progress while they run (as each image lands, and every few seconds).
   const waitingForSlot = need.toPull.length - admitted.pulling.length;
-  const { pulled, attempted } = await runPulls({ puller: p.puller, log: p.log, runtime, pins, report: () => void report(), waitingForSlot }, need, admitted.pulling, signal);
+  const reportEveryMs = progressReportMs(p.report.progressIntervalMs);
+  const { pulled, attempted } = await runPulls({ puller: p.puller, log: p.log, runtime, pins, report: progress, reportEveryMs, waitingForSlot }, need, admitted.pulling, signal);
   if (admitted.pulling.length > 0) await p.rolloutGate?.releaseAll();
 
   // 6. Verify: what landed is pinned and confirmed, then read back; last, the runtime checked against its pins.
@@ -92,7 +95,7 @@ export async function reconcile(p: ReconcileParts, signal: AbortSignal): Promise
 
   // 7. Report.
   p.admission.forgetDone(plan, runtime);
-  const sets = report(true);
+  const sets = await report(true);
   p.presence.record(plan, runtime, pins, p.now());
   const status = pins.status();
   return { plan, sets, wrote: status.wrote, reloaded: status.reloaded, pullsAttempted: attempted, runtimeReachable: runtime.error === undefined };
