@@ -1,13 +1,15 @@
 // containerd's Content service as the agent reads it (src/containerd/content.ts)
-// against the real containerd 1.7.24 and 2.1.9 while a CRI pull crosses a
-// thin link (test/support/thin-link.ts: 8 Mbit/s, so a 5 MB layer takes
-// about 5 s): the layer is an ingest whose ref names its digest, whose
-// total is its size and whose offset grows as the bytes arrive (a MiB at a
-// time: content.Copy writes whole MiBs, content/helpers.go); once the
-// pull is done the ingest is gone and Info tells the blob committed; the
-// download progress seam counts the layer's bytes all along, never going
-// back. containerd 1.7 pulls through client.Pull, 2.1 through its transfer
-// service: both write the same ingests.
+// against the real containerd 1.6 (the system's), 1.7.24 and 2.1.9 while a
+// CRI pull crosses a thin link (test/support/thin-link.ts: 8 Mbit/s, so a
+// 5 MB layer takes about 5 s): the layer is an ingest whose ref names its
+// digest, whose total is its size and whose offset grows as the bytes
+// arrive (a MiB at a time: content.Copy writes whole MiBs,
+// content/helpers.go); once the pull is done the ingest is gone and Info
+// tells the blob committed; the download progress seam counts the layer's
+// bytes all along, never going back. containerd 1.6 and 1.7 pull through
+// client.Pull, 2.1 through its transfer service: all write the same
+// ingests (1.6 pins nothing, but the agent pre-loads there and counts its
+// bytes alike).
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { ContainerdContent, ContentDownloads } from '../../src/containerd/content.ts';
@@ -19,7 +21,7 @@ import { ThinLink } from '../support/thin-link.ts';
 
 const LAYER_BYTES = 5_000_000;
 
-for (const version of ['1.7', '2.1'] as ContainerdVersion[]) {
+for (const version of ['1.6', '1.7', '2.1'] as ContainerdVersion[]) {
   const needs: ComponentName[] = [containerdComponent(version), 'runc', 'docker-registry'];
 
   describe(`containerd ${version}: the bytes of a pull under way, from its Content service`, () => {
