@@ -25,31 +25,20 @@
 // image` and `pulled image` (relative to the set's creation).
 //
 // The ETA: `pinset controller` (the bundle) runs beside the fleet and
-// writes the set's status.progress; the set's status is read every 100 ms.
-// At half-way (the first status with half the set present across the
-// fleet, and again at half the fleet's time) the ETA it gave is compared
-// with when the last node really was ready. The fleet here is a rollout
-// shrunk in time: one node takes ~15 s where a 15 GB upgrade payload over
-// 100 Mbit/s takes 20 minutes, about 80 times less. So the paces of the
-// progress reports are shrunk alike: the agents write progress 1 s after
-// their last write (--status-progress-interval; 1 minute by default), the
+// writes the set's status.progress from the bytes the agents report (each
+// node's bytes present of its total: the registries' sizes, and what
+// containerd's ingests say is arriving); the set's status is read every
+// 100 ms. At half-way (the first status with half the set present across
+// the fleet, and again at half the fleet's time) the ETA it gave is
+// compared with when the last node really was ready. The fleet here is a
+// rollout shrunk in time: one node takes ~15 s where a 15 GB upgrade
+// payload over 100 Mbit/s takes 20 minutes, about 80 times less. So the
+// paces of the progress reports are shrunk alike: the agents write
+// progress 1 s after their last write, then twice as long each time up to
+// 5 s (--status-progress-interval; 1 then up to 5 minutes by default), the
 // controller measures its rate over 10 s (--progress-window; 10 minutes,
 // twice the agents' longest pace) and writes progress every 500 ms
 // (--progress-interval; 30 s).
-//
-// The agents of this build report images, not bytes: their progress moves
-// by whole images, in bursts (--max-parallel-pulls land together). Beside
-// the controller's own ETA, each row is therefore replayed through the
-// controller's estimator (src/controller/progress.ts) as agents reporting
-// bytes would feed it: each node's bytes rebuilt from its agent's log (an
-// image's bytes arriving evenly between its `pulling image` and `pulled
-// image`), written at the agent reporter's pace shrunk as the rest (at once
-// when the node starts pulling and when it is ready; progress 1 s after the
-// last write, then each time twice as long up to 5 s, as 1 then up to 5
-// minutes by default: the agents of this build cannot be given that cap,
-// and uncapped their writes drift 16 s apart), the estimator fed at every
-// write. It is a replay under that assumption, not a measurement: the
-// measurement comes once the agents report bytes.
 //
 // Knobs: BENCH_FLEET_NODES (6), BENCH_FLEET_IMAGES (6),
 // BENCH_FLEET_IMAGE_BYTES (5000000: a 30 MB set), BENCH_FLEET_MBIT (40),
@@ -65,8 +54,6 @@ import { fileURLToPath } from 'node:url';
 import { validateSet } from '../src/api/validate.ts';
 import { slotFree, slotSelector, DEFAULT_SLOT_NAMESPACE } from '../src/rollout/slots.ts';
 import type { SetProgress } from '../src/api/types.ts';
-import { fleetWork, ProgressTracker, type NodeProgressInput } from '../src/controller/progress.ts';
-import { parseDuration } from '../src/util/flags.ts';
 import { AgentProcess, argvFor, bundledCli } from '../test/support/agent-process.ts';
 import { missingComponents, missingMessage, type ComponentName } from '../test/support/components.ts';
 import { FleetBed, FLEET_REGISTRY, type ImagePull } from '../test/support/fleet-bed.ts';
@@ -130,13 +117,11 @@ interface RowResult {
   pulls?: { node: string; version: string; image: string; startedMs: number; finishedMs?: number }[];
   /** The ETA the controller gave at half-way, and what was left really. */
   eta?: { halfPresent?: EtaCheck; halfTime?: EtaCheck };
-  /** The same, from the estimator replayed on the row's timelines with bytes (see the top). */
-  replayedEta?: { halfPresent?: EtaCheck; halfTime?: EtaCheck };
   /** Every change of the set's status.progress, ms after the set's creation. */
   progress?: ProgressSample[];
 }
 
-/** One reading of the set's status.progress (ms after the set's creation; eta too). */
+/** One reading of the set's status.progress (ms after the set's creation; eta too), with the bytes that had crossed the link by then. */
 interface ProgressSample {
   atMs: number;
   unit: string;
@@ -144,6 +129,7 @@ interface ProgressSample {
   total: number;
   rate?: number;
   etaMs?: number;
+  linkBytes: number;
 }
 
 /** At `atMs`, the controller said the fleet would be done `saidMs` later; it took `tookMs`. */
@@ -234,7 +220,7 @@ function sampleProgress(bed: FleetBed, set: string, created: number): { stop: ()
     const key = JSON.stringify([p.unit, p.present, p.total, p.rate, eta]);
     if (key === last) return;
     last = key;
-    samples.push({ atMs: Date.now() - created, unit: p.unit, present: p.present, total: p.total, ...(p.rate !== undefined ? { rate: p.rate } : {}), ...(eta !== undefined ? { etaMs: eta } : {}) });
+    samples.push({ atMs: Date.now() - created, unit: p.unit, present: p.present, total: p.total, ...(p.rate !== undefined ? { rate: p.rate } : {}), ...(eta !== undefined ? { etaMs: eta } : {}), linkBytes: bed.link.egressBytes() });
   }, 100);
   return { stop: () => (clearInterval(timer), samples) };
 }
@@ -252,50 +238,6 @@ function etaChecks(samples: readonly ProgressSample[], fleetMs: number): RowResu
   const halfPresent = half ? etaAt(samples, half.atMs, fleetMs) : undefined;
   const halfTime = etaAt(samples, fleetMs / 2, fleetMs);
   return { ...(halfPresent ? { halfPresent } : {}), ...(halfTime ? { halfTime } : {}) };
-}
-
-/**
- * The row replayed through the controller's estimator as agents reporting
- * bytes would feed it (see the top): each node's bytes at time t rebuilt
- * from its image timeline, written at the reporter's pace, observed at
- * every write. Returns the estimator's readings, as sampleProgress would.
- */
-function replayBytes(r: RowResult, slots: number | undefined): ProgressSample[] {
-  const size = new Map((r.images ?? []).map((i) => [i.ref, i.bytes]));
-  const total = [...size.values()].reduce((a, b) => a + b, 0);
-  const nodes = Object.keys(r.readyMs ?? {}).map((name) => {
-    const pulls = (r.pulls ?? []).filter((p) => p.node === name);
-    return { name, pulls, start: Math.min(...pulls.map((p) => p.startedMs)), ready: r.readyMs![name]! };
-  });
-  const bytesAt = (n: (typeof nodes)[number], t: number) =>
-    n.pulls.reduce((sum, p) => {
-      const b = size.get(p.image) ?? 0;
-      const end = p.finishedMs ?? n.ready;
-      return sum + (t >= end ? b : t <= p.startedMs ? 0 : (b * (t - p.startedMs)) / (end - p.startedMs));
-    }, 0);
-  // Each node's writes: news when it starts pulling and when it is ready;
-  // progress `first` after the last write, then twice as long each time up
-  // to 5 x `first` (the reporter's 1 minute up to 5 minutes, shrunk).
-  const first = parseDuration(AGENT_PROGRESS);
-  const writes: { at: number; node: number }[] = [];
-  nodes.forEach((n, i) => {
-    writes.push({ at: 0, node: i }, { at: n.start, node: i }, { at: n.ready, node: i });
-    for (let at = n.start + first, wait = first; at < n.ready; wait = Math.min(5 * first, wait * 2), at += wait) writes.push({ at, node: i });
-  });
-  writes.sort((a, b) => a.at - b.at);
-  const reported: NodeProgressInput[] = nodes.map(() => ({ verdict: 'progressing', entry: { reason: 'WaitingForRolloutSlot' } }));
-  const tracker = new ProgressTracker(parseDuration(PROGRESS_WINDOW));
-  const samples: ProgressSample[] = [];
-  const t0 = Date.UTC(2026, 0, 1);
-  for (const w of writes) {
-    const n = nodes[w.node]!;
-    if (w.at >= n.ready) reported[w.node] = { verdict: 'ready', entry: { reason: 'AllImagesPinned', bytes: { present: total, total } } };
-    else if (w.at >= n.start) reported[w.node] = { verdict: 'progressing', entry: { reason: 'Pulling', bytes: { present: Math.round(bytesAt(n, w.at)), total } } };
-    const p = tracker.observe({ name: r.row, generation: 1, ...(slots ? { slots } : {}) }, fleetWork(reported, size.size), new Date(t0 + w.at));
-    const eta = p.estimatedCompletionTime ? Date.parse(p.estimatedCompletionTime) - t0 : undefined;
-    samples.push({ atMs: w.at, unit: p.unit, present: p.present, total: p.total, ...(p.rate !== undefined ? { rate: p.rate } : {}), ...(eta !== undefined ? { etaMs: eta } : {}) });
-  }
-  return samples;
 }
 
 async function layerSizes(bed: FleetBed, images: readonly PushedImage[]): Promise<string[]> {
@@ -353,7 +295,6 @@ async function runRow(plan: RowPlan, cli: string, run: number): Promise<RowResul
       eta: etaChecks(progressSamples, fleetMs),
       progress: progressSamples,
     };
-    result.replayedEta = etaChecks(replayBytes(result, max), fleetMs);
     return result;
   } finally {
     await controller.stop();
@@ -399,7 +340,6 @@ function etaLines(rows: readonly RowResult[]): string[] {
   for (const r of rows) {
     if (!r.eta) continue;
     out.push(`- ${r.label}: half present ${etaText(r.eta.halfPresent)}; half the time ${etaText(r.eta.halfTime)}`);
-    if (r.replayedEta) out.push(`  - replayed with bytes: half present ${etaText(r.replayedEta.halfPresent)}; half the time ${etaText(r.replayedEta.halfTime)}`);
   }
   return out;
 }

@@ -5,7 +5,7 @@
 import { encodedSize } from '../src/api/node-status.ts';
 import { makeNodeStatus } from '../src/agent/status.ts';
 import { STATUS_MAX_BYTES, type NodeStatus } from '../src/api/types.ts';
-import { PIN_FILE, typicalSets, worstCaseSets } from '../test/support/node-status-samples.ts';
+import { downloadingSets, PIN_FILE, typicalSets, worstCaseSets } from '../test/support/node-status-samples.ts';
 
 const AT = '2026-11-21T10:04:05.123Z';
 
@@ -18,6 +18,10 @@ const rows: [string, string, string, string][] = [];
 for (const n of [1, 10, 20]) {
   const s = makeNodeStatus('worker-3', PIN_FILE, typicalSets(n), AT);
   rows.push([`${n} typical set(s), Ready, no errors`, String(v1Size({ ...s, node: 'worker-3' })), String(encodedSize(s)), s.truncated ? `${s.sets.length} of ${n} (truncated)` : `all ${n}`]);
+}
+for (const n of [1, 10]) {
+  const s = makeNodeStatus('worker-3', PIN_FILE, downloadingSets(n), AT);
+  rows.push([`${n} typical set(s) downloading: Progressing, bytes, rate, estimate`, String(v1Size({ ...s, node: 'worker-3' })), String(encodedSize(s)), s.truncated ? `${s.sets.length} of ${n} (truncated)` : `all ${n}`]);
 }
 for (const n of [10, 200]) {
   const all = worstCaseSets(n);

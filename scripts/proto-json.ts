@@ -1,7 +1,8 @@
 // `node scripts/proto-json.ts`: the JSON descriptors the agent's gRPC
 // clients read, one per .proto in proto/ that the agent calls through:
-// proto/cri-image.json (CRI, src/cri/wire.ts) and proto/containerd-images.json
-// (containerd's Images service with what it imports, src/containerd/wire.ts),
+// proto/cri-image.json (CRI, src/cri/wire.ts), proto/containerd-images.json
+// (containerd's Images service with what it imports) and
+// proto/containerd-content.json (its Content service; both src/containerd/wire.ts),
 // so that no .proto text is parsed when the agent starts (BENCHMARKS.md,
 // footprint). Field names are camelCase, as @grpc/proto-loader makes them
 // with keepCase false. test/unit/cri-wire.test.ts and
@@ -17,11 +18,14 @@ export const PROTO_FILE = path.join(PROTO_DIR, 'cri-image.proto');
 export const JSON_FILE = path.join(PROTO_DIR, 'cri-image.json');
 export const CONTAINERD_PROTO_FILE = path.join(PROTO_DIR, 'containerd-images.proto');
 export const CONTAINERD_JSON_FILE = path.join(PROTO_DIR, 'containerd-images.json');
+export const CONTAINERD_CONTENT_PROTO_FILE = path.join(PROTO_DIR, 'containerd-content.proto');
+export const CONTAINERD_CONTENT_JSON_FILE = path.join(PROTO_DIR, 'containerd-content.json');
 
 /** Each .proto the agent reads as JSON, and its JSON file. */
 export const DESCRIPTORS: readonly { proto: string; json: string }[] = [
   { proto: PROTO_FILE, json: JSON_FILE },
   { proto: CONTAINERD_PROTO_FILE, json: CONTAINERD_JSON_FILE },
+  { proto: CONTAINERD_CONTENT_PROTO_FILE, json: CONTAINERD_CONTENT_JSON_FILE },
 ];
 
 /**

@@ -29,6 +29,7 @@ import type { NodeRuntime } from '../api/types.ts';
 import type { ImageRuntime } from '../cri/runtime.ts';
 import type { AgentMetrics } from '../metrics/agent-metrics.ts';
 import type { PinChoice } from '../pins/choice.ts';
+import type { DownloadProgress } from '../pins/downloads.ts';
 import type { AuthFile } from '../registry/auth.ts';
 import type { FirstWave } from '../rollout/first-wave.ts';
 import type { RolloutGate } from '../rollout/gate.ts';
@@ -70,6 +71,8 @@ export interface AgentOptions {
   criSocketPath?: string | null;
   /** The node's pin backend, chosen as the runtime answers CRI Version (./boot/pin-kit.ts builds it; its owner closes it). */
   pins: PinChoice;
+  /** What the runtime tells of downloads under way, for each set's bytes while it downloads (the pin kit builds it where the runtime is containerd; its owner closes it). */
+  downloads?: DownloadProgress | null;
   puller: ImagePuller;
   reporter: StatusReporter;
   logger: Logger;

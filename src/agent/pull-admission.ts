@@ -14,6 +14,10 @@
 // The estimate is started as soon as the runtime has said what it holds,
 // for the images of sets no rollout slot limits, so it runs while the pins
 // are written and confirmed rather than after.
+//
+// The sizes it reads are kept (imageSizes, ./known-sizes.ts) for the sets'
+// bytes on the node, and each request also asks, once, for the other
+// images of the sets it sizes: their totals need every image.
 import type { Logger } from 'pino';
 import { RuntimeError } from '../cri/runtime.ts';
 import type { FirstWave, SetWave } from '../rollout/first-wave.ts';
@@ -22,6 +26,7 @@ import { checkpoint } from '../util/cancel.ts';
 import type { ProblemLog } from '../util/problem-log.ts';
 import type { DiskCheck, ImageFsSpace } from './disk.ts';
 import { estimateBatch, noSpaceMessage, roomBelowWatermark, type ImageSizes, type SetEstimate, type SizeEstimator } from './estimate.ts';
+import { KnownSizes, setsReferences } from './known-sizes.ts';
 import type { Plan, WantedImage } from './plan.ts';
 import type { ImagePuller } from './puller.ts';
 import { admitDownloads, rolloutLimits } from './rollout-hook.ts';
@@ -52,6 +57,8 @@ export class PullAdmission {
   private readonly log: Logger;
   /** Per set key: the estimated disk of its images still to download, kept until they are all present. */
   readonly estimates = new Map<string, SetEstimate>();
+  /** The blobs of the wanted images as the registries sized them: what each set's bytes are counted from. */
+  readonly imageSizes = new KnownSizes();
   private early: Promise<string | null> | undefined;
   /** The room below the watermark, measured at the start of this reconcile when something may be downloaded. */
   private measuring: Promise<ImageFsSpace | null> | undefined;
@@ -83,9 +90,11 @@ export class PullAdmission {
       if (r.error) return new Map<string, ImageSizes>();
       const held = r.heldDigests();
       const refs = toEstimate(plan, (w) => !!r.found(w) || held.has(w.reference.digest));
-      return refs.length > 0 ? estimator.sizes(refs, signal) : new Map<string, ImageSizes>();
+      const also = this.imageSizes.toAsk(setsReferences(plan, plan.wanted.filter((w) => refs.includes(w.reference.reference))));
+      const all = [...new Set([...refs, ...also])];
+      return all.length > 0 ? estimator.sizes(all, signal) : new Map<string, ImageSizes>();
     });
-    this.prefetched.catch(() => {});
+    this.prefetched.then((m) => this.imageSizes.note(m)).catch(() => {});
   }
 
   /**
@@ -122,7 +131,7 @@ export class PullAdmission {
     const mayPull = new Set(admitted.pulls);
     const dueNow = dueDownloads.filter((w) => mayPull.has(w));
     if (!diskProblem && dueNow.length > 0 && this.o.sizeEstimator) {
-      diskProblem = await this.estimateFits(dueNow, runtime, problems, signal);
+      diskProblem = await this.estimateFits(dueNow, runtime, problems, signal, this.imageSizes.toAsk(setsReferences(plan, dueNow)));
       if (diskProblem) {
         this.log.warn({ missing: dueNow.length, err: diskProblem }, 'the images to pull would not fit below the high watermark; not pulling this batch');
         for (const w of dueNow) puller.fail(w.key, new RuntimeError('NoSpace', diskProblem));
@@ -137,27 +146,31 @@ export class PullAdmission {
    * images to download; what the runtime held is kept for the next look ahead.
    */
   forgetDone(plan: Plan, runtime: RuntimeSnapshot): void {
+    this.imageSizes.retain(new Set(plan.wanted.map((w) => w.reference.reference)));
     if (runtime.error) return;
     this.lastHeld = runtime.heldDigests();
     const pending = new Set(plan.wanted.filter((w) => !runtime.found(w)).flatMap((w) => w.sets));
     for (const k of [...this.estimates.keys()]) if (!pending.has(k)) this.estimates.delete(k);
   }
 
-  /** Sizes of `refs`: those asked for early, and the rest now. */
+  /** Sizes of `refs`: those asked for early, and the rest now; kept in imageSizes. */
   private async sizes(refs: readonly string[], signal: AbortSignal): Promise<Map<string, ImageSizes>> {
     const early = (await this.prefetched?.catch(() => undefined)) ?? new Map<string, ImageSizes>();
     const rest = refs.filter((r) => !early.has(r));
     const late = rest.length > 0 ? await this.o.sizeEstimator!.sizes(rest, signal) : new Map<string, ImageSizes>();
-    return new Map(refs.map((r) => [r, early.get(r) ?? late.get(r)!]));
+    const out = new Map(refs.map((r) => [r, early.get(r) ?? late.get(r)!]));
+    this.imageSizes.note(out);
+    return out;
   }
 
   /**
    * Whether the images about to be downloaded fit below the watermark,
    * estimated from the registries; null when they do or when it cannot be
    * told (sizes unknown, filesystem not measurable), else why not. Name-only
-   * pulls are not in `due`: they download nothing.
+   * pulls are not in `due`: they download nothing. `also`: references sized
+   * in the same request for the sets' totals, not estimated.
    */
-  private async estimateFits(due: readonly WantedImage[], runtime: RuntimeSnapshot, problems: ProblemLog, signal: AbortSignal): Promise<string | null> {
+  private async estimateFits(due: readonly WantedImage[], runtime: RuntimeSnapshot, problems: ProblemLog, signal: AbortSignal, also: readonly string[]): Promise<string | null> {
     const held = runtime.heldDigests();
     const download = due.filter((w) => !held.has(w.reference.digest));
     if (download.length === 0) return null;
@@ -166,7 +179,7 @@ export class PullAdmission {
     // The room below the watermark: measured when this reconcile started (while the sizes were asked for), or now.
     const measuring = check ? (this.measuring ?? check.space()) : undefined;
     measuring?.catch(() => {});
-    const sizes = await this.sizes(refs, signal);
+    const sizes = await this.sizes([...new Set([...refs, ...also])], signal);
     checkpoint(signal);
     const factor = this.o.diskEstimateFactor ?? 2;
     const batch = estimateBatch(download.map((w) => ({ reference: w.reference.reference, sets: w.sets })), sizes, factor);

@@ -13,8 +13,18 @@ import type { Plan, WantedImage } from './plan.ts';
 import type { ImagePuller, PullKind, PullResult } from './puller.ts';
 import type { RuntimeSnapshot } from './runtime-state.ts';
 
-/** While pulls run, status is recomputed this often (the reporter decides what is written, and when). */
-const PROGRESS_REPORT_MS = 5_000;
+/** While pulls run, status is recomputed this often, and as each image lands (the reporter decides what is written, and when). */
+export const PROGRESS_REPORT_MS = 5_000;
+
+/**
+ * How often status is recomputed while pulls run: every PROGRESS_REPORT_MS,
+ * or as often as progress may be written when that is shorter (a pace
+ * shrunk with --status-progress-interval, whose least is a second), so
+ * what is written is never older than the pace it is written at.
+ */
+export function progressReportMs(progressIntervalMs: number): number {
+  return Math.min(PROGRESS_REPORT_MS, Math.max(1_000, progressIntervalMs));
+}
 
 export interface PullPlan {
   /** Wanted images to pull, in plan order. */
@@ -43,10 +53,10 @@ export function pullsNeeded(plan: Plan, runtime: RuntimeSnapshot, pins: PinBacke
 
 /**
  * Pull `pulling` (bounded parallelism and per-image retries are the
- * puller's), reporting progress while they run. Returns the images pulled.
+ * puller's), reporting progress while they run. Returns the images pulled and those whose pull failed.
  */
 export async function runPulls(
-  o: { puller: ImagePuller; log: Logger; runtime: RuntimeSnapshot; pins: PinBackend; report: () => void; waitingForSlot: number; onLanded?: (w: WantedImage) => void },
+  o: { puller: ImagePuller; log: Logger; runtime: RuntimeSnapshot; pins: PinBackend; report: () => void; reportEveryMs: number; waitingForSlot: number; onLanded?: (w: WantedImage) => void },
   need: PullPlan,
   pulling: readonly WantedImage[],
   signal: AbortSignal,
@@ -66,9 +76,10 @@ export async function runPulls(
     if (!r.ok || !w) return;
     runtime.landed(w, r.imageRef, assumePinned);
     o.onLanded?.(w);
+    o.report();
   };
   o.report(); // a set that starts pulling shows Progressing now
-  const progress = setInterval(o.report, PROGRESS_REPORT_MS);
+  const progress = setInterval(o.report, o.reportEveryMs);
   let results: PullResult[];
   try {
     results = await puller.pull(pulling, signal, landed, (k) => need.kinds.get(k) ?? 'download').catch((e) => {

@@ -10,13 +10,14 @@ import type { PinChoice } from '../pins/choice.ts';
 import type { FirstWave } from '../rollout/first-wave.ts';
 import type { RolloutGate } from '../rollout/gate.ts';
 import { checkpoint } from '../util/cancel.ts';
+import { errMessage } from '../util/problem-log.ts';
 import type { SetSources } from './observe.ts';
 import type { AgentCredentials } from './image-credentials.ts';
 import { planReconcile, type Plan, type WantedImage } from './plan.ts';
 import type { Presence } from './presence.ts';
 import type { PullAdmission } from './pull-admission.ts';
 import { WaveLandings } from './rollout-hook.ts';
-import { pullsNeeded, runPulls } from './pulls.ts';
+import { progressReportMs, pullsNeeded, runPulls } from './pulls.ts';
 import type { ImagePuller } from './puller.ts';
 import type { RuntimeObserver } from './runtime-state.ts';
 import type { SetReport } from './set-report.ts';
@@ -79,12 +80,15 @@ export async function reconcile(p: ReconcileParts, signal: AbortSignal): Promise
   const need = pullsNeeded(plan, runtime, pins, p.puller, p.log);
   const admitted = await p.admission.admit(plan, need.toPull, need.isName, runtime, p.sets.problems, signal);
   const report = (final = false) =>
-    p.report.report({ plan, runtime, pins: pins.status(), puller: p.puller, estimates: p.admission.estimates, admitted, pullSecretProblems: p.credentials?.setProblems(plan, final) });
+    p.report.report({ plan, runtime, pins: pins.status(), puller: p.puller, estimates: p.admission.estimates, sizes: p.admission.imageSizes, admitted, pullSecretProblems: p.credentials?.setProblems(plan, final) });
+  const progress = () => void report().catch((e: unknown) => p.log.warn({ err: errMessage(e) }, 'progress report failed'));
 
-  // 5. Pulls, reporting progress while they run; a first-wave node records each image as it lands.
+  // 5. Pulls, reporting progress while they run (as each image lands, and every few seconds); a first-wave node records each image as it lands.
   const waitingForSlot = need.toPull.length - admitted.pulling.length;
+  const reportEveryMs = progressReportMs(p.report.progressIntervalMs);
   const landings = new WaveLandings(p.firstWave, plan, (w) => !!runtime.found(w));
-  const { pulled, failed, attempted } = await runPulls({ puller: p.puller, log: p.log, runtime, pins, report: () => void report(), waitingForSlot, onLanded: (w) => landings.landed(w) }, need, admitted.pulling, signal);
+  const onLanded = (w: WantedImage) => landings.landed(w);
+  const { pulled, failed, attempted } = await runPulls({ puller: p.puller, log: p.log, runtime, pins, report: progress, reportEveryMs, waitingForSlot, onLanded }, need, admitted.pulling, signal);
   await landings.settle(failed.filter((w) => !need.isName(w)));
   if (admitted.pulling.length > 0) await p.rolloutGate?.releaseAll();
 
@@ -97,7 +101,7 @@ export async function reconcile(p: ReconcileParts, signal: AbortSignal): Promise
 
   // 7. Report.
   p.admission.forgetDone(plan, runtime);
-  const sets = report(true);
+  const sets = await report(true);
   p.presence.record(plan, runtime, pins, p.now());
   const status = pins.status();
   return { plan, sets, wrote: status.wrote, reloaded: status.reloaded, pullsAttempted: attempted, runtimeReachable: runtime.error === undefined };

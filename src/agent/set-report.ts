@@ -3,15 +3,28 @@
 // its own pace), Events for changes of phase, and the agent's metrics. What
 // a set's generations were is remembered across reconciles and, through
 // the annotation, across restarts.
+//
+// Each set's bytes on the node (src/api/set-bytes.ts) are counted from the
+// sizes pull admission keeps (./known-sizes.ts), what the runtime holds,
+// and what it says is still arriving (the download progress seam,
+// src/pins/downloads.ts: containerd's ingests; none on CRI-O, where an
+// image counts when it lands); the rate from the bytes at each report
+// (SetRates). Reports are made as a reconcile goes, when an image lands
+// and every few seconds while pulls run: one read of what is arriving at a
+// time, and a report asked for while one is read is made with it, from the
+// newest facts (so bytes never go back because of an older read).
 import type { NodeRuntime, NodeSetStatus, SetPhase } from '../api/types.ts';
 import { readNodeStatus } from '../api/node-status.ts';
+import { setBytes, SetRates } from '../api/set-bytes.ts';
 import type { RuntimeInfo } from '../cri/runtime.ts';
 import type { AgentMetrics } from '../metrics/agent-metrics.ts';
 import type { PinStatus } from '../pins/backend.ts';
+import type { DownloadProgress } from '../pins/downloads.ts';
 import type { SetEstimate } from './estimate.ts';
+import type { KnownSizes } from './known-sizes.ts';
 import type { KubeObserver } from './kube.ts';
 import type { EventRecorder } from './node-sinks.ts';
-import type { Plan } from './plan.ts';
+import { wantedKey, type Plan } from './plan.ts';
 import type { ImagePuller } from './puller.ts';
 import type { Admitted } from './pull-admission.ts';
 import type { RuntimeSnapshot } from './runtime-state.ts';
@@ -31,6 +44,8 @@ export interface SetReportOptions {
   kubeletConfig?: KubeletConfigWatch | null;
   /** What the agent found on its node, with the pin backend in use, for the node status. */
   nodeRuntime?: () => NodeRuntime | undefined;
+  /** What the runtime tells of downloads under way (absent: an image counts when it lands). */
+  downloads?: DownloadProgress | null;
   now: () => number;
 }
 
@@ -51,16 +66,29 @@ export interface ReportFacts {
   admitted?: Admitted;
   /** Per set key: why one of its pull secrets cannot be used. */
   pullSecretProblems?: ReadonlyMap<string, string>;
+  /** The sizes of the wanted images' blobs, as pull admission keeps them. */
+  sizes?: Pick<KnownSizes, 'blobs'>;
 }
+
+type Bytes = { present: number; total: number };
 
 export class SetReport {
   private readonly o: SetReportOptions;
   private history = new Map<string, SetHistory>();
   private readonly lastPhase = new Map<string, SetPhase>();
   private seeded = false;
+  private readonly rates = new SetRates();
+  /** The report waiting for its read of what is arriving, and the newest facts it is to be made from. */
+  private pending: Promise<NodeSetStatus[]> | undefined;
+  private latest: ReportFacts | undefined;
 
   constructor(o: SetReportOptions) {
     this.o = o;
+  }
+
+  /** The reporter's first wait for a progress-only write. */
+  get progressIntervalMs(): number {
+    return this.o.reporter.progressIntervalMs;
   }
 
   /** What the Node's annotation says already (once the Node is known): identical content is not written again, generations carry on. */
@@ -74,9 +102,60 @@ export class SetReport {
     for (const [k, v] of historyFromStatus(previous)) if (!this.history.has(k)) this.history.set(k, v);
   }
 
-  report(f: ReportFacts): NodeSetStatus[] {
+  /** Report the sets from `f` (or from facts newer still, when another report is asked for while this one reads what is arriving). */
+  report(f: ReportFacts): Promise<NodeSetStatus[]> {
+    this.latest = f;
+    this.pending ??= this.arriving(f).then((arriving) => {
+      this.pending = undefined;
+      return this.make(this.latest!, arriving);
+    });
+    return this.pending;
+  }
+
+  /** What the runtime says is arriving of the blobs of the wanted images it does not hold; undefined when there is nothing to ask. */
+  private async arriving(f: ReportFacts): Promise<ReadonlyMap<string, number> | undefined> {
+    const { downloads } = this.o;
+    if (!downloads || !f.sizes || f.runtime.error) return undefined;
+    const held = new Set<string>();
+    const missing = new Map<string, number>();
+    for (const w of f.plan.wanted) {
+      const blobs = f.sizes.blobs(w.reference.reference);
+      if (!blobs) continue;
+      if (f.runtime.found(w)) for (const d of blobs.keys()) held.add(d);
+      else for (const [d, n] of blobs) missing.set(d, n);
+    }
+    for (const d of held) missing.delete(d);
+    if (missing.size === 0) return undefined;
+    return downloads.arrived(missing).catch(() => undefined);
+  }
+
+  /** Each planned set's bytes, where the sizes of all its images are known, and its rate while it downloads; rates of sets no longer planned are forgotten. */
+  private bytesOf(f: ReportFacts, arriving: ReadonlyMap<string, number> | undefined): { bytes: Map<string, Bytes>; rates: Map<string, number> } {
+    const bytes = new Map<string, Bytes>();
+    const rates = new Map<string, number>();
+    const { sizes, runtime } = f;
+    this.rates.retain(new Set(f.plan.sets.map((s) => s.key)));
+    if (!sizes || runtime.error) return { bytes, rates };
+    const at = this.o.now();
+    const byKey = new Map(f.plan.wanted.map((w) => [w.key, w]));
+    for (const s of f.plan.sets) {
+      const images = s.references.flatMap((r) => {
+        const w = byKey.get(wantedKey(r.reference, s.runtimeHandler));
+        return w ? [{ blobs: sizes.blobs(r.reference), present: Boolean(runtime.found(w)) }] : [];
+      });
+      const b = images.length > 0 ? setBytes(images, arriving) : undefined;
+      if (!b) continue;
+      bytes.set(s.key, b);
+      const rate = this.rates.observe(s.key, b, at);
+      if (rate !== undefined) rates.set(s.key, rate);
+    }
+    return { bytes, rates };
+  }
+
+  private make(f: ReportFacts, arriving: ReadonlyMap<string, number> | undefined): NodeSetStatus[] {
     const { runtime, pins, plan } = f;
     const present = (w: Plan['wanted'][number]) => Boolean(runtime.found(w));
+    const { bytes, rates } = this.bytesOf(f, arriving);
     const { sets, history } = computeSetStatuses({
       plan,
       pins,
@@ -93,6 +172,8 @@ export class SetReport {
       rolloutUnenforced: f.admitted?.unenforced,
       firstWaves: f.admitted?.waves,
       pullSecretProblems: f.pullSecretProblems,
+      bytes,
+      rates,
     });
     this.history = history;
     this.o.reporter.report(

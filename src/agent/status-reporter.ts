@@ -2,6 +2,7 @@
 // it changes: a change of phase at once, progress (counts, messages) at a
 // pace, a failed write retried with backoff.
 import type { Logger } from 'pino';
+import { DOWNLOAD_WAIT_REASONS } from '../api/reasons.ts';
 import type { NodeSetStatus, NodeStatus } from '../api/types.ts';
 import { Backoff } from '../util/backoff.ts';
 import { sameJson } from '../util/json.ts';
@@ -34,14 +35,17 @@ function comparable(s: NodeStatus): unknown {
 
 /**
  * True when `next` differs from `prev` in progress only: the same sets, each
- * in the same phase and generations, with other counts, messages or
- * estimates, or a Progressing set with another reason (Pulling after
- * WaitingForRolloutSlot), or another non-zero pin count. Anything else is
- * news an operator and the controller wait for: a set added or gone, a
- * phase or a generation changed, a Degraded set failing for another
- * reason, or with another error while its counts stand still (the cause
- * changed, not the progress), the pin count reaching or leaving 0, pins
- * kept for another reason.
+ * in the same phase and generations, with other counts, bytes, rates,
+ * messages or estimates, or a Progressing set with another reason
+ * (WaitingForPin after Pulling), or another non-zero pin count. Anything
+ * else is news an operator and the controller wait for: a set added or
+ * gone, a phase or a generation changed, a set that starts downloading (a
+ * Progressing set leaving a reason under which it downloads nothing, such
+ * as WaitingForRolloutSlot: the controller's ETA counts the node as
+ * downloading from then on; one write per node per rollout), a Degraded
+ * set failing for another reason, or with another error while its counts
+ * stand still (the cause changed, not the progress), the pin count
+ * reaching or leaving 0, pins kept for another reason.
  */
 export function progressOnly(prev: NodeStatus | undefined, next: NodeStatus): boolean {
   if (!prev || prev.pinFile !== next.pinFile || prev.imageFilesystemError !== next.imageFilesystemError || prev.cannotPin !== next.cannotPin || JSON.stringify(prev.runtime) !== JSON.stringify(next.runtime)) return false;
@@ -64,6 +68,7 @@ export function progressOnly(prev: NodeStatus | undefined, next: NodeStatus): bo
     ) {
       return false;
     }
+    if (n.phase === 'Progressing') return !(DOWNLOAD_WAIT_REASONS.has(p.reason) && !DOWNLOAD_WAIT_REASONS.has(n.reason));
     if (n.phase !== 'Degraded') return true;
     return p.reason === n.reason && (p.message === n.message || !sameJson(p.images, n.images));
   });
@@ -71,23 +76,34 @@ export function progressOnly(prev: NodeStatus | undefined, next: NodeStatus): bo
 
 /** The first progress-only write waits this long after the last write; each next one twice as long, up to the cap. */
 export const PROGRESS_WRITE_INTERVAL_MS = 60_000;
-/** The kubelet reports an unchanged Node status every 5 minutes (nodeStatusReportFrequency): never more often than that for progress alone. */
-export const PROGRESS_WRITE_INTERVAL_CAP_MS = 5 * 60_000;
+/**
+ * The cap is this many times the first wait: 5 minutes by default, as the
+ * kubelet reports an unchanged Node status every 5 minutes
+ * (nodeStatusReportFrequency), never more often than that for progress
+ * alone. A shorter first wait (--status-progress-interval) shrinks the cap
+ * alike, so a rollout shrunk in time is reported at the same rhythm.
+ */
+export const PROGRESS_WRITE_CAP_FACTOR = 5;
+/** The cap with the default first wait. */
+export const PROGRESS_WRITE_INTERVAL_CAP_MS = PROGRESS_WRITE_CAP_FACTOR * PROGRESS_WRITE_INTERVAL_MS;
 
 /**
  * Writes a NodeStatus when its content changed. A change of phase (or of
- * the sets or generations) is written at once; a change of progress alone
- * (counts, reasons, messages) waits `progressIntervalMs` after the last
- * write, and each further one in a row twice as long up to
- * `progressIntervalCapMs` (the latest content wins). So a set rollout
- * costs 2 writes when it takes under a minute (Progressing, Ready), 3 under
- * three minutes, and after that one more per 5 minutes at most: every Node
- * write reaches every Node watcher in the cluster. A failed write is
- * retried with backoff; the newest content is what lands.
+ * the sets or generations, or a set starting to download) is written at
+ * once; a change of progress alone (counts, bytes, reasons, messages) waits
+ * `progressIntervalMs` after the last write, and each further one in a row
+ * twice as long up to `progressIntervalCapMs` (5 x the first wait unless
+ * given; the latest content wins). So a set rollout costs 2 writes when it
+ * takes under a minute (Progressing, Ready), 3 under three minutes, and
+ * after that one more per 5 minutes at most (one more when the set first
+ * waited for a rollout slot): every Node write reaches every Node watcher
+ * in the cluster. A failed write is retried with backoff; the newest
+ * content is what lands.
  */
 export class StatusReporter {
   private readonly sink: StatusSink;
-  private readonly progressIntervalMs: number;
+  /** The first wait of a progress-only write. */
+  readonly progressIntervalMs: number;
   private readonly progressIntervalCapMs: number;
   private readonly log: Logger;
   private readonly now: () => number;
@@ -109,7 +125,7 @@ export class StatusReporter {
   ) {
     this.sink = sink;
     this.progressIntervalMs = opts.progressIntervalMs ?? PROGRESS_WRITE_INTERVAL_MS;
-    this.progressIntervalCapMs = Math.max(this.progressIntervalMs, opts.progressIntervalCapMs ?? PROGRESS_WRITE_INTERVAL_CAP_MS);
+    this.progressIntervalCapMs = Math.max(this.progressIntervalMs, opts.progressIntervalCapMs ?? PROGRESS_WRITE_CAP_FACTOR * this.progressIntervalMs);
     this.progressWait = this.progressIntervalMs;
     this.log = opts.logger;
     this.now = opts.now ?? Date.now;

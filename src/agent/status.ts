@@ -1,6 +1,11 @@
 // Per-set status on this node: phases and counts from one reconcile's
 // facts (a pure function), and the bounded NodeStatus document. The
 // reporter that writes it is ./status-reporter.ts.
+//
+// A set's bytes and rate are facts too (./set-report.ts counts them); a
+// Ready set whose sizes are not known in this process (the agent restarted,
+// and a complete set asks the registries nothing) reports the total its
+// last report gave at the same generation, kept in its history.
 import { encodedSize, failureText } from '../api/node-status.ts';
 import {
   STATUS_FORMAT_VERSION,
@@ -31,6 +36,8 @@ export interface SetHistory {
   currentGeneration: number;
   lastFailedGeneration?: number;
   lastFailedGenerationError?: string;
+  /** The set's total bytes when it was last Ready, at that generation (and uid). */
+  readyBytes?: { total: number; generation: number; uid?: string };
 }
 
 export interface StatusFacts {
@@ -55,6 +62,10 @@ export interface StatusFacts {
   firstWaves?: ReadonlyMap<string, SetWave>;
   /** Per set key: a pull secret of the set that cannot be used (missing, of another type, malformed), named with why. */
   pullSecretProblems?: ReadonlyMap<string, string>;
+  /** Per set key: its bytes on this node (src/api/set-bytes.ts), where the sizes of all its images are known. */
+  bytes?: ReadonlyMap<string, { present: number; total: number }>;
+  /** Per set key: bytes per second arriving, while it downloads. */
+  rates?: ReadonlyMap<string, number>;
 }
 
 const PULL_REASON: Record<FailureKind, SetReason> = {
@@ -233,6 +244,8 @@ export function computeSetStatuses(facts: StatusFacts): { sets: NodeSetStatus[];
     const prev = facts.history.get(s.key) ?? { currentGeneration: 0 };
     const h: SetHistory = { ...prev };
     if (phase === 'Ready') h.currentGeneration = s.generation;
+    const bytes = phase === 'Ready' ? readyBytes(s, facts.bytes?.get(s.key), h) : facts.bytes?.get(s.key);
+    const rate = phase === 'Ready' ? undefined : facts.rates?.get(s.key);
     if (phase === 'Degraded') {
       h.lastFailedGeneration = s.generation;
       h.lastFailedGenerationError = cutBytes(failureText(reason, message), STATUS_MAX_ERROR_BYTES);
@@ -247,6 +260,8 @@ export function computeSetStatuses(facts: StatusFacts): { sets: NodeSetStatus[];
       ...(h.lastFailedGeneration !== undefined ? { lastFailedGeneration: h.lastFailedGeneration, lastFailedGenerationError: h.lastFailedGenerationError } : {}),
       images: counts,
       ...(estimated !== undefined ? { estimatedBytes: estimated } : {}),
+      ...(bytes ? { bytes } : {}),
+      ...(rate !== undefined ? { rate } : {}),
       phase,
       reason,
       ...(message ? { message } : {}),
@@ -255,6 +270,18 @@ export function computeSetStatuses(facts: StatusFacts): { sets: NodeSetStatus[];
   }
   sets.sort((a, b) => (a.source + a.name < b.source + b.name ? -1 : 1));
   return { sets, history };
+}
+
+/**
+ * A Ready set's bytes: all present, of the total counted now, or else of
+ * the one its history keeps for this generation; recorded in `h`.
+ */
+function readyBytes(s: PlannedSet, counted: { present: number; total: number } | undefined, h: SetHistory): { present: number; total: number } | undefined {
+  const kept = h.readyBytes;
+  const total = counted?.total ?? (kept && kept.generation === s.generation && kept.uid === s.uid ? kept.total : undefined);
+  if (total === undefined) return undefined;
+  h.readyBytes = { total, generation: s.generation, ...(s.uid ? { uid: s.uid } : {}) };
+  return { present: total, total };
 }
 
 /** Messages are cut to this when the whole document would not fit. */
@@ -307,6 +334,7 @@ export function historyFromStatus(status: NodeStatus | null): Map<string, SetHis
     h.set(`${s.source}/${s.name}`, {
       currentGeneration: s.currentGeneration ?? 0,
       ...(s.lastFailedGeneration !== undefined ? { lastFailedGeneration: s.lastFailedGeneration, lastFailedGenerationError: s.lastFailedGenerationError } : {}),
+      ...(s.phase === 'Ready' && s.bytes ? { readyBytes: { total: s.bytes.total, generation: s.desiredGeneration, ...(s.uid ? { uid: s.uid } : {}) } } : {}),
     });
   }
   return h;

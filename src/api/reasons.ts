@@ -98,6 +98,15 @@ export function kindOfReason(reason: SetReason): ReasonKind {
   return BY_REASON.get(reason)!.kind;
 }
 
+/**
+ * Progressing reasons under which a node downloads nothing of the set: it
+ * waits for a rollout slot, for a first-wave node to hold the images
+ * (spec.rollout.firstWave), or for its labels. The controller's ETA counts
+ * such a node as waiting (src/controller/progress.ts), so the agent writes
+ * a change from one of them at once (src/agent/status-reporter.ts).
+ */
+export const DOWNLOAD_WAIT_REASONS: ReadonlySet<string> = new Set(['WaitingForRolloutSlot', 'WaitingForFirstWave', 'WaitingForNodeLabels']);
+
 /** At most this many bytes of each other problem a message names beside its own. */
 export const ALSO_MAX_BYTES = 200;
 

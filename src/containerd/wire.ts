@@ -1,25 +1,39 @@
-// containerd's Images service on the wire: protobuf.js light over
-// proto/containerd-images.json, the JSON descriptor of
-// proto/containerd-images.proto and what it imports (scripts/proto-json.ts
-// makes it; test/unit/containerd-wire.test.ts keeps the two equal), read
-// the same way as the CRI's (../cri/wire.ts): objects as @grpc/proto-loader
-// makes them, camelCase, longs as numbers.
+// containerd's own services on the wire: protobuf.js light over the JSON
+// descriptors of proto/containerd-images.proto (the Images service, with
+// what it imports) and proto/containerd-content.proto (the Content service)
+// (scripts/proto-json.ts makes them; test/unit/containerd-wire.test.ts keeps
+// each equal to its .proto), read the same way as the CRI's (../cri/wire.ts):
+// objects as @grpc/proto-loader makes them, camelCase, longs as numbers.
 import protobuf from 'protobufjs/light.js';
-import descriptor from '../../proto/containerd-images.json' with { type: 'json' };
+import contentDescriptor from '../../proto/containerd-content.json' with { type: 'json' };
+import imagesDescriptor from '../../proto/containerd-images.json' with { type: 'json' };
 import { unaryMethod, type UnaryMethod } from '../cri/wire.ts';
 
 export const IMAGES_SERVICE = 'containerd.services.images.v1.Images';
 export type ImagesMethodName = 'Get' | 'List' | 'Update';
+export const CONTENT_SERVICE = 'containerd.services.content.v1.Content';
+export type ContentMethodName = 'Info' | 'ListStatuses';
 
-let root: protobuf.Root | undefined;
+const roots = new Map<string, protobuf.Root>();
 const methods = new Map<string, UnaryMethod>();
+
+function method(service: string, name: string, descriptor: unknown, file: string): UnaryMethod {
+  const key = `${service}/${name}`;
+  let m = methods.get(key);
+  if (m) return m;
+  let root = roots.get(file);
+  if (!root) roots.set(file, (root = protobuf.Root.fromJSON(descriptor as protobuf.INamespace)));
+  m = unaryMethod(root, service, name, file);
+  methods.set(key, m);
+  return m;
+}
 
 /** Serializers of one method of containerd's Images service, made on first use. */
 export function imagesMethod(name: ImagesMethodName): UnaryMethod {
-  let m = methods.get(name);
-  if (m) return m;
-  root ??= protobuf.Root.fromJSON(descriptor as protobuf.INamespace);
-  m = unaryMethod(root, IMAGES_SERVICE, name, 'proto/containerd-images.json');
-  methods.set(name, m);
-  return m;
+  return method(IMAGES_SERVICE, name, imagesDescriptor, 'proto/containerd-images.json');
+}
+
+/** Serializers of one method of containerd's Content service, made on first use. */
+export function contentMethod(name: ContentMethodName): UnaryMethod {
+  return method(CONTENT_SERVICE, name, contentDescriptor, 'proto/containerd-content.json');
 }

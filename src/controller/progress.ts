@@ -32,6 +32,7 @@
 // State (ProgressTracker): one RateWindow per set, bounded (at most 34
 // observations whatever the set's age), started over when the set's
 // generation or unit changes or its present bytes drop (a node left).
+import { DOWNLOAD_WAIT_REASONS } from '../api/reasons.ts';
 import type { NodeSetStatus, ProgressUnit, SetProgress } from '../api/types.ts';
 import { formatBytes } from '../registry/size.ts';
 import { RateWindow } from '../util/rate-window.ts';
@@ -45,12 +46,8 @@ import { RateWindow } from '../util/rate-window.ts';
  */
 export const DEFAULT_PROGRESS_WINDOW_MS = 10 * 60_000;
 
-/**
- * Progressing reasons under which a node downloads nothing of the set: it
- * waits for a rollout slot, for a first-wave node to hold the images
- * (spec.rollout.firstWave), or for its labels.
- */
-export const WAITING_REASONS: ReadonlySet<string> = new Set(['WaitingForRolloutSlot', 'WaitingForFirstWave', 'WaitingForNodeLabels']);
+/** Progressing reasons under which a node downloads nothing of the set (src/api/reasons.ts). */
+export const WAITING_REASONS: ReadonlySet<string> = DOWNLOAD_WAIT_REASONS;
 
 /** What the estimate reads of one selected node: the roll-up's verdict and, when the node reports on the set's current generation, its entry. */
 export interface NodeProgressInput {

@@ -1,6 +1,7 @@
 // `npm run test:crio`: the optional suite on a real CRI-O. Needs
 // PINSET_CRIO_BIN (a crio binary, e.g. CRI-O 1.32 from a Fedora/RHEL host or
-// built by hand), root, conmon and crun (or runc), docker-registry. Without
+// built by hand), root, conmon and crun (or runc), docker-registry, and the
+// bundle (`npm run build`: mirror-config.crio.ts runs the CLI as shipped). Without
 // the variable it says why it skipped and exits 0: `npm test` and CI do not
 // need it (Debian 12 packages no CRI-O).
 import { spawnSync } from 'node:child_process';

@@ -5,6 +5,10 @@
 // does. There containerd answers through a CRI proxy under another name, so
 // the agent reads registries.conf, as it does on any runtime but containerd
 // (containerd's own registry hosts: test/e2e/containerd-hosts.test.ts).
+// Last, the sizes it reads as each set's bytes on the node: agents on
+// containerd 1.7 and 2.1 pulling across a thin link report the registry's
+// total, and bytes present growing while the pull is slow (containerd's
+// ingests, not only whole images landing).
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, rm, statfs, writeFile } from 'node:fs/promises';
@@ -24,6 +28,7 @@ import { Containerd, CriClient } from '../support/containerd.ts';
 import { CriProxy } from '../support/cri-proxy.ts';
 import { MEDIA_TYPES, nodePlatform, pushMultiArch, pushRandom, unknownRef, type PushedImage } from '../support/images.ts';
 import { Registry } from '../support/registry.ts';
+import { FleetBed } from '../support/fleet-bed.ts';
 
 const NEEDS: ComponentName[] = ['containerd', 'runc', 'docker-registry'];
 
@@ -317,5 +322,54 @@ describe('pinset agent --once: the disk estimate before pulling, on containerd',
     assert.equal(pulled.code, 0, pulled.stderr);
     assert.equal(pulled.sets[0]!.phase, 'Ready');
     assert.equal(pulled.sets[0]!.estimatedBytes, undefined);
+  });
+});
+
+describe("each set's bytes on the node, on containerd 1.7 and 2.1 across a thin link", () => {
+  const needs: ComponentName[] = ['containerd-1.7', 'containerd-2.1', 'runc', 'docker-registry'];
+  let bed: FleetBed | undefined;
+
+  before(async () => {
+    if (missingComponents(needs).length > 0 || process.getuid?.() !== 0) return;
+    // Progress written 1 s after the last write, then up to 5 s apart: a rollout shrunk in time.
+    bed = await FleetBed.start({ nodes: 2, cli: await bundledCli(), linkBitsPerSecond: 8e6, cache: false, agentFlags: ['--status-progress-interval', '1s'] });
+  });
+  after(async () => {
+    await bed?.stop();
+  });
+
+  test("the total is the registry's blob sizes; present grows while the pull is slow, never back, to the total when Ready", async (t) => {
+    if (!requireComponents(t, needs) || !bed) return;
+    // One 6 MB layer per node across an 8 Mbit/s link both share: about 12 s, so several reports fall inside the pull.
+    const [img] = await bed.pushImages('bytes', 1, 6_000_000);
+    const total = [...(await blobSizes(bed.upstream, img!.repo, img!.digest)).values()].reduce((a, b) => a + b, 0);
+    const seen = new Map(bed.nodes.map((n) => [n.name, [] as { present: number; total: number; rate?: number; reason: string }[]]));
+    bed.createSet('bytes', [img!]);
+    const sample = () => {
+      for (const n of bed!.nodes) {
+        const s = bed!.setStatus(n.name, 'bytes');
+        const last = seen.get(n.name)!.at(-1);
+        if (s?.bytes && (s.bytes.present !== last?.present || s.reason !== last?.reason)) seen.get(n.name)!.push({ ...s.bytes, ...(s.rate !== undefined ? { rate: s.rate } : {}), reason: s.reason });
+      }
+    };
+    const sampling = setInterval(sample, 50);
+    try {
+      await bed.waitAllReady('bytes', 1, 120_000);
+    } finally {
+      clearInterval(sampling);
+    }
+    sample();
+    for (const n of bed.nodes) {
+      const s = seen.get(n.name)!;
+      const said = `${n.name} (containerd ${n.version}): ${JSON.stringify(s)}`;
+      assert.ok(s.length > 0, said);
+      for (const b of s) assert.equal(b.total, total, `the registry's blobs, config and layer: ${said}`);
+      const present = s.map((b) => b.present);
+      assert.deepEqual(present, [...present].sort((a, b) => a - b), `never back: ${said}`);
+      const midway = s.filter((b) => b.present > 0 && b.present < total);
+      assert.ok(midway.length > 0, `bytes of the layer counted while it arrives: ${said}`);
+      assert.ok(midway.some((b) => (b.rate ?? 0) > 0), `with a rate: ${said}`);
+      assert.deepEqual([s.at(-1)!.present, s.at(-1)!.reason], [total, 'AllImagesPinned'], said);
+    }
   });
 });

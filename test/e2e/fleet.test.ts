@@ -5,7 +5,8 @@
 // in front of it, run from deploy/cache/'s configuration, which the nodes
 // reach through the hosts.toml `pinset mirror-config` prints.
 //
-// What a user would see: every node Ready with every image pinned, the
+// What a user would see: every node Ready with every image pinned and the
+// set's bytes (its blobs' sizes, as the registry gave them) present, the
 // bytes the link carried, and how sets roll out: with no limit every node
 // goes for the images at once (a cache in front cannot then spare the link
 // much: distribution fetches each concurrent miss on its own); with one
@@ -26,15 +27,27 @@ const NODES = 6;
 const IMAGES = 3;
 const IMAGE_BYTES = 512 * 1024;
 
-/** The layer digests of pushed images, read back from the upstream registry. */
-async function layersOf(bed: FleetBed, images: readonly PushedImage[]): Promise<{ digest: string; size: number }[]> {
-  const out: { digest: string; size: number }[] = [];
+type Blob = { digest: string; size: number };
+
+/** The manifests of pushed images, read back from the upstream registry. */
+async function manifestsOf(bed: FleetBed, images: readonly PushedImage[]): Promise<{ config: Blob; layers: Blob[] }[]> {
+  const out: { config: Blob; layers: Blob[] }[] = [];
   for (const i of images) {
     const res = await fetch(`${bed.upstream.url}/v2/${i.repo}/manifests/${i.digest}`, { headers: { accept: 'application/vnd.oci.image.manifest.v1+json' } });
-    const m = (await res.json()) as { layers: { digest: string; size: number }[] };
-    out.push(...m.layers);
+    out.push((await res.json()) as { config: Blob; layers: Blob[] });
   }
   return out;
+}
+
+/** The layer digests of pushed images. */
+async function layersOf(bed: FleetBed, images: readonly PushedImage[]): Promise<Blob[]> {
+  return (await manifestsOf(bed, images)).flatMap((m) => m.layers);
+}
+
+/** The set's total bytes as the agents count them: the distinct configs and layers its images' manifests name. */
+async function blobBytes(bed: FleetBed, images: readonly PushedImage[]): Promise<number> {
+  const blobs = new Map((await manifestsOf(bed, images)).flatMap((m) => [m.config, ...m.layers]).map((b) => [b.digest, b.size]));
+  return [...blobs.values()].reduce((a, b) => a + b, 0);
 }
 
 /** Of `layers`, the GETs across the link that carried each (200s); one copy through distribution 2.8 is one or two (see below). */
@@ -89,8 +102,10 @@ describe(`a fleet of ${NODES} containerd nodes behind a 16 Mbit/s link, with a p
     bed.link.release();
 
     await bed.waitAllReady('open', IMAGES, 120_000);
+    const total = await blobBytes(bed, images);
     for (const n of bed.nodes) {
       for (const i of images) assert.equal((await n.cri.imageStatus(i.ref))?.pinned, true, `${n.name} (containerd ${n.version}): ${i.ref} pinned`);
+      assert.deepEqual(bed.setStatus(n.name, 'open')?.bytes, { present: total, total }, `${n.name} (containerd ${n.version}): the set's bytes all present`);
     }
 
     const transfers = bed.link.transfers;
@@ -113,8 +128,10 @@ describe(`a fleet of ${NODES} containerd nodes behind a 16 Mbit/s link, with a p
     bed.link.reset();
     bed.createSet('turns', images, { maxConcurrentNodes: 1 });
     await bed.waitAllReady('turns', IMAGES, 180_000);
+    const total = await blobBytes(bed, images);
     for (const n of bed.nodes) {
       for (const i of images) assert.equal((await n.cri.imageStatus(i.ref))?.pinned, true, `${n.name}: ${i.ref} pinned`);
+      assert.deepEqual(bed.setStatus(n.name, 'turns')?.bytes, { present: total, total }, `${n.name}: the set's bytes all present, sized once it held the slot`);
     }
 
     const mine = new Set(images.map((i) => i.ref));
@@ -138,12 +155,14 @@ describe(`a fleet of ${NODES} containerd nodes behind a 16 Mbit/s link, with a p
     bed.link.reset();
     bed.createSet('wave', images, { firstWave: { nodes: 1 } });
     await bed.waitAllReady('wave', IMAGES, 180_000);
+    const total = await blobBytes(bed, images);
     for (const n of bed.nodes) {
       for (const i of images) assert.equal((await n.cri.imageStatus(i.ref))?.pinned, true, `${n.name}: ${i.ref} pinned`);
+      assert.deepEqual(bed.setStatus(n.name, 'wave')?.bytes, { present: total, total }, `${n.name}: the set's bytes all present`);
     }
 
     for (const i of images) {
-      const pulls = bed.pulls().filter((p) => p.image === i.ref);
+      const pulls: ImagePull[] = bed.pulls().filter((p) => p.image === i.ref);
       assert.equal(new Set(pulls.map((p) => p.node)).size, NODES, `every node pulled ${i.ref}`);
       // The first wave: the node whose pull ended first. Every other node started after it held the image.
       const first = pulls.reduce((a, b) => ((b.finishedAt ?? Infinity) < (a.finishedAt ?? Infinity) ? b : a));

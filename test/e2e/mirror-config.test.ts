@@ -4,7 +4,8 @@
 // While the cache is up, every byte that crosses the link is the cache's;
 // once it is down, containerd goes to the registry itself (`server`), and
 // the pull still succeeds. (The CRI-O drop-in is read back as
-// containers/image reads it in test/unit/mirror-config.test.ts.)
+// containers/image reads it in test/unit/mirror-config.test.ts, and a real
+// CRI-O pulls through it in test/crio/mirror-config.crio.ts.)
 import assert from 'node:assert/strict';
 import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';

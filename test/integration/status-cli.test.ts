@@ -8,9 +8,12 @@ import { mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { Readable, Writable } from 'node:stream';
-import { ApiServer } from '../support/apiserver.ts';
+import { parse as parseYaml } from 'yaml';
+import { ApiServer, type KubeObject } from '../support/apiserver.ts';
+import { runAgentOnce } from '../support/agent-process.ts';
+import { startFakeContainerd, type FakeContainerd } from '../support/fake-containerd.ts';
 import { METADATA_LIST_ACCEPT } from '../../src/api/list-pages.ts';
-import { STATUS_ANNOTATION, type NodeRuntime, type NodeSetStatus } from '../../src/api/types.ts';
+import { STATUS_ANNOTATION, type NodeRuntime, type NodeSetStatus, type PinnedImageSet } from '../../src/api/types.ts';
 import { formatAge, jsonPieces, renderTable, runtimeLabel, statusRows, tableLines, writePieces, type JsonItem } from '../../src/cli/status.ts';
 import { encodeNodeStatus } from '../../src/api/node-status.ts';
 
@@ -616,5 +619,45 @@ describe('kubectl pinset', () => {
       r.stdout.split('\n\n')[0]!.split('\n').slice(1).map((l) => l.split(/\s{2,}/).slice(0, 3).join(' ')),
       ['worker-a upgrade Ready', 'worker-b upgrade Degraded', 'worker-c upgrade NotReported', 'worker-d upgrade Unreadable'],
     );
+  });
+});
+
+describe("pinset status: the README's walk-through", () => {
+  test('its sample is what pinset status prints once the first set is Ready on the three nodes it describes, run by real agents (containerd 2.1.4, the image there already as its sandbox image)', async (t) => {
+    const readme = (await readFile(path.join(ROOT, 'README.md'), 'utf8')).split('\n');
+    const start = readme.findIndex((l) => l.startsWith('$ pinset status --set first-set'));
+    assert.ok(start > 0, 'the README runs `pinset status --set first-set`');
+    const end = readme.findIndex((l, i) => i > start && l.trim() === '```');
+    const sample = readme.slice(start + 1, end).join('\n');
+
+    const own = await ApiServer.start();
+    const work = await mkdtemp(path.join(tmpdir(), 'pinset-readme-status-'));
+    const nodes: FakeContainerd[] = [];
+    t.after(async () => {
+      for (const c of nodes) await c.stop();
+      await own.stop();
+      await rm(work, { recursive: true, force: true });
+    });
+    const kc = await own.writeKubeconfig(work);
+    const firstSet = parseYaml(await readFile(path.join(ROOT, 'examples/first-set.yaml'), 'utf8')) as PinnedImageSet;
+    own.create(firstSet as unknown as KubeObject);
+    const pause = firstSet.spec.pinnedImages[0]!.name;
+    for (const name of ['cp-1', 'worker-1', 'worker-2']) {
+      // containerd 2.1 pulls registry.k8s.io/pause:3.10, the first set's image, as its sandbox image: it is there before the set.
+      const c = await startFakeContainerd({ version: '2.1.4', catalogue: { [pause]: { size: 320_368 } }, sandboxImage: pause });
+      nodes.push(c);
+      c.preload(pause);
+      own.create({ apiVersion: 'v1', kind: 'Node', metadata: { name, labels: { 'kubernetes.io/os': 'linux', 'kubernetes.io/hostname': name } } });
+      const r = await runAgentOnce([
+        '--node-name', name, '--kubeconfig', kc, '--cri-endpoint', c.endpoint, '--static-dir', path.join(work, name, 'sets.d'),
+        '--crio-dropin-dir', path.join(work, name, 'no-crio', 'crio.conf.d'), '--state-dir', path.join(work, name, 'state'),
+        '--auth-file', path.join(work, 'none.json'), '--kubelet-config', '', '--kubelet-config-dir', '', '--metrics-addr', '',
+      ]);
+      assert.equal(r.code, 0, r.stderr);
+    }
+    const { code, stdout, stderr } = await pinset(['--kubeconfig', kc, '--set', 'first-set'], { COLUMNS: '80' });
+    assert.equal(code, 0, stderr);
+    // The agents reported a moment ago; the README's reader looks 95 s after.
+    assert.equal(stdout.trimEnd().replace(/ +\d+s$/gm, (age) => age.replace(/\d+s$/, '95s')), sample);
   });
 });

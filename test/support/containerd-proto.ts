@@ -1,7 +1,8 @@
 // containerd's Images service subset (proto/containerd-images.proto) for the
-// containerd twin and the tests' own clients, loaded from the .proto text
-// with @grpc/proto-loader, independently of the agent's client, which reads
-// the JSON descriptor (src/containerd/wire.ts).
+// containerd twin and the tests' own clients, and its Content service subset
+// (proto/containerd-content.proto), loaded from the .proto text with
+// @grpc/proto-loader, independently of the agent's clients, which read the
+// JSON descriptors (src/containerd/wire.ts).
 import { fileURLToPath } from 'node:url';
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
@@ -11,10 +12,19 @@ export const CONTAINERD_PROTO_DIR = fileURLToPath(new URL('../../proto/', import
 export const CONTAINERD_PROTO_PATH = fileURLToPath(new URL('../../proto/containerd-images.proto', import.meta.url));
 export const CONTAINERD_LOADER_OPTIONS: protoLoader.Options = { ...LOADER_OPTIONS, includeDirs: [CONTAINERD_PROTO_DIR] };
 
+/** containerd's Content service subset (proto/containerd-content.proto). */
+export const CONTAINERD_CONTENT_PROTO_PATH = fileURLToPath(new URL('../../proto/containerd-content.proto', import.meta.url));
+
 let definition: protoLoader.PackageDefinition | undefined;
 export function containerdDefinition(): protoLoader.PackageDefinition {
   definition ??= protoLoader.loadSync(CONTAINERD_PROTO_PATH, CONTAINERD_LOADER_OPTIONS);
   return definition;
+}
+
+let contentDefinition: protoLoader.PackageDefinition | undefined;
+export function containerdContentDefinition(): protoLoader.PackageDefinition {
+  contentDefinition ??= protoLoader.loadSync(CONTAINERD_CONTENT_PROTO_PATH, CONTAINERD_LOADER_OPTIONS);
+  return contentDefinition;
 }
 
 /** The grpc-js service constructor of containerd.services.images.v1.Images. */

@@ -102,7 +102,8 @@ export class PrivateBus {
     } catch {
       return;
     }
-    const killed = await Promise.race([exited.then(() => true), sleep(5_000).then(() => false)]);
+    // Unref'd: once the daemon is gone, the grace period keeps the tests' process alive no longer.
+    const killed = await Promise.race([exited.then(() => true), new Promise((r) => setTimeout(r, 5_000).unref()).then(() => false)]);
     if (!killed) {
       try {
         process.kill(pid, 'SIGKILL');

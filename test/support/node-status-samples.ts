@@ -24,11 +24,12 @@ function uid(i: number): string {
   return `${h(1)}-${h(2).slice(0, 4)}-4${h(3).slice(0, 3)}-8${h(4).slice(0, 3)}-${h(5)}${h(6).slice(0, 4)}`;
 }
 
-/** `n` Ready sets from the API, no errors: the common case. */
+/** `n` Ready sets from the API, no errors, each with its total bytes (about 32 MB an image): the common case. */
 export function typicalSets(n: number): NodeSetStatus[] {
   return Array.from({ length: n }, (_, i) => {
     const images = [412, 36, 120, 18, 250, 9, 64, 31, 22, 140][i % 10]!;
     const generation = 1 + ((i * 7) % 12);
+    const total = images * 32_051_337 + i;
     return {
       name: TYPICAL_NAMES[i % TYPICAL_NAMES.length]! + (i >= TYPICAL_NAMES.length ? `-${i}` : ''),
       uid: uid(i),
@@ -36,8 +37,27 @@ export function typicalSets(n: number): NodeSetStatus[] {
       desiredGeneration: generation,
       currentGeneration: generation,
       images: { wanted: images, present: images, pinned: images, failed: 0, invalid: 0 },
+      bytes: { present: total, total },
       phase: 'Ready',
       reason: 'AllImagesPinned',
+    } satisfies NodeSetStatus;
+  });
+}
+
+/** `n` typical sets still downloading: Progressing, with their counts, bytes present of the total and a rate. */
+export function downloadingSets(n: number): NodeSetStatus[] {
+  return typicalSets(n).map((s) => {
+    const present = Math.floor(s.images.wanted / 3);
+    return {
+      ...s,
+      currentGeneration: s.desiredGeneration - 1,
+      images: { ...s.images, present },
+      bytes: { present: Math.floor(s.bytes!.total / 3) + 12_345, total: s.bytes!.total },
+      rate: 11_811_160,
+      estimatedBytes: 2 * s.bytes!.total,
+      phase: 'Progressing',
+      reason: 'Pulling',
+      message: `${present} of ${s.images.wanted} images present`,
     } satisfies NodeSetStatus;
   });
 }
@@ -61,6 +81,8 @@ export function worstCaseSets(n: number): NodeSetStatus[] {
       lastFailedGenerationError: `RegistryUnavailable: ${'r'.repeat(1000)}`,
       images: { wanted: 5000, present: 4321, pinned: 5000, failed: 679, invalid: 12 },
       estimatedBytes: 987_654_321_098,
+      bytes: { present: 853_333_444_555, total: 987_654_321_098 },
+      rate: 123_456_789,
       phase: 'Degraded',
       reason: 'Unauthorized',
       message,

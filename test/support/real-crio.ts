@@ -40,6 +40,8 @@ export interface RealCrioOptions {
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+/** A deadline to race a process's exit against: unref'd, so once the process is gone it keeps the tests' process alive no longer. */
+const deadline = (ms: number) => new Promise((r) => setTimeout(r, ms).unref());
 
 /** Why this machine cannot run the real-CRI-O suite, or null. */
 export function realCrioMissing(bin: string | undefined): string | null {
@@ -178,7 +180,7 @@ export class RealCrio {
   async startRefused(timeoutMs = 30_000): Promise<{ code: number | string; log: string }> {
     const args = this.#args();
     const proc = new ServerProcess('crio', this.bin, args, join(this.dir, `crio-${this.#starts++}.log`));
-    const code = await Promise.race([proc.exited, sleep(timeoutMs).then(() => 'still running')]);
+    const code = await Promise.race([proc.exited, deadline(timeoutMs).then(() => 'still running')]);
     if (proc.running) {
       process.kill(proc.pid, 'SIGTERM');
       await proc.exited;
@@ -195,7 +197,7 @@ export class RealCrio {
     const p = this.proc;
     if (!p?.running) return;
     process.kill(p.pid, 'SIGTERM');
-    const done = await Promise.race([p.exited.then(() => true), sleep(15_000).then(() => false)]);
+    const done = await Promise.race([p.exited.then(() => true), deadline(15_000).then(() => false)]);
     if (!done) {
       process.kill(p.pid, 'SIGKILL');
       await p.exited;

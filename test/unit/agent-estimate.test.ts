@@ -154,13 +154,15 @@ describe('the agent estimates before pulling', () => {
     assert.equal(r2.sets[0]!.phase, 'Ready');
   });
 
-  test('content the runtime holds under another name is a name-only pull and is not estimated', async () => {
+  test('content the runtime holds under another name is a name-only pull and is not estimated (its size is asked in the same request, for the set\'s total)', async () => {
     runtime.images.push({ id: `id-${D('b')}`, repoTags: [], repoDigests: [`mirror.local/org/db@${D('b')}`], size: 1, pinned: false, runtimeHandler: '' });
-    usage = { size: 100 * GiB, available: (100 - 60) * GiB };
+    // 18 GiB below the watermark: APP alone (8 GiB x2) fits, APP and DB (10 GiB x2) would not.
+    usage = { size: 100 * GiB, available: (100 - 67) * GiB };
     const { agent: a } = await agent([APP, DB]);
-    await a.reconcile();
-    assert.deepEqual(estimator.asked, [[APP]]);
-    assert.deepEqual(runtime.pulls.sort(), [APP, DB].sort());
+    const r = await a.reconcile();
+    assert.deepEqual(estimator.asked, [[APP, DB]], 'one request');
+    assert.deepEqual(runtime.pulls.sort(), [APP, DB].sort(), 'DB is not in the estimate: the batch fits');
+    assert.deepEqual(r.sets[0]!.bytes, { present: 10 * GiB, total: 10 * GiB }, "the set's total counts both, the shared layer once");
   });
 
   test('a set change is looked ahead while it settles: the sizes of what it may download are asked for before its reconcile, what is present is not', async () => {

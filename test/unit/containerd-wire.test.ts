@@ -1,16 +1,18 @@
-// The agent's wire format for containerd's Images service
-// (src/containerd/wire.ts, from proto/containerd-images.json) against the
-// .proto as @grpc/proto-loader reads it (what the containerd twin and the
-// tests' own clients use): the descriptor is the .proto's, every message has
-// the same bytes and the same object, and the field numbers are
-// containerd's (api/services/images/v1/images.proto, api/types/descriptor.proto).
+// The agent's wire format for containerd's Images and Content services
+// (src/containerd/wire.ts, from proto/containerd-images.json and
+// proto/containerd-content.json) against the .protos as @grpc/proto-loader
+// reads them (what the containerd twin and the tests' own clients use): each
+// descriptor is its .proto's, every message has the same bytes and the same
+// object, and the field numbers are containerd's
+// (api/services/images/v1/images.proto, api/types/descriptor.proto,
+// api/services/content/v1/content.proto).
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import { describe, test } from 'node:test';
 import protobuf from 'protobufjs';
-import { CONTAINERD_JSON_FILE, CONTAINERD_PROTO_FILE, descriptorJson } from '../../scripts/proto-json.ts';
-import { imagesMethod, type ImagesMethodName } from '../../src/containerd/wire.ts';
-import { containerdDefinition } from '../support/containerd-proto.ts';
+import { CONTAINERD_CONTENT_JSON_FILE, CONTAINERD_CONTENT_PROTO_FILE, CONTAINERD_JSON_FILE, CONTAINERD_PROTO_FILE, descriptorJson } from '../../scripts/proto-json.ts';
+import { contentMethod, imagesMethod, type ContentMethodName, type ImagesMethodName } from '../../src/containerd/wire.ts';
+import { containerdContentDefinition, containerdDefinition } from '../support/containerd-proto.ts';
 
 const loaded = containerdDefinition();
 function loaderMethod(name: ImagesMethodName): any {
@@ -72,5 +74,42 @@ describe("containerd's Images service on the wire", () => {
     assert.equal(back.image.target.digest, record.target.digest);
     assert.equal(back.image.target.size, record.target.size);
     assert.deepEqual(back.updateMask.paths, ['labels.k']);
+  });
+});
+
+describe("containerd's Content service on the wire", () => {
+  const theirs = (name: ContentMethodName): any => (containerdContentDefinition()['containerd.services.content.v1.Content'] as any)[name];
+  const digest = 'sha256:' + 'd'.repeat(64);
+  const status = { startedAt: { seconds: 1_700_000_000, nanos: 1 }, updatedAt: { seconds: 1_700_000_002, nanos: 0 }, ref: `layer-${digest}`, offset: 2 ** 33 + 5, total: 2 ** 34, expected: '' };
+  const cases: { name: ContentMethodName; request: object; response: object; what?: string }[] = [
+    { name: 'ListStatuses', request: { filters: [] }, response: { statuses: [status, { ...status, ref: 'config-x', offset: 0, total: 0 }] } },
+    { name: 'ListStatuses', request: { filters: ['ref~=layer'] }, response: {}, what: ' (no ingest)' },
+    { name: 'Info', request: { digest }, response: { info: { digest, size: 2 ** 34, createdAt: { seconds: 1, nanos: 2 }, updatedAt: { seconds: 3, nanos: 4 } } } },
+  ];
+
+  test('proto/containerd-content.json is the descriptor of proto/containerd-content.proto (else run node scripts/proto-json.ts)', async () => {
+    assert.equal(await readFile(CONTAINERD_CONTENT_JSON_FILE, 'utf8'), await descriptorJson(CONTAINERD_CONTENT_PROTO_FILE));
+  });
+
+  for (const c of cases) {
+    test(`Content.${c.name}${c.what ?? ''}: the same path, bytes and objects as @grpc/proto-loader's`, () => {
+      const ours = contentMethod(c.name);
+      assert.equal(ours.path, `/containerd.services.content.v1.Content/${c.name}`);
+      assert.equal(ours.path, theirs(c.name).path);
+      assert.deepEqual(ours.serialize(c.request), theirs(c.name).requestSerialize(c.request));
+      const res = theirs(c.name).responseSerialize(c.response);
+      assert.deepEqual(ours.deserialize(res), theirs(c.name).responseDeserialize(res));
+    });
+  }
+
+  test("field numbers are containerd's: Status{started_at=1, updated_at=2, ref=3, offset=4, total=5, expected=6}, Info{digest=1, size=2, created_at=3, updated_at=4}", async () => {
+    const r = protobuf.Root.fromJSON(JSON.parse(await readFile(CONTAINERD_CONTENT_JSON_FILE, 'utf8')));
+    const ids = (type: string) => Object.fromEntries(Object.entries(r.lookupType(type).fields).map(([k, f]) => [k, f.id]));
+    assert.deepEqual(ids('containerd.services.content.v1.Status'), { startedAt: 1, updatedAt: 2, ref: 3, offset: 4, total: 5, expected: 6 });
+    assert.deepEqual(ids('containerd.services.content.v1.Info'), { digest: 1, size: 2, createdAt: 3, updatedAt: 4 });
+    assert.deepEqual(ids('containerd.services.content.v1.InfoRequest'), { digest: 1 });
+    assert.deepEqual(ids('containerd.services.content.v1.InfoResponse'), { info: 1 });
+    assert.deepEqual(ids('containerd.services.content.v1.ListStatusesRequest'), { filters: 1 });
+    assert.deepEqual(ids('containerd.services.content.v1.ListStatusesResponse'), { statuses: 1 });
   });
 });

@@ -5,7 +5,8 @@
 // containers/image does (src/registry/registries-conf.ts: the mirrors in
 // order, then the registry); the k3s and OpenShift documents as YAML with
 // their fields. That containerd 1.7 and 2.1 really pull through the printed
-// hosts.toml is test/e2e/mirror-config.test.ts.
+// hosts.toml is test/e2e/mirror-config.test.ts; that a real CRI-O pulls
+// through the printed drop-in, test/crio/mirror-config.crio.ts.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';

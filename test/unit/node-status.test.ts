@@ -62,12 +62,12 @@ describe('version 2: what agents write', () => {
     assert.deepEqual(read.status, { version: 2, pinFile: PIN_FILE, updatedAt: '2026-11-21T10:04:05Z', sets: s.sets });
   });
 
-  test('short keys, defaults left out: a Ready set is its name, uid, generation, phase and counts', () => {
+  test('short keys, defaults left out: a Ready set is its name, uid, generation, phase, counts and total bytes', () => {
     const [ready] = typicalSets(1);
     const doc = JSON.parse(encodeNodeStatus(status([ready!, degraded, recovered])));
     assert.deepEqual(Object.keys(doc), ['version', 'pinFile', 'updatedAt', 'sets']);
     assert.equal(doc.version, 2);
-    assert.deepEqual(doc.sets[0], { name: ready!.name, uid: ready!.uid, gen: ready!.desiredGeneration, phase: 'Ready', images: [ready!.images.wanted, ready!.images.wanted, ready!.images.wanted] });
+    assert.deepEqual(doc.sets[0], { name: ready!.name, uid: ready!.uid, gen: ready!.desiredGeneration, phase: 'Ready', images: [ready!.images.wanted, ready!.images.wanted, ready!.images.wanted], bytes: [ready!.bytes!.total] });
     // A set failing now carries its message once: failedGen and error are its defaults.
     assert.deepEqual(doc.sets[1], {
       name: 'edge-apps', uid: degraded.uid, gen: 4, done: 3, phase: 'Degraded', reason: 'ImageNotFound', message: degraded.message, images: [12, 11, 12, 1],
@@ -156,7 +156,8 @@ describe('bytes and rate: progress in bytes, added to version 2', () => {
 
 describe('the reader: versions 1 and 2 side by side', () => {
   test('the same report written by an old and a new agent reads the same', () => {
-    const s = status([degraded, recovered, pulling, ...typicalSets(2)]);
+    // What both write: version 1 had no bytes.
+    const s = status([degraded, recovered, pulling, ...typicalSets(2).map(({ bytes: _b, ...rest }) => rest)]);
     const v1 = parseNodeStatus(asV1(s));
     const v2 = parseNodeStatus(encodeNodeStatus(s));
     assert.equal(v1.status?.version, 1);

@@ -832,7 +832,9 @@ describe('StatusReporter', () => {
     const base = nodeStatus([entry('web', 'Progressing', 'a')]);
     const failing = nodeStatus([entry('web', 'Degraded', 'registry quay.io could not be reached (2 of 40 images failing; retrying)')]);
     const changes: [string, NodeStatus, boolean][] = [
-      ['reason', nodeStatus([{ ...entry('web', 'Progressing', 'a'), reason: 'WaitingForRolloutSlot' }]), false],
+      ['reason: Pulling to WaitingForRolloutSlot (the slot was lost)', nodeStatus([{ ...entry('web', 'Progressing', 'a'), reason: 'WaitingForRolloutSlot' }]), false],
+      ['reason: Pulling to WaitingForPin', nodeStatus([{ ...entry('web', 'Progressing', 'a'), reason: 'WaitingForPin' }]), false],
+      ['bytes and rate', nodeStatus([{ ...entry('web', 'Progressing', 'a'), bytes: { present: 10, total: 100 }, rate: 5 }]), false],
       ['message', nodeStatus([entry('web', 'Progressing', 'b')]), false],
       ['Degraded: counts and message move together (pulls go on beside a failing image)', nodeStatus([{ ...entry('web', 'Degraded', 'registry quay.io could not be reached (1 of 40 images failing; retrying)'), images: { wanted: 40, present: 39, pinned: 40, failed: 1, invalid: 0 } }]), false],
       ['Degraded: another error, counts standing still', nodeStatus([entry('web', 'Degraded', 'registry quay.io refused the credentials')]), true],
@@ -848,22 +850,63 @@ describe('StatusReporter', () => {
     assert.equal(progressOnly(undefined, base), false, 'the first write is news');
   });
 
-  test('progress alone: the first write a minute after the last, then twice as long each time, up to 5 minutes', async () => {
+  test('a set that starts downloading is news: from a reason under which it downloads nothing (a rollout slot, the first wave, its labels) to Pulling', () => {
+    const with_ = (reason: string, message: string) => nodeStatus([{ ...entry('web', 'Progressing', message), reason }]);
+    for (const waiting of ['WaitingForRolloutSlot', 'WaitingForFirstWave', 'WaitingForNodeLabels']) {
+      assert.equal(progressOnly(with_(waiting, '0 of 3 images present'), with_('Pulling', '0 of 3 images present')), false, waiting);
+      assert.equal(progressOnly(with_(waiting, '0 of 3 images present'), with_(waiting, '1 of 3 images present')), true, `${waiting}, counts moving`);
+    }
+    assert.equal(progressOnly(with_('Pulling', '1 of 3 images present'), with_('WaitingForRolloutSlot', '1 of 3 images present')), true, 'a lost slot waits its turn');
+  });
+
+  test('a set that waited for a rollout slot costs one more write: WaitingForRolloutSlot, Pulling as the slot is taken, Ready', async () => {
+    mock.timers.enable({ apis: ['setTimeout'] });
+    let now = 1_000_000;
+    const sink = new MemorySink();
+    const r = new StatusReporter(sink, { logger: silentLogger(), now: () => now, initial: nodeStatus([]) });
+    const at = (reason: string, message: string) => nodeStatus([{ ...entry('web', 'Progressing', message), reason }]);
+    r.report(at('WaitingForRolloutSlot', 'waiting for a rollout slot; 0 of 40 images present'));
+    await settle();
+    now += 10_000;
+    mock.timers.tick(10_000);
+    r.report(at('Pulling', '0 of 40 images present'));
+    await settle();
+    assert.equal(sink.written.length, 2, 'Pulling is written as the slot is taken, not a minute later');
+    now += 20_000;
+    mock.timers.tick(20_000);
+    r.report(at('Pulling', '20 of 40 images present'));
+    await settle();
+    r.report(ready('web'));
+    await settle();
+    assert.deepEqual(sink.written.map((w) => w.sets[0]!.reason), ['WaitingForRolloutSlot', 'Pulling', 'AllImagesPinned']);
+    r.close();
+  });
+
+  /** When (seconds from the first report) a reporter writes progress reported every `stepMs` for `forMs`. */
+  async function progressWritesAt(progressIntervalMs: number | undefined, stepMs: number, forMs: number): Promise<number[]> {
     mock.timers.enable({ apis: ['setTimeout'] });
     let now = 0;
     const sink = new MemorySink();
-    const r = new StatusReporter(sink, { logger: silentLogger(), now: () => now });
+    const r = new StatusReporter(sink, { logger: silentLogger(), now: () => now, ...(progressIntervalMs !== undefined ? { progressIntervalMs } : {}) });
     const writesAt: number[] = [];
     let n = 0;
-    for (let t = 0; t <= 20 * 60_000; t += 5_000) {
+    for (let t = 0; t <= forMs; t += stepMs) {
       mock.timers.tick(t - now);
       now = t;
       r.report(progressing(`${n++} images present`));
       await settle();
-      while (writesAt.length < sink.written.length) writesAt.push(now);
+      while (writesAt.length < sink.written.length) writesAt.push(now / 1000);
     }
-    assert.deepEqual(writesAt.map((t) => t / 1000), [0, 60, 180, 420, 720, 1020]);
     r.close();
+    return writesAt;
+  }
+
+  test('progress alone: the first write a minute after the last, then twice as long each time, up to 5 minutes', async () => {
+    assert.deepEqual(await progressWritesAt(undefined, 5_000, 20 * 60_000), [0, 60, 180, 420, 720, 1020]);
+  });
+
+  test('the cap on the progress pace is 5 x the first wait: --status-progress-interval 1s writes at 1, 3, 7, then every 5 s', async () => {
+    assert.deepEqual(await progressWritesAt(1_000, 100, 20_000), [0, 1, 3, 7, 12, 17]);
   });
 
   test('a set rollout costs at most 3 writes: Progressing at once, one progress update, Ready at once', async () => {
@@ -906,6 +949,59 @@ describe('StatusReporter', () => {
     await r.flush();
     assert.deepEqual(sink.names(), ['web:Progressing:a', 'web:Progressing:b']);
     r.close();
+  });
+});
+
+describe('computeSetStatuses: bytes and rate', () => {
+  const GiB = 1024 ** 3;
+
+  test('a set downloading carries the bytes and the rate it is given; a Ready one all present of the total, no rate', () => {
+    const p = plan([observed('web', [A, B])]);
+    const bytes = new Map([['api/web', { present: 3 * GiB, total: 8 * GiB }]]);
+    const pulling = only(facts(p, { present: isA, bytes, rates: new Map([['api/web', 5_452_595.4]]) }));
+    assert.equal(pulling.phase, 'Progressing');
+    assert.deepEqual(pulling.bytes, { present: 3 * GiB, total: 8 * GiB });
+    assert.equal(pulling.rate, 5_452_595.4);
+    const done = only(facts(p, { bytes: new Map([['api/web', { present: 8 * GiB, total: 8 * GiB }]]), rates: new Map([['api/web', 1]]) }));
+    assert.equal(done.phase, 'Ready');
+    assert.deepEqual(done.bytes, { present: 8 * GiB, total: 8 * GiB });
+    assert.equal(done.rate, undefined);
+    // Written as the annotation says them: [present, total] while downloading, [total] when all are present, the rate in whole bytes.
+    const doc = JSON.parse(encodeNodeStatus(makeNodeStatus('n', PIN_FILE, [pulling], '2026-01-01T00:00:00Z'))).sets[0];
+    assert.deepEqual([doc.bytes, doc.rate], [[3 * GiB, 8 * GiB], 5_452_595]);
+    assert.deepEqual(JSON.parse(encodeNodeStatus(makeNodeStatus('n', PIN_FILE, [done], '2026-01-01T00:00:00Z'))).sets[0].bytes, [8 * GiB]);
+    // Without sizes (a set waiting for a slot has asked nothing), no bytes.
+    assert.equal(only(facts(p, { present: isA })).bytes, undefined);
+  });
+
+  test('a Ready set keeps its total across a restart from its last annotation, at the same generation and uid only', () => {
+    const p = plan([observed('web', [A, B], { generation: 3 })]);
+    const first = computeSetStatuses(facts(p, { bytes: new Map([['api/web', { present: 8 * GiB, total: 8 * GiB }]]) }));
+    const annotation = encodeNodeStatus(makeNodeStatus('node-1', PIN_FILE, first.sets, '2026-01-01T00:00:00Z'));
+    const history = historyFromStatus(readAnnotation(annotation).status ?? null);
+    // The agent restarted: no sizes known (a complete set asks the registries nothing).
+    const again = computeSetStatuses(facts(p, { history }));
+    assert.deepEqual(again.sets[0]!.bytes, { present: 8 * GiB, total: 8 * GiB });
+    // And carried on through the next report, still without sizes.
+    assert.deepEqual(computeSetStatuses(facts(p, { history: again.history })).sets[0]!.bytes, { present: 8 * GiB, total: 8 * GiB });
+    // Another generation, or the set recreated under the same name: that total is not its own.
+    assert.equal(only(facts(plan([observed('web', [A, B], { generation: 4 })]), { history })).bytes, undefined);
+    assert.equal(only(facts(plan([observed('web', [A, B], { generation: 3, uid: 'other' })]), { history })).bytes, undefined);
+    // Nor while it is not Ready: then the bytes are counted, or absent.
+    assert.equal(only(facts(p, { history, present: isA })).bytes, undefined);
+  });
+
+  test('the annotation stays within its bound with bytes and rates on every set', () => {
+    const sets: NodeSetStatus[] = Array.from({ length: 200 }, (_, i) => ({
+      ...entry(`set-${String(i).padStart(3, '0')}-${'x'.repeat(240)}`, 'Progressing', 'm'.repeat(600)),
+      bytes: { present: 123_456_789_012 + i, total: 987_654_321_098 },
+      rate: 123_456_789,
+      estimatedBytes: 1_975_308_642_196,
+    }));
+    const status = makeNodeStatus('n', PIN_FILE, sets, '2026-01-01T00:00:00Z');
+    assert.ok(encodedSize(status) <= STATUS_MAX_BYTES, String(encodedSize(status)));
+    assert.equal(status.truncated, true);
+    assert.deepEqual(readAnnotation(encodeNodeStatus(status)).status!.sets[0]!.bytes, sets[0]!.bytes);
   });
 });
 

@@ -24,11 +24,14 @@
 // cleans up after a killed agent) and its reloader, only where the drop-in
 // is used; containerd's Images client on the CRI socket, made when its
 // backend is chosen; the choice that keeps the backend in use
-// (src/pins/choice.ts).
+// (src/pins/choice.ts); and, where the runtime is (or may be) containerd,
+// the download progress its Content service tells (src/pins/downloads.ts:
+// CRI-O's profile leaves it out, and an image counts when it lands).
 import { existsSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
+import { ContainerdContent, ContentDownloads } from '../../containerd/content.ts';
 import { ContainerdImages } from '../../containerd/images.ts';
 import { ContainerdLabelPins } from '../../containerd/label-pins.ts';
 import { containerdCanPin, type CanPin } from '../../containerd/versions.ts';
@@ -39,6 +42,7 @@ import { createReloader } from '../../crio/reload.ts';
 import type { Reloader } from '../../crio/reloader.ts';
 import type { ReloadSyncOptions } from '../../crio/reload-sync.ts';
 import type { PinBackend } from '../../pins/backend.ts';
+import type { DownloadProgress } from '../../pins/downloads.ts';
 import { PinChoice, runtimeLabel, type PinBackendFlag, type PinDecision, type Wake } from '../../pins/choice.ts';
 import type { BackoffPolicy } from '../../util/backoff.ts';
 import { STEP_RETRY } from '../../util/retry.ts';
@@ -107,7 +111,7 @@ export function decidePinBackend(flag: PinBackendFlag, info: RuntimeInfo | undef
 }
 
 /** What the kit reads of the node's profile. */
-export type KitProfile = PinPlan & { hostRoot: string; criEndpoint: string; dropInDir: string };
+export type KitProfile = PinPlan & { hostRoot: string; criEndpoint: string; dropInDir: string; runtime?: RuntimeInfo; problem?: string };
 
 /** What the backends are handed: the CRI client they confirm through, and where they report. */
 export interface PinKitParts {
@@ -127,6 +131,8 @@ export interface PinKit {
   removal(info: RuntimeInfo): PinBackend | string;
   /** CRI-O's pin file, where its drop-in is used. */
   pinFile?: PinFile;
+  /** What the runtime tells of downloads under way: containerd's Content service; absent on CRI-O. */
+  downloads?: DownloadProgress;
   close(): void;
 }
 
@@ -178,10 +184,27 @@ function removalBackend(profile: KitProfile, info: RuntimeInfo, m: Makers): PinB
   return `the runtime ${info.runtimeName} ${info.runtimeVersion} holds no pins of pinset's (${flag === 'none' ? '--pin-backend none' : 'no pin backend for it'}): nothing to remove`;
 }
 
+/**
+ * containerd's Content service on the CRI socket, where the runtime is
+ * containerd, or not known yet and not CRI-O by the profile (a socket that
+ * turns out to serve no Content service is not asked again). A problem is
+ * logged when it differs from the last one.
+ */
+function downloadProgress(profile: KitProfile, logger: Logger): DownloadProgress | undefined {
+  const name = profile.runtime?.runtimeName.toLowerCase();
+  if (profile.problem || (name !== undefined ? name !== 'containerd' : profile.pinBackend === 'crio')) return undefined;
+  let said = '';
+  return new ContentDownloads(new ContainerdContent(profile.criEndpoint), (what, err) => {
+    if (`${what}\n${err}` !== said) logger.warn({ err }, what);
+    said = `${what}\n${err}`;
+  });
+}
+
 /** The kit. Opens CRI-O's pin file: call it with the node lock held. */
 export async function pinKit(profile: KitProfile, cfg: PinsConfig, parts: PinKitParts): Promise<PinKit> {
   const crio = await crioDropIn(profile, cfg, parts.logger);
   const m = makers(profile, cfg, parts, crio);
+  const downloads = downloadProgress(profile, parts.logger);
   const choice = new PinChoice({
     decide: (info) => decidePinBackend(profile.pinBackend, info, m),
     make: (backend, wake) => (backend === 'crio' ? m.crio!(wake) : m.containerd!.make()),
@@ -192,9 +215,11 @@ export async function pinKit(profile: KitProfile, cfg: PinsConfig, parts: PinKit
     choice,
     removal: (info) => removalBackend(profile, info, m),
     ...(crio ? { pinFile: crio.pinFile } : {}),
+    ...(downloads ? { downloads } : {}),
     close: () => {
       choice.close();
       crio?.reloader.close();
+      downloads?.close();
     },
   };
 }

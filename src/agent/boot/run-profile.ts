@@ -187,6 +187,7 @@ async function buildAgent(p: Process, prof: NodeProfile, b: { api: ApiSide; rt: 
     runtime: rt.runtime,
     criSocketPath: prof.problem ? null : unixSocketPath(prof.criEndpoint),
     pins: b.kit.choice,
+    downloads: b.kit.downloads ?? null,
     puller: new ImagePuller({ runtime: rt.runtime, maxParallel: cfg.loop.maxParallelPulls, logger, credentials: access.credentials, onResult }),
     reporter: api.reporter,
     logger,
