@@ -72,6 +72,14 @@ export interface NodeProgressInput {
 
 export type NodeProgressState = 'done' | 'downloading' | 'waiting' | 'degraded' | 'finishing';
 
+/** One node's part of the work. */
+export interface NodeWork {
+  state: NodeProgressState;
+  present: number;
+  total: number;
+  rate?: number;
+}
+
 export interface FleetWork {
   unit: ProgressUnit;
   present: number;
@@ -86,8 +94,8 @@ export interface FleetWork {
   degraded: number;
   /** Sum of the rates the downloading nodes report (bytes only); undefined when none does. */
   reportedRate?: number;
-  /** Each named node's state; absent when no input names its node. */
-  byNode?: Record<string, NodeProgressState>;
+  /** Each named node's state, present and total, and the rate it reports while downloading; absent when no input names its node. */
+  byNode?: Record<string, NodeWork>;
 }
 
 /** The node's state for the estimate. */
@@ -123,7 +131,10 @@ export function fleetWork(nodes: readonly NodeProgressInput[], specImages: numbe
     if (n.verdict === 'ready') present = total;
     present = Math.min(present, total);
     const state = nodeState(n, present, total);
-    if (n.node !== undefined) (work.byNode ??= {})[n.node] = state;
+    if (n.node !== undefined) {
+      const rate = state === 'downloading' && unit === 'bytes' ? n.entry?.rate : undefined;
+      (work.byNode ??= {})[n.node] = { state, present, total, ...(rate !== undefined ? { rate } : {}) };
+    }
     work.present += present;
     work.total += total;
     if (state === 'downloading' || state === 'waiting') work.remaining += total - present;
@@ -215,8 +226,8 @@ interface SetTrack {
   window: RateWindow;
   /** The last observation before the fleet's present bytes first grew. */
   movedFrom?: number;
-  /** Nodes seen not done; a node seen done after that is a completion. */
-  notDone: Set<string>;
+  /** Each node as last seen: done or not (a node seen not done, then done, is a completion), and since when its present bytes are what they are. */
+  nodes: Map<string, { done: boolean; present: number; since: number }>;
   /** When the nodes' completions were seen, oldest first (at most COMPLETIONS_KEPT). */
   completions: number[];
 }
@@ -243,7 +254,7 @@ export class ProgressTracker {
   observe(set: TrackedSet, work: FleetWork, now: Date): SetProgress {
     let t = this.#sets.get(set.name);
     if (!t || t.uid !== set.uid || t.generation !== set.generation || t.unit !== work.unit) {
-      t = { uid: set.uid, generation: set.generation, unit: work.unit, window: new RateWindow(this.windowMs), notDone: new Set(), completions: [] };
+      t = { uid: set.uid, generation: set.generation, unit: work.unit, window: new RateWindow(this.windowMs), nodes: new Map(), completions: [] };
       this.#sets.set(set.name, t);
     }
     const at = now.getTime();
@@ -254,7 +265,8 @@ export class ProgressTracker {
       t.completions.length = 0;
     } else if (t.movedFrom === undefined && work.present > (before?.value ?? 0)) t.movedFrom = before?.at ?? at;
     t.window.add(at, work.present, work.downloading);
-    this.#completions(t, work, at);
+    this.#nodes(t, work, at);
+    const arrived = this.#arrivedSinceReports(t, work, at);
     const measured = this.#measure(t, at, set.slots);
     const rate = measured.rate ?? work.reportedRate;
     const progress: SetProgress = {
@@ -266,21 +278,40 @@ export class ProgressTracker {
       summary: '',
     };
     if (rate !== undefined && work.present < work.total) progress.rate = work.unit === 'bytes' ? Math.round(rate) : Math.round(rate * 100) / 100;
-    const seconds = estimateSeconds(work, measured, set.slots);
+    const seconds = estimateSeconds({ ...work, remaining: work.remaining - arrived }, measured, set.slots);
     if (seconds !== undefined && Number.isFinite(seconds)) progress.estimatedCompletionTime = wholeSeconds(at + seconds * 1000);
     progress.summary = progressSummary(progress);
     return progress;
   }
 
-  /** A node seen not done, then done, completed now. */
-  #completions(t: SetTrack, work: FleetWork, at: number): void {
-    for (const [node, state] of Object.entries(work.byNode ?? {})) {
-      if (state !== 'done') t.notDone.add(node);
-      else if (t.notDone.delete(node)) {
+  /** Each node as seen now: a node seen not done, then done, completed now. */
+  #nodes(t: SetTrack, work: FleetWork, at: number): void {
+    for (const [node, w] of Object.entries(work.byNode ?? {})) {
+      const seen = t.nodes.get(node);
+      const done = w.state === 'done';
+      if (seen?.done === false && done) {
         t.completions.push(at);
         if (t.completions.length > COMPLETIONS_KEPT) t.completions.shift();
       }
+      t.nodes.set(node, { done, present: w.present, since: seen && seen.present === w.present ? seen.since : at });
     }
+    for (const node of t.nodes.keys()) if (!work.byNode?.[node]) t.nodes.delete(node);
+  }
+
+  /**
+   * What the downloading nodes got since they last reported: each node's
+   * rate over the time since its bytes last changed (at most half the
+   * window: the agents' longest pace), within what it lacks. A report is
+   * as old as its agent's pace, so the bytes it says lag what arrived.
+   */
+  #arrivedSinceReports(t: SetTrack, work: FleetWork, at: number): number {
+    let arrived = 0;
+    for (const [node, w] of Object.entries(work.byNode ?? {})) {
+      if (w.rate === undefined || !(w.rate > 0)) continue;
+      const age = Math.min(at - (t.nodes.get(node)?.since ?? at), this.windowMs / 2);
+      arrived += Math.min(w.total - w.present, (w.rate * age) / 1000);
+    }
+    return arrived;
   }
 
   #measure(t: SetTrack, at: number, slots: number | undefined): MeasuredRate {
