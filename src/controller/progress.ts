@@ -52,10 +52,11 @@ import { RateWindow } from '../util/rate-window.ts';
 
 /**
  * The controller's default window for a set's rate: "the last minutes".
- * Twice the longest pace at which an agent writes its progress (5 minutes,
- * src/agent/status-reporter.ts), so that every downloading node's bytes
- * move at least once inside it: over a shorter window the rate would rise
- * and fall with the nodes' writes rather than with their downloads.
+ * The rate spans at least half of it: the longest pace at which an agent
+ * writes its progress (5 minutes, src/agent/status-reporter.ts), so that
+ * every downloading node's bytes move at least once inside it: over a
+ * shorter span the rate would rise and fall with the nodes' writes rather
+ * than with their downloads.
  */
 export const DEFAULT_PROGRESS_WINDOW_MS = 10 * 60_000;
 
