@@ -14,12 +14,15 @@
 // - The fleet's throughput is measured, not summed from the nodes: the
 //   growth of the fleet's present bytes (the controller's successive
 //   observations, ProgressTracker) over the recent half of the time since
-//   bytes first grew, within --progress-window. The time before anything
-//   arrived (nodes waiting for a slot, for their first attempt, for the
-//   registry's sizes) is not counted, and the start of the rollout, when
-//   the nodes begin one after another and their first reports show
-//   little, leaves the measure as the rollout goes on: at half-way it
-//   holds the second quarter and later, not the start.
+//   a node was first seen downloading (or the bytes first grew), at least
+//   half of --progress-window and within it. The time before (nodes
+//   waiting for a slot, for their first attempt) is not counted, and the
+//   start of the rollout, when the nodes begin one after another and
+//   their first reports show little, leaves the measure as the rollout
+//   goes on: at half-way it holds the second quarter and later.
+// - A report is as old as its agent's pace (src/agent/status-reporter.ts),
+//   so what a downloading node got since its bytes last changed (its own
+//   rate over that time, at most half the window) counts as arrived.
 // - While more nodes are left than the set's slots let download at once
 //   (spec.rollout.maxConcurrentNodes), the rollout goes at the pace its
 //   slots hand nodes on: the time between the nodes' recent completions
@@ -41,7 +44,9 @@
 // reports, and when each node was first seen done.
 //
 // State (ProgressTracker): per set, one RateWindow (bounded: at most 34
-// observations whatever the set's age), when bytes first grew, and the
+// observations whatever the set's age), when a node first downloaded, each
+// selected node as last seen (done or not, since when its bytes are what
+// they are: for what arrived since its report), and the
 // times of the last completions (at most COMPLETIONS_KEPT) with the nodes
 // seen not done; started over when the set's generation or unit changes or
 // its present bytes drop (a node left).
@@ -217,7 +222,7 @@ export function pace(completions: readonly number[], at: number, slots: number |
 /** Completions kept per set: enough for the pace of max(2, slots) of them up to this many. */
 export const COMPLETIONS_KEPT = 16;
 
-/** The throughput is measured over this share of the time since bytes first grew (see the top). */
+/** The throughput is measured over this share of the time since a node first downloaded (see the top). */
 export const RECENT_SHARE = 0.5;
 
 interface SetTrack {
@@ -225,7 +230,7 @@ interface SetTrack {
   generation: number;
   unit: ProgressUnit;
   window: RateWindow;
-  /** The last observation before the fleet's present bytes first grew. */
+  /** When a node was first seen downloading, or the last observation before the fleet's present bytes first grew if that came first. */
   movedFrom?: number;
   /** Each node as last seen: done or not (a node seen not done, then done, is a completion), and since when its present bytes are what they are. */
   nodes: Map<string, { done: boolean; present: number; since: number }>;
@@ -264,7 +269,10 @@ export class ProgressTracker {
       // A node left: what was measured no longer adds up.
       t.movedFrom = undefined;
       t.completions.length = 0;
-    } else if (t.movedFrom === undefined && work.present > (before?.value ?? 0)) t.movedFrom = before?.at ?? at;
+    } else if (t.movedFrom === undefined) {
+      if (work.downloading > 0) t.movedFrom = at;
+      else if (work.present > (before?.value ?? 0)) t.movedFrom = before?.at ?? at;
+    }
     t.window.add(at, work.present, work.downloading);
     this.#nodes(t, work, at);
     const arrived = this.#arrivedSinceReports(t, work, at);
@@ -318,7 +326,7 @@ export class ProgressTracker {
   #measure(t: SetTrack, at: number, slots: number | undefined): MeasuredRate {
     const measured: MeasuredRate = {};
     if (t.movedFrom !== undefined) {
-      // The recent share of the time since bytes first grew, but at least
+      // The recent share of the time since a node first downloaded, but at least
       // half the window (the agents' longest pace, so that every
       // downloading node's bytes move inside it); the window bounds it.
       const since = Math.max(t.movedFrom, at - Math.max((at - t.movedFrom) * RECENT_SHARE, this.windowMs / 2));

@@ -156,19 +156,21 @@ describe('ProgressTracker: status.progress from successive observations', () => 
     for (const s of [0, 5, 30, 300]) assert.equal(waiting(s).estimatedCompletionTime, undefined);
   });
 
-  test('the time before bytes first grew is not counted, and the rate leaves the slow start as the rollout goes on', () => {
+  test('the time before any node downloads is not counted, and the rate leaves the slow start as the rollout goes on', () => {
     // A window of 2 minutes: the rate spans at least 1 minute (half the window).
     const t = new ProgressTracker(120_000);
     const set = { name: 's', generation: 1 };
     const obs = (s: number, present: number) => t.observe(set, w(present, { total: 100_000, remaining: 100_000 - present }), at(s));
-    // 100 s of nothing (waiting for slots), then 10/s for 100 s, then 100/s.
-    obs(0, 0);
-    obs(100, 0);
-    assert.equal(obs(110, 100).rate, 10, 'from the last observation before the bytes grew');
+    // 100 s waiting for a slot, then 10/s for 100 s, then 100/s.
+    const waiting = (s: number) => t.observe(set, w(0, { total: 100_000, remaining: 100_000, downloading: 0, waiting: 1 }), at(s));
+    waiting(0);
+    assert.equal(waiting(100).estimatedCompletionTime, undefined);
+    obs(100.5, 0);
+    assert.equal(obs(110.5, 100).rate, 10, 'from when the node was first seen downloading');
     for (let s = 120; s <= 200; s += 10) obs(s, (s - 100) * 10);
     let p = obs(200, 1000);
     for (let s = 210; s <= 400; s += 10) p = obs(s, 1000 + (s - 200) * 100);
-    // At 400 s: 300 s since the bytes grew; the recent half (150 s, within the window) is all at 100/s.
+    // At 400 s: 300 s since the node started; the recent half (150 s, within the window) is all at 100/s.
     assert.equal(p.rate, 100);
     // 100000 - 21000 left at 100/s.
     assert.equal(Date.parse(p.estimatedCompletionTime!), T0 + (400 + 790) * 1000);
