@@ -188,7 +188,8 @@ async function main(): Promise<void> {
   const doc = JSON.parse(await readFile(file, 'utf8')) as { invocations: { started: string; paces?: { progressWindow?: string }; runs: RecordedRow[][] }[] };
   const out = (l: string) => process.stdout.write(`${l}\n`);
   out(`# ETA replay of ${file}: error at half present / at half the time; recorded: what the controller of that run said; replayed: this tree's estimate`);
-  const within = { present: [0, 0], time: [0, 0] };
+  // Per row: checks within 25 % at half present and at half the time, of how many.
+  const within = new Map<string, { present: number; time: number; of: number }>();
   for (const inv of doc.invocations) {
     const windowMs = parseDuration(process.env.BENCH_ETA_REPLAY_WINDOW ?? inv.paces?.progressWindow ?? '10s');
     for (const [i, run] of inv.runs.entries()) {
@@ -200,15 +201,16 @@ async function main(): Promise<void> {
         const recT = row.eta?.halfTime?.saidMs === undefined ? undefined : errorPercent(row.eta.halfTime as ReplayCheck);
         const p = errorPercent(r.halfPresent);
         const t = errorPercent(r.halfTime);
-        within.present[1]!++;
-        within.time[1]!++;
-        if (p !== undefined && Math.abs(p) <= 25) within.present[0]!++;
-        if (t !== undefined && Math.abs(t) <= 25) within.time[0]!++;
+        const w = within.get(row.row) ?? { present: 0, time: 0, of: 0 };
+        within.set(row.row, w);
+        w.of++;
+        if (p !== undefined && Math.abs(p) <= 25) w.present++;
+        if (t !== undefined && Math.abs(t) <= 25) w.time++;
         out(`${inv.started} run ${i + 1} ${row.row.padEnd(9)} (${r.source.padEnd(9)}) fleet ${(row.fleetMs! / 1000).toFixed(1)} s: recorded ${pct(recP)} / ${pct(recT)}; replayed ${pct(p)} / ${pct(t)}`);
       }
     }
   }
-  out(`within 25 %: at half present ${within.present[0]} of ${within.present[1]}, at half the time ${within.time[0]} of ${within.time[1]}`);
+  for (const [row, w] of within) out(`${row}: within 25 % at half present in ${w.present} of ${w.of} runs, at half the time in ${w.time} of ${w.of}`);
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) await main();

@@ -36,9 +36,11 @@
 // paces of the progress reports are shrunk alike: the agents write
 // progress 1 s after their last write, then twice as long each time up to
 // 5 s (--status-progress-interval; 1 then up to 5 minutes by default), the
-// controller measures its rate over 10 s (--progress-window; 10 minutes,
-// twice the agents' longest pace) and writes progress every 500 ms
-// (--progress-interval; 30 s).
+// controller's window is 10 s (--progress-window; 10 minutes, twice the
+// agents' longest pace) and it writes progress every 500 ms
+// (--progress-interval; 30 s). Each node's report of the set is kept too
+// (every change, read every 100 ms): what `node bench/eta-replay.ts`
+// feeds an estimate to replay the run.
 //
 // Knobs: BENCH_FLEET_NODES (6), BENCH_FLEET_IMAGES (6),
 // BENCH_FLEET_IMAGE_BYTES (5000000: a 30 MB set), BENCH_FLEET_MBIT (40),
