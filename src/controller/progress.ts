@@ -36,7 +36,8 @@
 //   fewer nodes are left than made the throughput (on average D of them:
 //   the last wave), each goes at its share (throughput / D), not the whole.
 // No ETA rather than a wild one: none until bytes have grown (or a slot's
-// pace is measured), and none while nothing arrives. Degraded nodes are
+// pace is measured), and none while nothing arrives (where the slots'
+// pace is measured, the nodes left go at it from now). Degraded nodes are
 // left out of the estimate (they wait on a fix, not on time) but their
 // bytes count in present and total, so the percentage never reads 100
 // while they lack images. Nothing here needs to know how the first wave
@@ -45,11 +46,10 @@
 //
 // State (ProgressTracker): per set, one RateWindow (bounded: at most 34
 // observations whatever the set's age), when a node first downloaded, each
-// selected node as last seen (done or not, since when its bytes are what
-// they are: for what arrived since its report), and the
-// times of the last completions (at most COMPLETIONS_KEPT) with the nodes
-// seen not done; started over when the set's generation or unit changes or
-// its present bytes drop (a node left).
+// selected node as last seen (done or not, and since when its bytes are
+// what they are: for what arrived since its report), and the times of the
+// last completions (at most COMPLETIONS_KEPT); started over when the set's
+// generation or unit changes or its present bytes drop (a node left).
 import { DOWNLOAD_WAIT_REASONS } from '../api/reasons.ts';
 import type { NodeSetStatus, ProgressUnit, SetProgress } from '../api/types.ts';
 import { formatBytes } from '../registry/size.ts';
