@@ -36,9 +36,11 @@
 // paces of the progress reports are shrunk alike: the agents write
 // progress 1 s after their last write, then twice as long each time up to
 // 5 s (--status-progress-interval; 1 then up to 5 minutes by default), the
-// controller measures its rate over 10 s (--progress-window; 10 minutes,
-// twice the agents' longest pace) and writes progress every 500 ms
-// (--progress-interval; 30 s).
+// controller's window is 10 s (--progress-window; 10 minutes, twice the
+// agents' longest pace) and it writes progress every 500 ms
+// (--progress-interval; 30 s). Each node's report of the set is kept too
+// (every change, read every 100 ms): what `node bench/eta-replay.ts`
+// feeds an estimate to replay the run.
 //
 // Knobs: BENCH_FLEET_NODES (6), BENCH_FLEET_IMAGES (6),
 // BENCH_FLEET_IMAGE_BYTES (5000000: a 30 MB set), BENCH_FLEET_MBIT (40),
@@ -53,7 +55,8 @@ import os from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { validateSet } from '../src/api/validate.ts';
 import { slotFree, slotSelector, DEFAULT_SLOT_NAMESPACE } from '../src/rollout/slots.ts';
-import type { SetProgress } from '../src/api/types.ts';
+import { STATUS_ANNOTATION, type SetProgress } from '../src/api/types.ts';
+import { parseNodeStatus } from '../src/api/node-status.ts';
 import { AgentProcess, argvFor, bundledCli } from '../test/support/agent-process.ts';
 import { missingComponents, missingMessage, type ComponentName } from '../test/support/components.ts';
 import { FleetBed, FLEET_REGISTRY, type ImagePull } from '../test/support/fleet-bed.ts';
@@ -119,6 +122,22 @@ interface RowResult {
   eta?: { halfPresent?: EtaCheck; halfTime?: EtaCheck };
   /** Every change of the set's status.progress, ms after the set's creation. */
   progress?: ProgressSample[];
+  /** Every change of a node's report of the set, ms after the set's creation: what the controller's estimate is made from, for bench/eta-replay.ts. */
+  reports?: NodeReportSample[];
+}
+
+/** One node's report of the set as read from its Node (ms after the set's creation; its annotation's updatedAt too). */
+interface NodeReportSample {
+  atMs: number;
+  node: string;
+  updatedAtMs?: number;
+  phase: string;
+  reason: string;
+  desiredGeneration: number;
+  currentGeneration: number;
+  images: { wanted: number; present: number; pinned: number };
+  bytes?: { present: number; total: number };
+  rate?: number;
 }
 
 /** One reading of the set's status.progress (ms after the set's creation; eta too), with the bytes that had crossed the link by then. */
@@ -209,11 +228,29 @@ function startController(bed: FleetBed, cli: string): AgentProcess {
   return AgentProcess.attach(spawn(process.execPath, [...argvFor(cli), ...flags], { stdio: ['ignore', 'pipe', 'pipe'] }));
 }
 
-/** The set's status.progress every 100 ms, each change kept (ms after `created`). */
-function sampleProgress(bed: FleetBed, set: string, created: number): { stop: () => ProgressSample[] } {
+/** The set's status.progress and each node's report of it every 100 ms, each change kept (ms after `created`). */
+function sampleProgress(bed: FleetBed, set: string, created: number): { stop: () => { progress: ProgressSample[]; reports: NodeReportSample[] } } {
   const samples: ProgressSample[] = [];
+  const reports: NodeReportSample[] = [];
+  const lastReport = new Map<string, string>();
   let last = '';
   const timer = setInterval(() => {
+    for (const n of bed.nodes) {
+      const status = parseNodeStatus(bed.api.get('nodes', n.name)?.metadata.annotations?.[STATUS_ANNOTATION]).status;
+      const e = status?.sets.find((x) => x.name === set);
+      if (!e) continue;
+      const updatedAt = status?.updatedAt ? Date.parse(status.updatedAt) - created : undefined;
+      const r: Omit<NodeReportSample, 'atMs'> = {
+        node: n.name, phase: e.phase, reason: e.reason, desiredGeneration: e.desiredGeneration, currentGeneration: e.currentGeneration,
+        images: { wanted: e.images.wanted, present: e.images.present, pinned: e.images.pinned },
+        ...(updatedAt !== undefined && !Number.isNaN(updatedAt) ? { updatedAtMs: updatedAt } : {}),
+        ...(e.bytes ? { bytes: e.bytes } : {}), ...(e.rate !== undefined ? { rate: e.rate } : {}),
+      };
+      const key = JSON.stringify(r);
+      if (lastReport.get(n.name) === key) continue;
+      lastReport.set(n.name, key);
+      reports.push({ atMs: Date.now() - created, ...r });
+    }
     const p = (bed.api.get('pinnedimagesets', set)?.status as { progress?: SetProgress } | undefined)?.progress;
     if (!p) return;
     const eta = p.estimatedCompletionTime ? Date.parse(p.estimatedCompletionTime) - created : undefined;
@@ -222,7 +259,7 @@ function sampleProgress(bed: FleetBed, set: string, created: number): { stop: ()
     last = key;
     samples.push({ atMs: Date.now() - created, unit: p.unit, present: p.present, total: p.total, ...(p.rate !== undefined ? { rate: p.rate } : {}), ...(eta !== undefined ? { etaMs: eta } : {}), linkBytes: bed.link.egressBytes() });
   }, 100);
-  return { stop: () => (clearInterval(timer), samples) };
+  return { stop: () => (clearInterval(timer), { progress: samples, reports }) };
 }
 
 /** What the status said at `atMs` (the last reading at or before it), against the fleet's end. */
@@ -263,7 +300,7 @@ async function runRow(plan: RowPlan, cli: string, run: number): Promise<RowResul
     const created = bed.createSet(setName, images, plan.rollout);
     const progress = sampleProgress(bed, setName, created);
     const ready = await bed.waitAllReady(setName, IMAGES, READY_LIMIT_MS);
-    const progressSamples = progress.stop();
+    const { progress: progressSamples, reports } = progress.stop();
     if (!controller.running) throw new Error(`the controller exited:\n${controller.output().slice(-3000)}`);
     const samples = slots?.stop();
     const fleetMs = Math.max(...ready.values()) - created;
@@ -294,6 +331,7 @@ async function runRow(plan: RowPlan, cli: string, run: number): Promise<RowResul
       })),
       eta: etaChecks(progressSamples, fleetMs),
       progress: progressSamples,
+      reports,
     };
     return result;
   } finally {

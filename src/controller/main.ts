@@ -44,7 +44,7 @@ export const CONTROLLER_FLAGS: readonly FlagSpec[] = [
     default: true,
     help: 'hand a freed rollout slot or first-wave seat to the node queued longest, at once; off, nodes find free slots by polling',
   },
-  { name: 'progress-window', env: 'PINSET_CONTROLLER_PROGRESS_WINDOW', type: 'duration', default: '10m', help: 'a set\'s download rate, and its ETA from it (status.progress), is measured over this much of the recent past (at least twice the agents\' longest progress pace, 5m)' },
+  { name: 'progress-window', env: 'PINSET_CONTROLLER_PROGRESS_WINDOW', type: 'duration', default: '10m', help: 'a set\'s download rate, and its ETA from it (status.progress), is measured over the recent half of its download, within this much of the recent past and over at least half of it (at least twice the agents\' longest progress pace, 5m)' },
   { name: 'progress-interval', env: 'PINSET_CONTROLLER_PROGRESS_INTERVAL', type: 'duration', default: '30s', help: 'a change of a set\'s progress alone is written to its status at most this often; other changes at once' },
   { name: 'log-level', env: 'PINSET_LOG_LEVEL', type: 'string', default: 'info', choices: ['debug', 'info', 'warn', 'error'], help: 'log level' },
 ];

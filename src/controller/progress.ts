@@ -10,27 +10,45 @@
 // its images present. Where no node reports bytes, the unit is images:
 // each image counted once per node.
 //
-// When it will be done (estimateSeconds, pure): the work left on the nodes
-// still to finish, over the fleet's throughput. The throughput is
-// measured, not summed from the nodes: the growth of the fleet's present
-// bytes over the last minutes (the controller's successive observations,
-// ProgressTracker), which already holds what slows a rollout: nodes waiting
-// for a slot or for the first wave do not download, slots handed over late
-// sit idle, a cache warmed by the first nodes serves the next ones faster.
-// Nodes waiting for a slot or for the first wave are not downloading, but
-// their whole download is in the work left. The rollout's slots and waves
-// enter where the measured throughput would mislead: it was made by the
-// nodes downloading in the window (on average D of them), and once fewer
-// nodes than that are left to go (the last wave), or the set now allows
-// fewer at once (maxConcurrentNodes lowered), each goes at its share
-// (throughput / D), not the whole. Degraded nodes are left out of the
-// estimate (they wait on a fix, not on time) but their bytes count in
-// present and total, so the percentage never reads 100 while they lack
-// images. Nothing here needs to know how the first wave or the slots work:
-// only each node's phase and reason, which every agent reports.
+// When it will be done (estimateSeconds, pure), from what is moving now:
+// - The fleet's throughput is measured, not summed from the nodes: the
+//   growth of the fleet's present bytes (the controller's successive
+//   observations, ProgressTracker) over the recent half of the time since
+//   a node was first seen downloading (or the bytes first grew), at least
+//   half of --progress-window and within it. The time before (nodes
+//   waiting for a slot, for their first attempt) is not counted, and the
+//   start of the rollout, when the nodes begin one after another and
+//   their first reports show little, leaves the measure as the rollout
+//   goes on: at half-way it holds the second quarter and later.
+// - A report is as old as its agent's pace (src/agent/status-reporter.ts),
+//   so what a downloading node got since its bytes last changed (its own
+//   rate over that time, at most half the window) counts as arrived.
+// - While more nodes are left than the set's slots let download at once
+//   (spec.rollout.maxConcurrentNodes), the rollout goes at the pace its
+//   slots hand nodes on: the time between the nodes' recent completions
+//   (over the last max(2, slots) of them), which holds how long a node
+//   with a slot takes now (from a warm cache, faster than the first), and
+//   how long a freed slot waits for the next node. The nodes left finish
+//   at that pace, the next one that long after the last completion.
+// - Otherwise, all the nodes left can download at once: the work left
+//   over the throughput. The work left counts the nodes waiting (for the
+//   first wave, for their first attempt) with their whole download. Once
+//   fewer nodes are left than made the throughput (on average D of them:
+//   the last wave), each goes at its share (throughput / D), not the whole.
+// No ETA rather than a wild one: none until bytes have grown (or a slot's
+// pace is measured), and none while nothing arrives (where the slots'
+// pace is measured, the nodes left go at it from now). Degraded nodes are
+// left out of the estimate (they wait on a fix, not on time) but their
+// bytes count in present and total, so the percentage never reads 100
+// while they lack images. Nothing here needs to know how the first wave
+// or the slots work: only each node's phase and reason, which every agent
+// reports, and when each node was first seen done.
 //
-// State (ProgressTracker): one RateWindow per set, bounded (at most 34
-// observations whatever the set's age), started over when the set's
+// State (ProgressTracker): per set, one RateWindow (bounded: at most 34
+// observations whatever the set's age), when a node first downloaded, each
+// selected node as last seen (done or not, and since when its bytes are
+// what they are: for what arrived since its report), and the times of the
+// last completions (at most COMPLETIONS_KEPT); started over when the set's
 // generation or unit changes or its present bytes drop (a node left).
 import { DOWNLOAD_WAIT_REASONS } from '../api/reasons.ts';
 import type { NodeSetStatus, ProgressUnit, SetProgress } from '../api/types.ts';
@@ -39,23 +57,34 @@ import { RateWindow } from '../util/rate-window.ts';
 
 /**
  * The controller's default window for a set's rate: "the last minutes".
- * Twice the longest pace at which an agent writes its progress (5 minutes,
- * src/agent/status-reporter.ts), so that every downloading node's bytes
- * move at least once inside it: over a shorter window the rate would rise
- * and fall with the nodes' writes rather than with their downloads.
+ * The rate spans at least half of it: the longest pace at which an agent
+ * writes its progress (5 minutes, src/agent/status-reporter.ts), so that
+ * every downloading node's bytes move at least once inside it: over a
+ * shorter span the rate would rise and fall with the nodes' writes rather
+ * than with their downloads.
  */
 export const DEFAULT_PROGRESS_WINDOW_MS = 10 * 60_000;
 
 /** Progressing reasons under which a node downloads nothing of the set (src/api/reasons.ts). */
 export const WAITING_REASONS: ReadonlySet<string> = DOWNLOAD_WAIT_REASONS;
 
-/** What the estimate reads of one selected node: the roll-up's verdict and, when the node reports on the set's current generation, its entry. */
+/** What the estimate reads of one selected node: its name, the roll-up's verdict and, when the node reports on the set's current generation, its entry. */
 export interface NodeProgressInput {
+  /** The Node's name: how the tracker tells when each node is done. */
+  node?: string;
   verdict: 'ready' | 'progressing' | 'degraded';
   entry?: Pick<NodeSetStatus, 'reason' | 'bytes' | 'rate'> & Partial<Pick<NodeSetStatus, 'images'>>;
 }
 
 export type NodeProgressState = 'done' | 'downloading' | 'waiting' | 'degraded' | 'finishing';
+
+/** One node's part of the work. */
+export interface NodeWork {
+  state: NodeProgressState;
+  present: number;
+  total: number;
+  rate?: number;
+}
 
 export interface FleetWork {
   unit: ProgressUnit;
@@ -71,6 +100,8 @@ export interface FleetWork {
   degraded: number;
   /** Sum of the rates the downloading nodes report (bytes only); undefined when none does. */
   reportedRate?: number;
+  /** Each named node's state, present and total, and the rate it reports while downloading; absent when no input names its node. */
+  byNode?: Record<string, NodeWork>;
 }
 
 /** The node's state for the estimate. */
@@ -106,6 +137,10 @@ export function fleetWork(nodes: readonly NodeProgressInput[], specImages: numbe
     if (n.verdict === 'ready') present = total;
     present = Math.min(present, total);
     const state = nodeState(n, present, total);
+    if (n.node !== undefined) {
+      const rate = state === 'downloading' && unit === 'bytes' ? n.entry?.rate : undefined;
+      (work.byNode ??= {})[n.node] = { state, present, total, ...(rate !== undefined ? { rate } : {}) };
+    }
     work.present += present;
     work.total += total;
     if (state === 'downloading' || state === 'waiting') work.remaining += total - present;
@@ -120,21 +155,31 @@ export function fleetWork(nodes: readonly NodeProgressInput[], specImages: numbe
   return work;
 }
 
-/** What the window measured: the fleet's growth per second and how many nodes downloaded on average meanwhile. */
+/** What the tracker measured: the fleet's growth per second and how many nodes downloaded on average meanwhile; the pace of completions. */
 export interface MeasuredRate {
   rate?: number;
   meanDownloading?: number;
+  /** Seconds between successive completions, over the recent ones; undefined with fewer than two. */
+  nodeInterval?: number;
+  /** Seconds since the last completion. */
+  sinceLastDone?: number;
 }
 
 /**
  * Seconds until the nodes still to finish are done, or undefined when it
- * cannot be told: none left (done, or only degraded nodes), or no
- * throughput to go by (no history yet, or nothing arrived over the window).
- * `slots`: spec.rollout.maxConcurrentNodes (undefined: no limit).
+ * cannot be told: none left (done, or only degraded nodes), or nothing to
+ * go by (no growth measured yet, nothing arrived over the span, and no
+ * pace of completions). `slots`: spec.rollout.maxConcurrentNodes
+ * (undefined: no limit). See the top of this file.
  */
 export function estimateSeconds(work: FleetWork, measured: MeasuredRate, slots: number | undefined): number | undefined {
   const left = work.downloading + work.waiting;
   if (left === 0 || work.remaining <= 0) return undefined;
+  if (slots !== undefined && left > slots && measured.nodeInterval !== undefined && measured.nodeInterval > 0) {
+    // Slot-bound: the nodes left finish at the pace the slots hand them on.
+    const next = Math.max(0, measured.nodeInterval - (measured.sinceLastDone ?? 0));
+    return next + (left - 1) * measured.nodeInterval;
+  }
   const rate = measured.rate ?? work.reportedRate;
   if (rate === undefined || !(rate > 0)) return undefined;
   // The measured throughput came from `made` nodes at once; the nodes that
@@ -166,14 +211,41 @@ export interface TrackedSet {
   slots?: number;
 }
 
+/** The pace of completions (ms, oldest first): the mean time between the last max(2, slots) of them, and the time since the last. */
+export function pace(completions: readonly number[], at: number, slots: number | undefined): Pick<MeasuredRate, 'nodeInterval' | 'sinceLastDone'> {
+  const c = completions;
+  if (c.length < 2) return {};
+  const k = Math.min(c.length - 1, Math.max(2, slots ?? 2));
+  return { nodeInterval: (c.at(-1)! - c.at(-1 - k)!) / k / 1000, sinceLastDone: (at - c.at(-1)!) / 1000 };
+}
+
+/** Completions kept per set: enough for the pace of max(2, slots) of them up to this many. */
+export const COMPLETIONS_KEPT = 16;
+
+/** The throughput is measured over this share of the time since a node first downloaded (see the top). */
+export const RECENT_SHARE = 0.5;
+
+interface SetTrack {
+  uid?: string;
+  generation: number;
+  unit: ProgressUnit;
+  window: RateWindow;
+  /** When a node was first seen downloading, or the last observation before the fleet's present bytes first grew if that came first. */
+  movedFrom?: number;
+  /** Each node as last seen: done or not (a node seen not done, then done, is a completion), and since when its present bytes are what they are. */
+  nodes: Map<string, { done: boolean; present: number; since: number }>;
+  /** When the nodes' completions were seen, oldest first (at most COMPLETIONS_KEPT). */
+  completions: number[];
+}
+
 /**
  * Each set's window of observations, and its progress from them. Bounded:
- * one RateWindow per set the controller rolls up; retain() forgets sets
- * that are gone.
+ * one window per set the controller rolls up, and per set one entry per
+ * selected node; retain() forgets sets that are gone.
  */
 export class ProgressTracker {
   readonly windowMs: number;
-  readonly #sets = new Map<string, { uid?: string; generation: number; unit: ProgressUnit; window: RateWindow }>();
+  readonly #sets = new Map<string, SetTrack>();
 
   constructor(windowMs = DEFAULT_PROGRESS_WINDOW_MS) {
     this.windowMs = windowMs;
@@ -188,12 +260,23 @@ export class ProgressTracker {
   observe(set: TrackedSet, work: FleetWork, now: Date): SetProgress {
     let t = this.#sets.get(set.name);
     if (!t || t.uid !== set.uid || t.generation !== set.generation || t.unit !== work.unit) {
-      t = { uid: set.uid, generation: set.generation, unit: work.unit, window: new RateWindow(this.windowMs) };
+      t = { uid: set.uid, generation: set.generation, unit: work.unit, window: new RateWindow(this.windowMs), nodes: new Map(), completions: [] };
       this.#sets.set(set.name, t);
     }
     const at = now.getTime();
+    const before = t.window.last;
+    if (before && work.present < before.value) {
+      // A node left: what was measured no longer adds up.
+      t.movedFrom = undefined;
+      t.completions.length = 0;
+    } else if (t.movedFrom === undefined) {
+      if (work.downloading > 0) t.movedFrom = at;
+      else if (work.present > (before?.value ?? 0)) t.movedFrom = before?.at ?? at;
+    }
     t.window.add(at, work.present, work.downloading);
-    const measured: MeasuredRate = { rate: t.window.rate(), meanDownloading: t.window.meanActive() };
+    this.#nodes(t, work, at);
+    const arrived = this.#arrivedSinceReports(t, work, at);
+    const measured = this.#measure(t, at, set.slots);
     const rate = measured.rate ?? work.reportedRate;
     const progress: SetProgress = {
       unit: work.unit,
@@ -204,10 +287,57 @@ export class ProgressTracker {
       summary: '',
     };
     if (rate !== undefined && work.present < work.total) progress.rate = work.unit === 'bytes' ? Math.round(rate) : Math.round(rate * 100) / 100;
-    const seconds = estimateSeconds(work, measured, set.slots);
+    const seconds = estimateSeconds({ ...work, remaining: work.remaining - arrived }, measured, set.slots);
     if (seconds !== undefined && Number.isFinite(seconds)) progress.estimatedCompletionTime = wholeSeconds(at + seconds * 1000);
     progress.summary = progressSummary(progress);
     return progress;
+  }
+
+  /** Each node as seen now: a node seen not done, then done, completed now. */
+  #nodes(t: SetTrack, work: FleetWork, at: number): void {
+    for (const [node, w] of Object.entries(work.byNode ?? {})) {
+      const seen = t.nodes.get(node);
+      const done = w.state === 'done';
+      if (seen?.done === false && done) {
+        t.completions.push(at);
+        if (t.completions.length > COMPLETIONS_KEPT) t.completions.shift();
+      }
+      t.nodes.set(node, { done, present: w.present, since: seen && seen.present === w.present ? seen.since : at });
+    }
+    for (const node of t.nodes.keys()) if (!work.byNode?.[node]) t.nodes.delete(node);
+  }
+
+  /**
+   * What the downloading nodes got since they last reported: each node's
+   * rate over the time since its bytes last changed (at most half the
+   * window: the agents' longest pace), within what it lacks. A report is
+   * as old as its agent's pace, so the bytes it says lag what arrived.
+   */
+  #arrivedSinceReports(t: SetTrack, work: FleetWork, at: number): number {
+    let arrived = 0;
+    for (const [node, w] of Object.entries(work.byNode ?? {})) {
+      if (w.rate === undefined || !(w.rate > 0)) continue;
+      const age = Math.min(at - (t.nodes.get(node)?.since ?? at), this.windowMs / 2);
+      arrived += Math.min(w.total - w.present, (w.rate * age) / 1000);
+    }
+    return arrived;
+  }
+
+  #measure(t: SetTrack, at: number, slots: number | undefined): MeasuredRate {
+    const measured: MeasuredRate = {};
+    if (t.movedFrom !== undefined) {
+      // The recent share of the time since a node first downloaded, but at least
+      // half the window (the agents' longest pace, so that every
+      // downloading node's bytes move inside it); the window bounds it.
+      const since = Math.max(t.movedFrom, at - Math.max((at - t.movedFrom) * RECENT_SHARE, this.windowMs / 2));
+      const rate = t.window.rate(since);
+      if (rate !== undefined) {
+        measured.rate = rate;
+        const mean = t.window.meanActive(since);
+        if (mean !== undefined) measured.meanDownloading = mean;
+      }
+    }
+    return { ...measured, ...pace(t.completions, at, slots) };
   }
 
   forget(name: string): void {

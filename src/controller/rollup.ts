@@ -215,7 +215,7 @@ function computeStatus(
     if (!selectorMatches(selector, node.labels ?? {})) continue;
     matched++;
     const v = judge(node.name, node.reading, set, generation);
-    progress.push({ verdict: v.kind, ...(v.current ? { entry: v.current } : {}) });
+    progress.push({ node: node.name, verdict: v.kind, ...(v.current ? { entry: v.current } : {}) });
     if (v.kind === 'ready') ready++;
     else if (v.kind === 'degraded') {
       degraded.push(v.node);

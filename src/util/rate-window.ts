@@ -13,6 +13,10 @@
 // Beside the count, each observation may carry how many workers were
 // active (nodes downloading): meanActive() is its time-weighted mean over
 // the same span as rate(), so a caller can tell the rate per worker.
+//
+// rate() and meanActive() take an optional start: the span then begins at
+// the newest observation kept at or before it (the oldest if none is), so
+// a caller can measure over the recent part of the window only.
 
 export interface RateSample {
   /** Milliseconds on the caller's clock. */
@@ -68,27 +72,41 @@ export class RateWindow {
     if (s.length > this.#maxSamples + 2) s.splice(0, s.length - this.#maxSamples - 2);
   }
 
-  /** The span the rate is measured over: from the anchor (or oldest) to the newest observation; undefined with fewer than two. */
-  span(): { from: RateSample; to: RateSample } | undefined {
+  /** Index of the observation a span from `since` starts at: the newest at or before it, else the oldest. */
+  #startIndex(since: number | undefined): number {
+    if (since === undefined) return 0;
     const s = this.#samples;
-    if (s.length < 2 || s.at(-1)!.at <= s[0]!.at) return undefined;
-    return { from: s[0]!, to: s.at(-1)! };
+    let i = 0;
+    while (i + 1 < s.length && s[i + 1]!.at <= since) i++;
+    return i;
+  }
+
+  /**
+   * The span the rate is measured over: from the anchor (or oldest), or
+   * from `since` (see the top), to the newest observation; undefined with
+   * fewer than two observations apart in time.
+   */
+  span(since?: number): { from: RateSample; to: RateSample } | undefined {
+    const s = this.#samples;
+    const from = s[this.#startIndex(since)];
+    if (!from || s.at(-1)!.at <= from.at) return undefined;
+    return { from, to: s.at(-1)! };
   }
 
   /** Growth per second over the span; undefined until two observations apart in time. */
-  rate(): number | undefined {
-    const span = this.span();
+  rate(since?: number): number | undefined {
+    const span = this.span(since);
     if (!span) return undefined;
     return ((span.to.value - span.from.value) * 1000) / (span.to.at - span.from.at);
   }
 
   /** Time-weighted mean of `active` over the span (each observation holds until the next); undefined as rate(). */
-  meanActive(): number | undefined {
-    const span = this.span();
+  meanActive(since?: number): number | undefined {
+    const span = this.span(since);
     if (!span) return undefined;
     const s = this.#samples;
     let weighted = 0;
-    for (let i = 0; i < s.length - 1; i++) weighted += s[i]!.active * (s[i + 1]!.at - s[i]!.at);
+    for (let i = this.#startIndex(since); i < s.length - 1; i++) weighted += s[i]!.active * (s[i + 1]!.at - s[i]!.at);
     return weighted / (span.to.at - span.from.at);
   }
 }

@@ -5,7 +5,7 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { SetImageCounts } from '../../src/api/types.ts';
-import { estimateSeconds, fleetWork, ProgressTracker, progressSummary, type FleetWork, type NodeProgressInput } from '../../src/controller/progress.ts';
+import { estimateSeconds, fleetWork, pace, ProgressTracker, progressSummary, type FleetWork, type NodeProgressInput } from '../../src/controller/progress.ts';
 
 const counts = (wanted: number, present: number): SetImageCounts => ({ wanted, present, pinned: wanted, failed: 0, invalid: 0 });
 const T0 = Date.UTC(2026, 11, 7, 12, 0, 0);
@@ -79,6 +79,23 @@ describe('estimateSeconds: the work left over the fleet\'s throughput', () => {
     assert.equal(estimateSeconds(work({ reportedRate: 200 }), {}, 2), 30);
   });
 
+  test('slot-bound (more nodes left than slots): the nodes left finish at the pace of the recent completions, the next one that long after the last', () => {
+    // 4 left, 1 slot, a node done every 10 s, the last 4 s ago: 6 + 3 x 10.
+    assert.equal(estimateSeconds(work({ downloading: 1, waiting: 3 }), { rate: 1, nodeInterval: 10, sinceLastDone: 4 }, 1), 36);
+    // Overdue (12 s since the last): the next one now, the others at the pace.
+    assert.equal(estimateSeconds(work({ downloading: 1, waiting: 3 }), { rate: 1, nodeInterval: 10, sinceLastDone: 12 }, 1), 30);
+    // As many slots as nodes left: the bytes over the throughput, not the pace.
+    assert.equal(estimateSeconds(work({ downloading: 2, waiting: 0, remaining: 600 }), { rate: 100, meanDownloading: 2, nodeInterval: 10, sinceLastDone: 0 }, 2), 6);
+  });
+
+  test('the pace: the mean time between the last max(2, slots) completions; none from fewer than two', () => {
+    assert.deepEqual(pace([10_000], 12_000, 1), {});
+    // One slot: the last two intervals (the cold first node's 40 s is left out).
+    assert.deepEqual(pace([0, 40_000, 44_000, 50_000], 53_000, 1), { nodeInterval: 5, sinceLastDone: 3 });
+    // Four slots whose nodes finish in waves: the last four intervals span a wave.
+    assert.deepEqual(pace([0, 0, 0, 0, 20_000, 20_000, 20_000, 20_000], 25_000, 4), { nodeInterval: 5, sinceLastDone: 5 });
+  });
+
   test('no ETA: nothing arrived over the window, no rate at all, or no node left but degraded ones', () => {
     assert.equal(estimateSeconds(work({}), { rate: 0, meanDownloading: 2 }, 2), undefined);
     assert.equal(estimateSeconds(work({}), {}, 2), undefined);
@@ -131,6 +148,66 @@ describe('ProgressTracker: status.progress from successive observations', () => 
     assert.equal(done.rate, undefined);
     assert.equal(done.estimatedCompletionTime, undefined);
     assert.equal(done.summary, '100% of 1000 B');
+  });
+
+  test('nothing reported yet (every node waits, no bytes): no ETA rather than a wild one, however long it lasts', () => {
+    const t = new ProgressTracker(60_000);
+    const waiting = (s: number) => t.observe({ name: 's', generation: 1, slots: 2 }, w(0, { downloading: 0, waiting: 6, nodes: 6, total: 6000, remaining: 6000 }), at(s));
+    for (const s of [0, 5, 30, 300]) assert.equal(waiting(s).estimatedCompletionTime, undefined);
+  });
+
+  test('the time before any node downloads is not counted, and the rate leaves the slow start as the rollout goes on', () => {
+    // A window of 2 minutes: the rate spans at least 1 minute (half the window).
+    const t = new ProgressTracker(120_000);
+    const set = { name: 's', generation: 1 };
+    const obs = (s: number, present: number) => t.observe(set, w(present, { total: 100_000, remaining: 100_000 - present }), at(s));
+    // 100 s waiting for a slot, then 10/s for 100 s, then 100/s.
+    const waiting = (s: number) => t.observe(set, w(0, { total: 100_000, remaining: 100_000, downloading: 0, waiting: 1 }), at(s));
+    waiting(0);
+    assert.equal(waiting(100).estimatedCompletionTime, undefined);
+    obs(100.5, 0);
+    assert.equal(obs(110.5, 100).rate, 10, 'from when the node was first seen downloading');
+    for (let s = 120; s <= 200; s += 10) obs(s, (s - 100) * 10);
+    let p = obs(200, 1000);
+    for (let s = 210; s <= 400; s += 10) p = obs(s, 1000 + (s - 200) * 100);
+    // At 400 s: 300 s since the node started; the recent half (150 s, within the window) is all at 100/s.
+    assert.equal(p.rate, 100);
+    // 100000 - 21000 left at 100/s.
+    assert.equal(Date.parse(p.estimatedCompletionTime!), T0 + (400 + 790) * 1000);
+  });
+
+  test('what a node got since it last reported counts: its rate over the time since its bytes last changed', () => {
+    const t = new ProgressTracker(60_000);
+    const set = { name: 's', generation: 1 };
+    const node = (present: number, rate?: number): NodeProgressInput => ({ node: 'n1', verdict: 'progressing', entry: { reason: 'Pulling', bytes: { present, total: 10_000 }, ...(rate !== undefined ? { rate } : {}) } });
+    const obs = (s: number, present: number, rate?: number) => t.observe(set, fleetWork([node(present, rate)], 1), at(s));
+    obs(0, 0);
+    obs(10, 1000, 100);
+    // Observed again 10 s later (another node's change, say) with the same report: 1000 more arrived meanwhile.
+    const p = obs(20, 1000, 100);
+    // 100/s over 0-20 s is 50/s measured; 10000 - 1000 - 1000 left at 50/s.
+    assert.equal(Date.parse(p.estimatedCompletionTime!), T0 + (20 + 160) * 1000);
+  });
+
+  test('one slot, a warm cache: once two nodes are done, the nodes left go at the pace of the recent completions, not the cold first node\'s', () => {
+    const t = new ProgressTracker(60_000);
+    const set = { name: 's', generation: 1, slots: 1 };
+    const nodes = (states: ('waiting' | 'pulling' | 'ready')[], pulling = 0): NodeProgressInput[] =>
+      states.map((st, i) => ({
+        node: `n${i}`,
+        verdict: st === 'ready' ? 'ready' : 'progressing',
+        entry: { reason: st === 'waiting' ? 'WaitingForRolloutSlot' : st === 'ready' ? 'AllImagesPinned' : 'Pulling', bytes: { present: st === 'ready' ? 1000 : st === 'pulling' ? pulling : 0, total: 1000 } },
+      }));
+    const obs = (s: number, n: NodeProgressInput[]) => t.observe(set, fleetWork(n, 1), at(s));
+    obs(0, nodes(['pulling', 'waiting', 'waiting', 'waiting', 'waiting', 'waiting']));
+    // The first node takes 100 s through the cold cache.
+    obs(50, nodes(['pulling', 'waiting', 'waiting', 'waiting', 'waiting', 'waiting'], 500));
+    obs(100, nodes(['ready', 'pulling', 'waiting', 'waiting', 'waiting', 'waiting']));
+    // The next ones 10 s each from the warm cache.
+    obs(110, nodes(['ready', 'ready', 'pulling', 'waiting', 'waiting', 'waiting']));
+    const p = obs(120, nodes(['ready', 'ready', 'ready', 'pulling', 'waiting', 'waiting']));
+    // Pace: (120 - 100) / 2 = 10 s; 3 left: 10 + 2 x 10 = 30 s.
+    assert.equal(Date.parse(p.estimatedCompletionTime!), T0 + 150 * 1000);
   });
 
   test('retain and forget keep one window per set that is still there', () => {

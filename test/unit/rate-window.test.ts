@@ -83,4 +83,16 @@ describe('RateWindow', () => {
   test('a window must be positive', () => {
     assert.throws(() => new RateWindow(0), RangeError);
   });
+  test('a rate from a start inside the window: from the newest observation at or before it, the oldest if none is', () => {
+    const w = new RateWindow(100 * S);
+    // 1 per second for 50 s, then 5 per second, 10 workers then 2.
+    for (let t = 0; t <= 50; t += 10) w.add(t * S, t, 10);
+    for (let t = 60; t <= 100; t += 10) w.add(t * S, 50 + (t - 50) * 5, 2);
+    assert.equal(w.rate(), 3);
+    assert.equal(w.rate(55 * S), 5, 'from the observation at 50 s');
+    // The observation at 50 s (10 workers) holds until 60 s, then 2 for 40 s.
+    assert.equal(w.meanActive(55 * S), 3.6);
+    assert.equal(w.rate(-10 * S), 3, 'before the oldest: from the oldest');
+    assert.equal(w.rate(100 * S), undefined, 'from the newest: no span');
+  });
 });
