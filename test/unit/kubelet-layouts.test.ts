@@ -10,7 +10,7 @@ import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
-import { readRegularFile } from '../../src/kubelet/host-files.ts';
+import { hostView } from '../../src/kubelet/host-files.ts';
 import { describeKubeletConfig, findKubeletConfig } from '../../src/kubelet/layouts.ts';
 
 const run = promisify(execFile);
@@ -84,7 +84,7 @@ describe('kubeadm: /var/lib/kubelet/config.yaml, and a --config-dir from the env
       '--config-dir /etc/kubernetes/kubelet.conf.d (KUBELET_EXTRA_ARGS of /etc/default/kubelet)',
       '--feature-gates KubeletEnsureSecretPulledImages=true',
     ]);
-    assert.equal(describeKubeletConfig(loc), `kubeadm: ${loc.evidence.join('; ')}`);
+    assert.equal(describeKubeletConfig(loc), `kubeadm layout: ${loc.evidence.join('; ')}`);
     for (const watched of ['/etc/default/kubelet', '/var/lib/kubelet/kubeadm-flags.env', '/etc/systemd/system/kubelet.service.d', '/etc/kubernetes/kubelet.conf.d']) {
       assert.ok(loc.inputs.includes(path.join(root, watched)), `${watched} among ${loc.inputs.join(', ')}`);
     }
@@ -337,8 +337,9 @@ describe('any other node, flags, and nothing', () => {
     assert.deepEqual(await findKubeletConfig(root, { configFile: '/somewhere/config.yaml', configDir: '' }), {
       source: 'flags',
       configFile: '/somewhere/config.yaml',
+      configDirRequired: false,
       featureGates: {},
-      evidence: ['--kubelet-config and --kubelet-config-dir given'],
+      evidence: ['--kubelet-config /somewhere/config.yaml', '--kubelet-config-dir ""'],
       problems: [],
       inputs: ['/somewhere/config.yaml'],
     });
@@ -368,30 +369,31 @@ describe('any other node, flags, and nothing', () => {
     const loc = await findKubeletConfig(root);
     assert.equal(loc.configFile, path.join(root, '/var/lib/kubelet/config.yaml'));
     assert.deepEqual(loc.problems, [
-      '/var/lib/kubelet/kubeadm-flags.env is 70023 bytes, more than the 65536 bytes read of such a file: not read',
-      '/etc/default/kubelet is not a regular file (a FIFO): not read',
+      '/var/lib/kubelet/kubeadm-flags.env is 70023 bytes, more than the 65536-byte limit for it: not read',
+      '/etc/default/kubelet is a FIFO (named pipe), not a regular file (EFTYPE): not read',
     ]);
   });
 });
 
-describe('bounded reads of the host\'s files', () => {
+describe('the host\'s files through the shared bounded reader, named by their host paths', () => {
   test('a regular file is read; a folder, a device, a link to nothing and an oversized file are refused, saying what they are', async () => {
     const dir = await hostRoot({ '/f': 'text', '/d/': '' });
-    assert.deepEqual(await readRegularFile(path.join(dir, 'f'), 10), { text: 'text' });
-    assert.deepEqual(await readRegularFile(path.join(dir, 'nope'), 10), { missing: true });
-    assert.deepEqual(await readRegularFile(path.join(dir, 'd'), 10), { error: `${path.join(dir, 'd')} is a folder, not a file` });
-    assert.deepEqual(await readRegularFile('/dev/zero', 10), { error: '/dev/zero is not a regular file (a device): not read' });
-    assert.deepEqual(await readRegularFile(path.join(dir, 'f'), 3), { error: `${path.join(dir, 'f')} is 4 bytes, more than the 3 bytes read of such a file: not read` });
+    const host = hostView(dir);
+    assert.deepEqual(await host.read('/f', 10), { text: 'text' });
+    assert.deepEqual(await host.read('/nope', 10), { missing: true });
+    assert.deepEqual(await host.read('/d', 10), { error: '/d is a folder, not a regular file (EISDIR): not read' });
+    assert.deepEqual(await hostView('/').read('/dev/zero', 10), { error: '/dev/zero is a character device, not a regular file (EFTYPE): not read' });
+    assert.deepEqual(await host.read('/f', 3), { error: '/f is 4 bytes, more than the 3-byte limit for it: not read' });
     await fsp.symlink('/etc/nowhere-at-all', path.join(dir, 'link'));
-    assert.deepEqual(await readRegularFile(path.join(dir, 'link'), 10), { error: `${path.join(dir, 'link')} is a symbolic link to /etc/nowhere-at-all, which does not exist here` });
-    await fsp.writeFile(path.join(dir, 'bin'), Buffer.from([0xff, 0xfe]));
-    assert.deepEqual(await readRegularFile(path.join(dir, 'bin'), 10), { error: `${path.join(dir, 'bin')} is not UTF-8 text` });
+    assert.deepEqual(await host.read('/link', 10), { error: '/link is a symbolic link to /etc/nowhere-at-all, which does not exist here' });
+    assert.equal(host.onHost(path.join(dir, 'etc/default/kubelet')), '/etc/default/kubelet');
+    assert.equal(host.onHost('/elsewhere/x'), '/elsewhere/x');
   });
   test('a FIFO with no writer is refused at once, not waited on', async () => {
     const dir = await hostRoot({});
     await run('mkfifo', [path.join(dir, 'fifo')]);
     const t0 = Date.now();
-    assert.deepEqual(await readRegularFile(path.join(dir, 'fifo'), 10), { error: `${path.join(dir, 'fifo')} is not a regular file (a FIFO): not read` });
+    assert.deepEqual(await hostView(dir).read('/fifo', 10), { error: '/fifo is a FIFO (named pipe), not a regular file (EFTYPE): not read' });
     assert.ok(Date.now() - t0 < 5000);
   });
 });
