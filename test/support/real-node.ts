@@ -319,6 +319,24 @@ export const KUBELET_CONFIG_DIR = 'etc/kubernetes/kubelet.conf.d';
 export const KUBEADM_FLAGS_FILE = 'var/lib/kubelet/kubeadm-flags.env';
 export const KUBELET_EXTRA_ARGS_FILE = 'etc/default/kubelet';
 
+/**
+ * The kubelet's flags from kubeadm's files, as the packages' 10-kubeadm.conf
+ * gives them: $KUBELET_KUBEADM_ARGS of /var/lib/kubelet/kubeadm-flags.env,
+ * then $KUBELET_EXTRA_ARGS of /etc/default/kubelet. Each file is read by the
+ * shell and each variable split at whitespace, as systemd splits a lone
+ * $VAR (not pinset's reading of them: the agent's is the one under test);
+ * a flag's value that is a host path ("--flag=/path", "--flag=unix:///path")
+ * is put under the bed's host root.
+ */
+export async function kubeadmFileArgs(hostRoot: string): Promise<string[]> {
+  const script = 'set -a; . "$1"; . "$2"; for a in $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS; do printf "%s\\0" "$a"; done';
+  const { stdout } = await run('bash', ['-c', script, 'kubeadm-flags', join(hostRoot, KUBEADM_FLAGS_FILE), join(hostRoot, KUBELET_EXTRA_ARGS_FILE)]);
+  return stdout
+    .split('\0')
+    .filter(Boolean)
+    .map((a) => a.replace(/^(--[\w-]+=)(unix:\/\/)?\//, (_m, flag: string, scheme = '') => `${flag}${scheme}${hostRoot}/`));
+}
+
 /** What `<bin> --version` prints last: `Kubernetes v1.35.6` gives v1.35.6. */
 export async function binaryVersion(bin: string): Promise<string> {
   const { stdout } = await run(bin, ['--version']);
@@ -529,16 +547,17 @@ export async function startRealNode(bins: NodeBins, runtimeName: RuntimeName): P
     await writeFile(kubeletConfigFile, JSON.stringify(kubeletConfig, null, 2));
     // kubeadm's files around them, as on a kubeadm node whose kubelet has a
     // drop-in folder: kubeadm's flags file, and the package's
-    // /etc/default/kubelet giving --config-dir through KUBELET_EXTRA_ARGS
-    // (10-kubeadm.conf reads both). The agent finds the kubelet's files from
-    // these; the kubelet below is started with the same flags, their paths
-    // under the host root.
+    // /etc/default/kubelet given --config-dir through KUBELET_EXTRA_ARGS, as
+    // docs/kubelet-credential-verification.md's kubeadm procedure adds it.
+    // The kubelet is started from them as 10-kubeadm.conf starts it
+    // (kubeadmFileArgs), and the agent finds its files from the same.
     await mkdir(host('etc/default'), { recursive: true });
+    await mkdir(kubeletConfigDir, { recursive: true });
     await writeFile(host(KUBEADM_FLAGS_FILE), `KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=${runtime.endpoint.replace(`unix://${hostRoot}`, 'unix://')}"\n`);
     await writeFile(host(KUBELET_EXTRA_ARGS_FILE), `KUBELET_EXTRA_ARGS="--config-dir=/${KUBELET_CONFIG_DIR}"\n`);
     const kubeletArgs = [
       '--config', kubeletConfigFile,
-      '--config-dir', kubeletConfigDir,
+      ...(await kubeadmFileArgs(hostRoot)),
       '--kubeconfig', kubeletKubeconfig,
       '--hostname-override', NODE_NAME,
       '--root-dir', host('var/lib/kubelet'),
