@@ -128,7 +128,9 @@ export class KubeletConfigWatch {
     if (this.#onChange) this.#rewatch();
     const said = (c: Current) => ({ kubelet: describeKubeletConfig(c.location), policy: c.reading.policy, source: c.reading.source, ...(c.location.problems.length ? { problems: c.location.problems } : {}) });
     if (!before) {
-      this.#o.logger?.info(said(now), location.source === 'none' ? "the kubelet's configuration was not found on this node" : "the kubelet's configuration found");
+      // The Node (and the kubelet's version on it) may not be read yet: the policy is then judged as a 1.35 kubelet's, and again once it is.
+      const version = now.version ?? 'not known yet (read as 1.35)';
+      this.#o.logger?.info({ ...said(now), kubeletVersion: version }, location.source === 'none' ? "the kubelet's configuration was not found on this node" : "the kubelet's configuration found");
       return false;
     }
     // The allowlist too: the same file may exempt other repositories.
