@@ -20,11 +20,18 @@
 // The lock file also says who holds it (pid, host or pod name, start time),
 // for the waiting agent's messages. It is never deleted: deleting a lock file
 // while it is held would let the next agent lock a new file beside it.
+//
+// A lock file is pinset's own, and so is its folder: a name planted there by
+// someone else is refused, naming it and what to do, never followed or
+// written through. The folder may not be a symbolic link, the file is opened
+// by ../util/own-file.ts (no link of either kind, a regular file only), and
+// the holder is read back with the bounded reader (../util/regular-file.ts).
 import { spawn } from 'node:child_process';
-import { constants as fsc } from 'node:fs';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
+import { openOwnFileReadOnlySync, openOwnFileSync, OwnFileError } from '../util/own-file.ts';
+import { readRegularFile } from '../util/regular-file.ts';
 
 export const LOCK_FILE_NAME = 'agent.lock';
 
@@ -66,7 +73,15 @@ export interface LockFileSpec {
    * file that was never created).
    */
   bestEffort?: boolean;
+  /** The flag that names this file's folder, for a refusal of a folder that is a link to point at. */
+  folderFlag?: string;
 }
+
+/** What holder() reads of a lock file: one identity is about 200 bytes. */
+const HOLDER_MAX_BYTES = 4096;
+
+/** Errors of a folder this process may not write in (ENOENT: mkdir on a read-only mount may say so): a best-effort file is then taken read-only. */
+const CANNOT_MAKE = new Set(['EROFS', 'EACCES', 'EPERM', 'ENOENT']);
 
 /** The node lock: its files, taken in order, all held or none. */
 export class NodeLock {
@@ -115,6 +130,7 @@ export class NodeLock {
 class LockFile {
   readonly path: string;
   private readonly bestEffort: boolean;
+  private readonly folderFlag: string | undefined;
   private readonly flockBin: string;
   private readonly identity: Omit<LockHolder, 'lockedAt'>;
   private fd: number | undefined;
@@ -124,6 +140,7 @@ class LockFile {
   constructor(spec: LockFileSpec, identity: Omit<LockHolder, 'lockedAt'>, flockBin: string) {
     this.path = spec.path;
     this.bestEffort = spec.bestEffort ?? false;
+    this.folderFlag = spec.folderFlag;
     this.identity = identity;
     this.flockBin = flockBin;
   }
@@ -179,7 +196,7 @@ class LockFile {
   /** Who holds the lock, from the file; null when it does not say. */
   async holder(): Promise<LockHolder | null> {
     try {
-      const h = JSON.parse(await fsp.readFile(this.path, 'utf8')) as LockHolder;
+      const h = JSON.parse(await readRegularFile(this.path, { maxBytes: HOLDER_MAX_BYTES, noFollow: true })) as LockHolder;
       return typeof h?.pid === 'number' && typeof h.host === 'string' ? h : null;
     } catch {
       return null;
@@ -193,24 +210,72 @@ class LockFile {
     this.held = false;
   }
 
-  /** The lock file's descriptor, made and opened on first use; undefined for a best-effort file that is not there and cannot be made. */
+  /**
+   * The lock file's descriptor, made and opened on first use; undefined for
+   * a best-effort file that is not there and cannot be made. A planted name
+   * (the folder a link, the file a link of either kind, not a regular file)
+   * is an OwnFileError, best effort or not: it is not pinset's lock file,
+   * and an agent of an earlier version would write through a hard link.
+   */
   private async openFile(): Promise<number | undefined> {
     if (this.fd !== undefined) return this.fd;
+    const dir = path.dirname(this.path);
     try {
-      await fsp.mkdir(path.dirname(this.path), { recursive: true, mode: 0o700 });
-      // O_NOFOLLOW: a link planted at the lock's name is refused, not followed.
-      this.fd = fs.openSync(this.path, fsc.O_RDWR | fsc.O_CREAT | fsc.O_NOFOLLOW, 0o644);
+      this.refuseLinkedFolder(dir);
+      await fsp.mkdir(dir, { recursive: true, mode: 0o700 });
+      this.fd = this.ownFile(() => openOwnFileSync(this.path));
     } catch (e) {
-      // A read-only mount; a folder this process may not write in (ENOENT: mkdir on a read-only mount may say so).
-      if (!this.bestEffort || !['EROFS', 'EACCES', 'EPERM', 'ENOENT'].includes((e as NodeJS.ErrnoException).code ?? '')) throw e;
-      try {
-        this.fd = fs.openSync(this.path, fsc.O_RDONLY | fsc.O_NOFOLLOW);
-        this.readOnly = true;
-      } catch (e2) {
-        if ((e2 as NodeJS.ErrnoException).code !== 'ENOENT') throw e2;
-      }
+      if (e instanceof OwnFileError || !this.bestEffort || !CANNOT_MAKE.has((e as NodeJS.ErrnoException).code ?? '')) throw e;
+      this.fd = this.openReadOnly();
     }
     return this.fd;
+  }
+
+  /** A best-effort file in a folder this process cannot write: locked read-only where it is there (flock(2) needs no write access). */
+  private openReadOnly(): number | undefined {
+    try {
+      const fd = this.ownFile(() => openOwnFileReadOnlySync(this.path));
+      this.readOnly = true;
+      return fd;
+    } catch (e) {
+      if (e instanceof OwnFileError || (e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+      return undefined;
+    }
+  }
+
+  /** The descriptor `open` gives; its refusal said as the node lock's. */
+  private ownFile(open: () => number): number {
+    try {
+      return open();
+    } catch (e) {
+      throw e instanceof OwnFileError ? new OwnFileError(`the node lock ${e.message}`, e.code) : e;
+    }
+  }
+
+  /**
+   * The lock's folder is pinset's own, not a symbolic link: a link resolves
+   * against the root of whoever follows it (the host's /, a pod's own root
+   * with the host's folders under /host), so agents in different places
+   * would lock different files, and a planted link would put the lock and
+   * the holder written in it wherever it points. Missing is fine: it is made.
+   */
+  private refuseLinkedFolder(dir: string): void {
+    let linked: boolean;
+    try {
+      linked = fs.lstatSync(dir).isSymbolicLink();
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === 'ENOENT') return;
+      throw e;
+    }
+    if (!linked) return;
+    let target = '?';
+    try {
+      target = fs.readlinkSync(dir);
+    } catch {
+      // Replaced meanwhile: the refusal stands, without the target.
+    }
+    const instead = this.folderFlag ? `give ${this.folderFlag} the folder the link points to, or replace the link with a folder` : 'replace the link with a folder';
+    throw new OwnFileError(`the node lock's folder ${dir} is a symbolic link (to ${target}): pinset takes its lock ${this.path} only in a folder of its own, not through a link; ${instead}`, 'ELOOP');
   }
 
   /** Run `flock -E 75 <args> 3` on our descriptor. */

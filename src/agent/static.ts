@@ -19,11 +19,11 @@
 //   agent started has no such memory: its sets are unknown, and the planner
 //   keeps every current pin instead.
 // - One file's problem never touches another file's sets.
-import { constants as fsc } from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
 import type { parseYamlDocuments } from '../api/yaml.ts';
+import { readRegularFileBytes, ReadRefusedError } from '../util/regular-file.ts';
 import type { ObservedSet, SourceProblem } from './plan.ts';
 
 const SET_FILE = /\.(ya?ml|json)$/i;
@@ -82,13 +82,29 @@ function describeError(e: unknown): string {
   }
 }
 
-/** The file's text, or why it cannot be read; 'gone' when its name is no longer in the folder. */
+/** Why the bounded reader (../util/regular-file.ts) refused a set file, said as the set's status says it. */
+function describeRefusal(e: ReadRefusedError): string {
+  switch (e.code) {
+    case 'EISDIR':
+      return 'it is a folder, not a file';
+    case 'EFTYPE':
+      return 'it is not a regular file';
+    case 'EFBIG':
+      return e.size === undefined ? `it is more than the ${STATIC_FILE_MAX_BYTES}-byte limit for a set file` : `it is ${e.size} bytes, more than the ${STATIC_FILE_MAX_BYTES}-byte limit for a set file`;
+  }
+}
+
+/**
+ * The file's text, or why it cannot be read; 'gone' when its name is no
+ * longer in the folder. Read bounded, and only as a regular file: a FIFO in
+ * the folder is refused at once, never waited on.
+ */
 async function readSetFile(file: string): Promise<{ text: string } | { error: string } | 'gone'> {
-  let fh: fsp.FileHandle;
+  let bytes: Buffer;
   try {
-    // O_NONBLOCK: a FIFO in the folder must not hang the agent; it is refused below as not a regular file.
-    fh = await fsp.open(file, fsc.O_RDONLY | fsc.O_NONBLOCK | fsc.O_NOCTTY);
+    bytes = await readRegularFileBytes(file, { maxBytes: STATIC_FILE_MAX_BYTES });
   } catch (e) {
+    if (e instanceof ReadRefusedError) return { error: describeRefusal(e) };
     if (codeOf(e) !== 'ENOENT') return { error: describeError(e) };
     // Gone, or a symbolic link whose target is gone (a ConfigMap key removed
     // while its link stays, a link to an unmounted path).
@@ -101,28 +117,9 @@ async function readSetFile(file: string): Promise<{ text: string } | { error: st
     return { error: describeError(e) };
   }
   try {
-    const st = await fh.stat();
-    if (st.isDirectory()) return { error: 'it is a folder, not a file' };
-    if (!st.isFile()) return { error: 'it is not a regular file' };
-    if (st.size > STATIC_FILE_MAX_BYTES) return { error: `it is ${st.size} bytes, more than the ${STATIC_FILE_MAX_BYTES}-byte limit for a set file` };
-    // Read at most one byte past the limit: a file that grows while read is refused too.
-    const buf = Buffer.alloc(STATIC_FILE_MAX_BYTES + 1);
-    let len = 0;
-    for (;;) {
-      const { bytesRead } = await fh.read(buf, len, buf.length - len, len);
-      if (bytesRead === 0) break;
-      len += bytesRead;
-      if (len > STATIC_FILE_MAX_BYTES) return { error: `it is more than the ${STATIC_FILE_MAX_BYTES}-byte limit for a set file` };
-    }
-    try {
-      return { text: new TextDecoder('utf-8', { fatal: true }).decode(buf.subarray(0, len)) };
-    } catch {
-      return { error: 'it is not UTF-8 text' };
-    }
-  } catch (e) {
-    return { error: describeError(e) };
-  } finally {
-    await fh.close().catch(() => {});
+    return { text: new TextDecoder('utf-8', { fatal: true }).decode(bytes) };
+  } catch {
+    return { error: 'it is not UTF-8 text' };
   }
 }
 

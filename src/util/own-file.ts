@@ -10,7 +10,9 @@
 //   overwrite.
 // A lock file is never deleted and made anew (the lock would split), so
 // O_EXCL alone cannot be used: the checks above are what O_EXCL gives a
-// temp file.
+// temp file. The read-only twin applies the same checks to a file pinset
+// may only lock, not write (its folder read-only here): what it opens is
+// what a writer elsewhere would write through.
 import { constants as fsc } from 'node:fs';
 import * as fs from 'node:fs';
 
@@ -31,9 +33,19 @@ export class OwnFileError extends Error {
  * regular file of one link. The caller owns the descriptor.
  */
 export function openOwnFileSync(file: string, mode = 0o644): number {
+  return checked(file, () => fs.openSync(file, fsc.O_RDWR | fsc.O_CREAT | fsc.O_NOFOLLOW | fsc.O_NONBLOCK | fsc.O_NOCTTY, mode));
+}
+
+/** openOwnFileSync for a file that is there and is only read or locked: never created (ENOENT when missing), the same refusals. */
+export function openOwnFileReadOnlySync(file: string): number {
+  return checked(file, () => fs.openSync(file, fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK | fsc.O_NOCTTY));
+}
+
+/** The descriptor `open` gives, once fstat(2) shows a regular file of one link; closed and refused otherwise. */
+function checked(file: string, open: () => number): number {
   let fd: number;
   try {
-    fd = fs.openSync(file, fsc.O_RDWR | fsc.O_CREAT | fsc.O_NOFOLLOW | fsc.O_NONBLOCK | fsc.O_NOCTTY, mode);
+    fd = open();
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'ELOOP') throw new OwnFileError(`${file} is a symbolic link: pinset writes only its own file there; remove the link`, 'ELOOP');
     throw e;

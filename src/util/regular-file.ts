@@ -34,11 +34,14 @@ export class ReadRefusedError extends Error {
   /** EISDIR for a folder, EFTYPE for any other type that is not a regular file, EFBIG for a file over the limit. */
   readonly code: 'EISDIR' | 'EFTYPE' | 'EFBIG';
   readonly path: string;
-  constructor(code: ReadRefusedError['code'], file: string, message: string) {
+  /** EFBIG: the file's size as fstat(2) saw it; undefined when it grew past the limit while it was read. */
+  readonly size: number | undefined;
+  constructor(code: ReadRefusedError['code'], file: string, message: string, size?: number) {
     super(message);
     this.name = 'ReadRefusedError';
     this.code = code;
     this.path = file;
+    this.size = size;
   }
 }
 
@@ -60,13 +63,15 @@ function refusal(file: string, st: fs.Stats, o: RegularFileOptions): ReadRefused
     const code = st.isDirectory() ? 'EISDIR' : 'EFTYPE';
     return new ReadRefusedError(code, file, `${name} is ${typeOf(st)}, not a regular file (${code}): not read`);
   }
-  if (st.size > o.maxBytes) return tooLarge(file, o, `${st.size} bytes`);
+  if (st.size > o.maxBytes) return tooLarge(file, o, st.size);
   return undefined;
 }
 
-function tooLarge(file: string, o: RegularFileOptions, size: string): ReadRefusedError {
+/** The refusal of a file over the limit: `size` bytes as fstat(2) saw it, or undefined when it grew past the limit while it was read. */
+function tooLarge(file: string, o: RegularFileOptions, size?: number): ReadRefusedError {
   const name = o.what ? `${o.what} ${file}` : file;
-  return new ReadRefusedError('EFBIG', file, `${name} is ${size}, more than the ${o.maxBytes}-byte limit for it: not read`);
+  const is = size === undefined ? 'growing while it is read' : `${size} bytes`;
+  return new ReadRefusedError('EFBIG', file, `${name} is ${is}, more than the ${o.maxBytes}-byte limit for it: not read`, size);
 }
 
 /**
@@ -85,15 +90,15 @@ class BoundedBuffer {
   }
   grew(n: number): void {
     this.len += n;
-    if (this.len > this.#o.maxBytes) throw tooLarge(this.#file, this.#o, 'growing while it is read');
+    if (this.len > this.#o.maxBytes) throw tooLarge(this.#file, this.#o);
     if (this.len === this.buf.length) {
       const bigger = Buffer.alloc(Math.min(this.buf.length * 2, this.#o.maxBytes + 1));
       this.buf.copy(bigger, 0, 0, this.len);
       this.buf = bigger;
     }
   }
-  done(): string {
-    return this.buf.toString('utf8', 0, this.len);
+  done(): Buffer {
+    return this.buf.subarray(0, this.len);
   }
 }
 
@@ -101,8 +106,13 @@ function openFlags(o: RegularFileOptions): number {
   return fsc.O_RDONLY | fsc.O_NONBLOCK | fsc.O_NOCTTY | (o.noFollow ? fsc.O_NOFOLLOW : 0);
 }
 
-/** The file's text (UTF-8), if it is a regular file of at most `maxBytes`. */
+/** The file's text (UTF-8, a malformed sequence read as U+FFFD), if it is a regular file of at most `maxBytes`. */
 export async function readRegularFile(file: string, o: RegularFileOptions): Promise<string> {
+  return (await readRegularFileBytes(file, o)).toString('utf8');
+}
+
+/** The file's bytes, if it is a regular file of at most `maxBytes`: for a reader that decodes them itself (strictly, say). */
+export async function readRegularFileBytes(file: string, o: RegularFileOptions): Promise<Buffer> {
   const before = await (o.noFollow ? fsp.lstat(file) : fsp.stat(file));
   const early = refusal(file, before, o);
   if (early) throw early;
@@ -111,11 +121,11 @@ export async function readRegularFile(file: string, o: RegularFileOptions): Prom
     const st = await fh.stat();
     const late = refusal(file, st, o);
     if (late) throw late;
-    const text = new BoundedBuffer(file, o, st.size);
+    const bytes = new BoundedBuffer(file, o, st.size);
     for (;;) {
-      const { bytesRead } = await fh.read(text.buf, text.len, text.buf.length - text.len, text.len);
-      if (bytesRead === 0) return text.done();
-      text.grew(bytesRead);
+      const { bytesRead } = await fh.read(bytes.buf, bytes.len, bytes.buf.length - bytes.len, bytes.len);
+      if (bytesRead === 0) return bytes.done();
+      bytes.grew(bytesRead);
     }
   } finally {
     await fh.close().catch(() => {});
@@ -131,11 +141,11 @@ export function readRegularFileSync(file: string, o: RegularFileOptions): string
     const st = fs.fstatSync(fd);
     const late = refusal(file, st, o);
     if (late) throw late;
-    const text = new BoundedBuffer(file, o, st.size);
+    const bytes = new BoundedBuffer(file, o, st.size);
     for (;;) {
-      const n = fs.readSync(fd, text.buf, text.len, text.buf.length - text.len, text.len);
-      if (n === 0) return text.done();
-      text.grew(n);
+      const n = fs.readSync(fd, bytes.buf, bytes.len, bytes.buf.length - bytes.len, bytes.len);
+      if (n === 0) return bytes.done().toString('utf8');
+      bytes.grew(n);
     }
   } finally {
     fs.closeSync(fd);

@@ -180,7 +180,7 @@ describe('pinset agent from the image, on containerd', () => {
     const ro = await runAgent([`${dropIn}:/etc/crio/crio.conf.d`]);
     assert.equal(ro.code, 2, ro.stderr);
     const refused = logLines(ro).find((l) => l.level === 'error');
-    assert.match(String(refused?.msg), /the agent needs \/etc\/crio\/\.pinset and \/etc\/crio\/crio\.conf\.d writable, on one mount \(the DaemonSet mounts the host's \/etc\/crio read-write/);
+    assert.match(String(refused?.msg), /the agent needs \/etc\/crio\/\.pinset and \/etc\/crio\/crio\.conf\.d writable, on one mount \(the DaemonSet mounts the host's \/etc\/crio at \/host\/etc\/crio, writable over its read-only \/etc;/);
     assert.deepEqual(await readPinFile(dropIn), pinned, 'the pin file is as it was');
   });
 

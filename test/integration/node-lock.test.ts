@@ -3,11 +3,12 @@
 // own static folder), so two writers would rewrite the file back and forth.
 // The second waits and says so (log, /readyz, metric, an Event on the Node,
 // and no status annotation of its own), and takes over within seconds when
-// the first is SIGKILLed. --once gives up after --lock-timeout.
+// the first is SIGKILLed. --once gives up after --lock-timeout. A name
+// planted at the lock's place stops the agent at start, naming it.
 import { afterEach, beforeEach, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdir, stat, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { link, mkdir, readFile, rm, stat, symlink, writeFile } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
 import { readPinFile, runAgentOnce } from '../support/agent-process.ts';
 import { makeNodeBed, NODE, setObject, type NodeBed } from '../support/node-bed.ts';
 
@@ -109,5 +110,33 @@ describe('the node lock', () => {
     const done = await waiting;
     assert.equal(done.code, 0, done.stderr);
     assert.deepEqual(done.sets.map((s) => [s.name, s.phase]), [['from-second', 'Ready']]);
+  });
+
+  test('a name planted at the node lock, or where earlier versions kept it: the agent exits 2 naming it and what to do, writing nothing through it', async () => {
+    await writeFile(join(bed.staticDir, 'first.yaml'), JSON.stringify(setObject('from-first', [FIRST])));
+    const victim = join(bed.dir, 'shadow');
+    await writeFile(victim, 'keep me\n');
+    const lock = join(bed.node.stateDir, 'agent.lock');
+    const earlier = join(dirname(bed.node.dropInDir), '.pinset', 'agent.lock');
+    const esc = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+    const plants = [
+      { planted: lock, plant: () => link(victim, lock), says: `cannot take the node lock: the node lock ${esc(lock)} has 2 hard links: another name shares it, which writing it would overwrite; remove ${esc(lock)}` },
+      { planted: earlier, plant: () => symlink(victim, earlier), says: `cannot take the node lock: the node lock ${esc(earlier)} is a symbolic link: pinset writes only its own file there; remove the link` },
+    ];
+    for (const { planted, plant, says } of plants) {
+      await mkdir(dirname(planted), { recursive: true });
+      await plant();
+      const r = await runAgentOnce(bed.args([], { api: false }), { env: bed.node.env });
+      assert.equal(r.code, 2, r.stderr);
+      assert.match(r.stderr, new RegExp(says));
+      assert.equal(await readFile(victim, 'utf8'), 'keep me\n', 'the file the planted name points at is untouched');
+      assert.equal(await readPinFile(bed.node.dropInDir), null, 'nothing pinned');
+      await rm(planted);
+    }
+    // Removed, as the message says: the agent runs.
+    const ok = await runAgentOnce(bed.args([], { api: false }), { env: bed.node.env });
+    assert.equal(ok.code, 0, ok.stderr);
+    assert.deepEqual((await readPinFile(bed.node.dropInDir))?.pins, [FIRST]);
+    assert.equal(await readFile(victim, 'utf8'), 'keep me\n');
   });
 });

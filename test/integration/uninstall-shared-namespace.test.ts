@@ -108,7 +108,7 @@ beforeEach(async () => {
   ctrd = await startFakeContainerd({ version: '1.7.24', catalogue: { [X]: { size: 10, id: ID[X] }, [Y]: { size: 10, id: ID[Y] } } });
   await mkdir(join(dir, 'state-ctrd'));
   const pod = { POD_NAMESPACE: NS };
-  agents.push(AgentProcess.start([...common('node-crio'), '--cri-endpoint', crio.endpoint, '--crio-dropin-dir', crio.dropInDir, '--reload', 'dbus'], { env: { ...crio.env, ...pod } }));
+  agents.push(AgentProcess.start([...common('node-crio'), '--cri-endpoint', crio.endpoint, '--crio-dropin-dir', crio.dropInDir, '--state-dir', crio.stateDir, '--reload', 'dbus'], { env: { ...crio.env, ...pod } }));
   agents.push(
     AgentProcess.start([...common('node-ctrd'), '--cri-endpoint', ctrd.endpoint, '--pin-backend', 'containerd', '--state-dir', join(dir, 'state-ctrd'), '--crio-dropin-dir', join(dir, 'no-crio', 'crio.conf.d')], { env: pod }),
   );

@@ -144,9 +144,9 @@ describe('where the node lock lives', () => {
     const stateDir = path.join(dir, 'state');
     const dropInDir = path.join(dir, 'etc/crio/crio.conf.d');
     assert.equal(nodeLockPath({ stateDir }), path.join(stateDir, 'agent.lock'));
-    assert.deepEqual(nodeLockFiles({ stateDir, dropInDir }), [{ path: path.join(stateDir, 'agent.lock') }], 'no CRI-O folder: the one lock');
+    assert.deepEqual(nodeLockFiles({ stateDir, dropInDir }), [{ path: path.join(stateDir, 'agent.lock'), folderFlag: '--state-dir' }], 'no CRI-O folder: the one lock');
     await mkdir(path.join(dir, 'etc/crio'), { recursive: true });
-    assert.deepEqual(nodeLockFiles({ stateDir, dropInDir }), [{ path: path.join(stateDir, 'agent.lock') }, { path: path.join(dir, 'etc/crio/.pinset/agent.lock'), bestEffort: true }]);
+    assert.deepEqual(nodeLockFiles({ stateDir, dropInDir }), [{ path: path.join(stateDir, 'agent.lock'), folderFlag: '--state-dir' }, { path: path.join(dir, 'etc/crio/.pinset/agent.lock'), bestEffort: true }]);
     assert.equal(nodeLockFiles({ stateDir: path.join(dir, 'etc/crio/.pinset'), dropInDir }).length, 1, 'the same file is not locked twice');
   });
 

@@ -5,13 +5,14 @@
 // test/e2e/deploy-args.test.ts.
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import type { ImageRuntime, RuntimeInfo } from '../../src/cri/runtime.ts';
 import { CRIO_DROPIN_DIR, type ProfileConfig } from '../../src/agent/boot/config.ts';
 import { hostPath } from '../../src/agent/boot/host-paths.ts';
-import { containerdConfigPath, describeProfile, nodeProfile, sameRuntime, UnsettledRuntime } from '../../src/agent/boot/node-profile.ts';
+import { CONTAINERD_CONFIG_MAX_BYTES, containerdConfigPath, describeProfile, nodeProfile, sameRuntime, UnsettledRuntime } from '../../src/agent/boot/node-profile.ts';
 
 const CRIO: RuntimeInfo = { runtimeName: 'cri-o', runtimeVersion: '1.32.13', runtimeApiVersion: 'v1' };
 const CTRD: RuntimeInfo = { runtimeName: 'containerd', runtimeVersion: '2.1.9', runtimeApiVersion: 'v1' };
@@ -112,6 +113,24 @@ describe('node profile', () => {
     const { runtimeFor } = runtimes({ [`${r}/run/containerd/containerd.sock`]: { info: CTRD } });
     assert.equal((await nodeProfile(flags(r), { runtimeFor })).containerdHostsDir, hostPath(r, '/etc/containerd/certs.d'));
     assert.equal(await containerdConfigPath(path.join(r, 'missing.toml')), undefined);
+  });
+
+  test('config.toml a FIFO or larger than the limit: not read (detection never waits on it), the default hosts folder', { timeout: 10_000 }, async () => {
+    const r = await host(['/run/containerd/containerd.sock']);
+    const config = hostPath(r, '/etc/containerd/config.toml');
+    await mkdir(path.dirname(config), { recursive: true });
+    execFileSync('mkfifo', [config]);
+    const { runtimeFor } = runtimes({ [`${r}/run/containerd/containerd.sock`]: { info: CTRD } });
+    // A read of a FIFO with no writer never ends: this would wait for the test's timeout.
+    const p = await nodeProfile(flags(r), { runtimeFor });
+    assert.equal(p.layout, 'containerd');
+    assert.equal(p.containerdHostsDir, hostPath(r, '/etc/containerd/certs.d'));
+    await rm(config);
+    const named = 'version = 2\n[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/srv/hosts"\n';
+    await writeFile(config, named);
+    assert.equal(await containerdConfigPath(config), '/srv/hosts', 'within the limit, read');
+    await writeFile(config, named + '#'.repeat(CONTAINERD_CONFIG_MAX_BYTES - named.length) + '\n');
+    assert.equal(await containerdConfigPath(config), undefined, 'one byte past the limit, not read');
   });
 
   test("k3s and RKE2 share /run/k3s/containerd/containerd.sock: each one's hosts folder under /var/lib/rancher", async () => {

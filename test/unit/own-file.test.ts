@@ -8,7 +8,7 @@ import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { openOwnFileSync, OwnFileError } from '../../src/util/own-file.ts';
+import { openOwnFileReadOnlySync, openOwnFileSync, OwnFileError } from '../../src/util/own-file.ts';
 
 let dir: string;
 before(async () => {
@@ -52,5 +52,31 @@ describe('openOwnFileSync', () => {
     const folder = path.join(dir, 'folder.lock');
     await fsp.mkdir(folder);
     assert.throws(() => openOwnFileSync(folder), (e: unknown) => (e as NodeJS.ErrnoException).code === 'EISDIR');
+  });
+
+  test('read-only: opens a file that is there and never makes one; the same names refused, a FIFO at once', async () => {
+    const f = path.join(dir, 'ro.lock');
+    assert.throws(() => openOwnFileReadOnlySync(f), (e: unknown) => (e as NodeJS.ErrnoException).code === 'ENOENT');
+    assert.equal(fs.existsSync(f), false, 'not made');
+    await fsp.writeFile(f, 'holder');
+    const fd = openOwnFileReadOnlySync(f);
+    assert.throws(() => fs.writeSync(fd, 'x'), (e: unknown) => (e as NodeJS.ErrnoException).code === 'EBADF', 'opened for reading only');
+    fs.closeSync(fd);
+    const victim = path.join(dir, 'ro-shadow');
+    await fsp.writeFile(victim, 'keep me');
+    const hard = path.join(dir, 'ro-hard.lock');
+    await fsp.link(victim, hard);
+    assert.throws(() => openOwnFileReadOnlySync(hard), (e: unknown) => e instanceof OwnFileError && e.code === 'EPERM' && /has 2 hard links/.test(e.message));
+    const sym = path.join(dir, 'ro-sym.lock');
+    await fsp.symlink(victim, sym);
+    assert.throws(() => openOwnFileReadOnlySync(sym), (e: unknown) => e instanceof OwnFileError && e.code === 'ELOOP');
+    // A FIFO opened for reading without O_NONBLOCK waits for a writer: this would hang the test.
+    const fifo = path.join(dir, 'ro-fifo.lock');
+    execFileSync('mkfifo', [fifo]);
+    assert.throws(() => openOwnFileReadOnlySync(fifo), (e: unknown) => e instanceof OwnFileError && /is not a regular file/.test(e.message));
+    const folder = path.join(dir, 'ro-folder.lock');
+    await fsp.mkdir(folder);
+    assert.throws(() => openOwnFileReadOnlySync(folder), (e: unknown) => e instanceof OwnFileError && /is not a regular file/.test(e.message));
+    assert.equal(await fsp.readFile(victim, 'utf8'), 'keep me');
   });
 });

@@ -7,7 +7,7 @@ import { execFileSync } from 'node:child_process';
 import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { readRegularFile, readRegularFileSync, ReadRefusedError } from '../../src/util/regular-file.ts';
+import { readRegularFile, readRegularFileBytes, readRegularFileSync, ReadRefusedError } from '../../src/util/regular-file.ts';
 
 let dir: string;
 before(async () => {
@@ -46,6 +46,7 @@ for (const [kind, read] of readers) {
       await assert.rejects(read(f, { maxBytes: 10, what: 'the auth file' }), (e: unknown) => {
         assert.ok(e instanceof ReadRefusedError);
         assert.equal(e.code, 'EFBIG');
+        assert.equal(e.size, 11);
         assert.equal(e.message, `the auth file ${f} is 11 bytes, more than the 10-byte limit for it: not read`);
         return true;
       });
@@ -80,3 +81,17 @@ for (const [kind, read] of readers) {
     });
   });
 }
+
+describe('readRegularFileBytes', () => {
+  test('the bytes as they are, for a reader that decodes them strictly; the same refusals', async () => {
+    const f = path.join(dir, 'bytes.yaml');
+    const bytes = Buffer.from([0x61, 0x3a, 0x20, 0xff, 0xfe, 0x0a]);
+    await fsp.writeFile(f, bytes);
+    assert.deepEqual(await readRegularFileBytes(f, { maxBytes: 6 }), bytes);
+    assert.equal(await readRegularFile(f, { maxBytes: 6 }), 'a: \ufffd\ufffd\n', 'the text reader replaces what is not UTF-8');
+    await assert.rejects(readRegularFileBytes(f, { maxBytes: 5 }), (e: unknown) => e instanceof ReadRefusedError && e.code === 'EFBIG' && e.size === 6);
+    const fifo = path.join(dir, 'bytes-fifo.yaml');
+    execFileSync('mkfifo', [fifo]);
+    await assert.rejects(readRegularFileBytes(fifo, { maxBytes: 5 }), (e: unknown) => e instanceof ReadRefusedError && e.code === 'EFTYPE');
+  });
+});

@@ -12,9 +12,9 @@ import { agentConfig, type AgentConfig } from './config.ts';
 import { runProfile, startProfile, type Process } from './run-profile.ts';
 
 const SUMMARY = `Pins and pre-loads the images of the PinnedImageSets that select this node:
-writes one CRI-O drop-in with their union, reloads CRI-O, pulls missing images
-through the CRI socket and reports per-set status on the Node annotation
-pinset.dev/status.`;
+finds the node's runtime, pins their union (one CRI-O drop-in and a reload, or
+containerd's pin label on each image), pulls missing images through the CRI
+socket and reports per-set status on the Node annotation pinset.dev/status.`;
 
 /** --drop-pins (or PINSET_DROP_PINS) on the command line or in the environment: the one-shot removal, with its own flags. */
 function wantsDropPins(argv: readonly string[], env = process.env): boolean {

@@ -37,7 +37,7 @@ export function nodeLockPath(cfg: Pick<LockConfig, 'stateDir'>): string {
 
 /** The lock files, in the order they are taken: the node's, then the one earlier versions took on a CRI-O node where CRI-O's configuration folder exists. */
 export function nodeLockFiles(cfg: Pick<LockConfig, 'stateDir' | 'dropInDir'>): LockFileSpec[] {
-  const files: LockFileSpec[] = [{ path: nodeLockPath(cfg) }];
+  const files: LockFileSpec[] = [{ path: nodeLockPath(cfg), folderFlag: '--state-dir' }];
   const staging = stagingDirFor(cfg.dropInDir);
   const earlier = path.join(staging, LOCK_FILE_NAME);
   // Best effort: a folder this process cannot write to holds no lock an earlier agent could have made here (../node-lock.ts LockFileSpec).

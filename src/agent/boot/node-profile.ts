@@ -19,7 +19,6 @@
 // explicitly wins over what was found. The node lock is not the profile's:
 // it is in the same place whatever was found (./node-lock-place.ts).
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
 import * as path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import type { NodeRuntime } from '../../api/types.ts';
@@ -27,6 +26,7 @@ import { CriImageRuntime, unixSocketPath } from '../../cri/client.ts';
 import { RuntimeError, type ImageFilesystem, type ImageRuntime, type RuntimeImage, type RuntimeInfo } from '../../cri/runtime.ts';
 import type { PinBackendFlag } from '../../pins/choice.ts';
 import { errMessage } from '../../util/problem-log.ts';
+import { readRegularFile } from '../../util/regular-file.ts';
 import type { ProfileConfig } from './config.ts';
 import { fromHostRoot, hostPath } from './host-paths.ts';
 import { pinPlan } from './pin-kit.ts';
@@ -137,14 +137,23 @@ async function layoutOf(hostRoot: string, socket: string, info: RuntimeInfo): Pr
 }
 
 /**
+ * The largest containerd configuration read: containerd's own default
+ * configuration (`containerd config default`) is under 20 KiB; a larger file
+ * is not one to take the registry hosts folder from.
+ */
+export const CONTAINERD_CONFIG_MAX_BYTES = 1024 * 1024;
+
+/**
  * containerd's config_path from its configuration file: version 2's CRI
  * plugin, or version 3's images plugin (containerd 2.x). Undefined when the
- * file is missing, unreadable or names none.
+ * file is missing, unreadable, not a regular file within the limit (a FIFO
+ * at its name is refused at once: detection never waits on it) or names
+ * none.
  */
 export async function containerdConfigPath(file: string): Promise<string | undefined> {
   let text: string;
   try {
-    text = await readFile(file, 'utf8');
+    text = await readRegularFile(file, { maxBytes: CONTAINERD_CONFIG_MAX_BYTES });
   } catch {
     return undefined;
   }

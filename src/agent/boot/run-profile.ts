@@ -15,6 +15,7 @@ import { unixSocketPath } from '../../cri/client.ts';
 import { stagingDirFor } from '../../crio/pinfile.ts';
 import type { AgentMetrics } from '../../metrics/agent-metrics.ts';
 import { Backoff } from '../../util/backoff.ts';
+import { OwnFileError } from '../../util/own-file.ts';
 import { STEP_RETRY } from '../../util/retry.ts';
 import { Agent } from '../agent.ts';
 import type { KubeObserver } from '../kube.ts';
@@ -146,14 +147,15 @@ async function holdNodeLock(p: Process, lock: NodeLock, api: ApiSide): Promise<b
   return tookOver;
 }
 
-/** The node lock, or CRI-O's drop-in folder, cannot be used: said with what must be writable; exit 2. */
+/** The node lock, or CRI-O's drop-in folder, cannot be used: said with what must be writable, or what was planted where the lock goes; exit 2. */
 function cannotStart(logger: Logger, lock: NodeLock, prof: NodeProfile, e: unknown): number {
   const err = (e as Error).message;
   if (lock.isHeld)
     logger.error(
       { lock: lock.path, err },
-      `cannot open the drop-in folder: the agent needs ${stagingDirFor(prof.dropInDir)} and ${prof.dropInDir} writable, on one mount (the DaemonSet mounts the host's /etc/crio read-write; the systemd unit has ReadWritePaths=/etc/crio)`,
+      `cannot open the drop-in folder: the agent needs ${stagingDirFor(prof.dropInDir)} and ${prof.dropInDir} writable, on one mount (the DaemonSet mounts the host's /etc/crio at /host/etc/crio, writable over its read-only /etc; the systemd unit has ReadWritePaths=/etc/crio)`,
     );
+  else if (e instanceof OwnFileError) logger.error({ lock: lock.path, err }, `cannot take the node lock: ${err}`);
   else logger.error({ lock: lock.path, err }, `cannot take the node lock: the agent needs ${path.dirname(lock.path)} writable (--state-dir; the DaemonSet mounts /var/lib/pinset; the systemd unit has StateDirectory=pinset)`);
   return 2;
 }
