@@ -95,10 +95,10 @@ const codeOf = (e: unknown) => (e as NodeJS.ErrnoException).code;
 function readDoc(file: string, shown: string): Doc | undefined {
   let text: string;
   try {
-    text = readRegularFileSync(file, { maxBytes: MAX_FILE_BYTES });
+    text = readRegularFileSync(file, { maxBytes: MAX_FILE_BYTES, shownAs: shown });
   } catch (e) {
     if (codeOf(e) === 'ENOENT') return undefined;
-    if (e instanceof ReadRefusedError) throw new Unreadable(e.message.replace(e.path, shown));
+    if (e instanceof ReadRefusedError) throw new Unreadable(e.message);
     throw new Unreadable(`cannot read ${shown}: ${codeOf(e) ?? (e as Error).message}`);
   }
   const docs = parseYamlDocuments(text);

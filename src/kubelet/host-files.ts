@@ -25,9 +25,9 @@ function described(e: unknown): string {
 /** The text of the regular file `seen`, at most `maxBytes` of it; `file` names it in what is said (the host's path). */
 async function readHostFile(seen: string, maxBytes: number, file: string): Promise<HostFile> {
   try {
-    return { text: await readRegularFile(seen, { maxBytes }) };
+    return { text: await readRegularFile(seen, { maxBytes, shownAs: file }) };
   } catch (e) {
-    if (e instanceof ReadRefusedError) return { error: e.message.replace(e.path, file) };
+    if (e instanceof ReadRefusedError) return { error: e.message };
     if (codeOf(e) === 'ENOENT' || codeOf(e) === 'ENOTDIR') {
       const link = await fsp.lstat(seen).catch(() => null);
       if (link?.isSymbolicLink()) return { error: `${file} is a symbolic link to ${await fsp.readlink(seen).catch(() => '?')}, which does not exist here` };
