@@ -30,7 +30,7 @@
 // containerd's own paths (a fixed path: socket paths are short); that folder
 // is removed after when it did not exist before.
 import { execFile } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { mkdir, mkdtemp, readFile, rm, rmdir, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -231,12 +231,30 @@ interface HostState {
   hugetlbMounted: string | undefined;
 }
 
+/**
+ * Why cAdvisor's CRI-O socket path is taken when a node suite run left it:
+ * a run stopped before its cleanup leaves the link into its own bed under
+ * the temporary folder. Said, not removed: another run may be going.
+ */
+function leftBy(socket: string): string | undefined {
+  let target: string;
+  try {
+    target = readlinkSync(socket);
+  } catch {
+    return undefined;
+  }
+  const prefix = join(tmpdir(), 'pinset-node-');
+  if (!target.startsWith(prefix)) return undefined;
+  const bed = prefix + target.slice(prefix.length).split('/')[0];
+  return `its ${socket} links to ${target}, the bed of a node suite run stopped before its cleanup${existsSync(bed) ? '' : ' (that bed is gone)'}: when no node suite is running, unmount what is mounted under ${bed}, then remove ${bed}, ${dirname(socket)}, ${KUBELET_HOST_PATHS.join(' and ')}`;
+}
+
 /** Saves what the kubelet will change; on CRI-O links cAdvisor's CRI-O socket path to `crioSocket`. */
 async function saveHostState(runtime: RuntimeName, crioSocket: string): Promise<HostState> {
   const sysctls = new Map<string, string>();
   for (const s of SYSCTLS) sysctls.set(s, (await readFile(`/proc/sys/${s}`, 'utf8')).trim());
   const cadvisorDir = dirname(CADVISOR_CRIO_SOCKET);
-  if (runtime === 'crio' && existsSync(cadvisorDir)) throw new Error(`${cadvisorDir} exists: a CRI-O may run on this machine; the kubelet's cAdvisor would read its storage at ${CADVISOR_CRIO_SOCKET} instead of the bed's`);
+  if (runtime === 'crio' && existsSync(cadvisorDir)) throw new Error(`${cadvisorDir} exists: ${leftBy(CADVISOR_CRIO_SOCKET) ?? 'a CRI-O may run on this machine'}; the kubelet's cAdvisor would read its storage at ${CADVISOR_CRIO_SOCKET} instead of the bed's`);
   const absentPaths = [...KUBELET_HOST_PATHS, CONTAINERD_SHIM_SOCKETS].filter((p) => !existsSync(p));
   if (runtime === 'crio') absentPaths.push(cadvisorDir);
   let hugetlbMounted: string | undefined;
