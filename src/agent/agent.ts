@@ -38,7 +38,7 @@ import { Cancelled } from '../util/cancel.ts';
 import { errMessage } from '../util/problem-log.ts';
 import { RetryGate, STEP_RETRY } from '../util/retry.ts';
 import type { DiskCheck } from './disk.ts';
-import type { KubeletConfigWatch } from './kubelet-config.ts';
+import type { KubeletConfigWatch } from './kubelet-watch.ts';
 import type { SizeEstimator } from './estimate.ts';
 import type { KubeObserver } from './kube.ts';
 import { Lookahead } from './lookahead.ts';
@@ -87,7 +87,7 @@ export interface AgentOptions {
   metrics?: AgentMetrics | null;
   /** Pulls wait while the image filesystem is above its high watermark. */
   diskCheck?: DiskCheck | null;
-  /** The kubelet's configuration files: what its credential verification does to pinned images offline (./kubelet-config.ts). */
+  /** The kubelet's configuration, found on the node and watched: what its credential verification does to pinned images offline (./kubelet-watch.ts). */
   kubeletConfig?: KubeletConfigWatch | null;
   /** Sizes of images to download, so a batch that would not fit below the watermark is not started. */
   sizeEstimator?: SizeEstimator | null;
@@ -135,7 +135,6 @@ export class Agent {
   private timer: NodeJS.Timeout | undefined;
   private debounce: NodeJS.Timeout | undefined;
   private watchers: fs.FSWatcher[] = [];
-  private kubeletTimer: NodeJS.Timeout | undefined;
 
   constructor(opts: AgentOptions) {
     this.opts = opts;
@@ -264,17 +263,8 @@ export class Agent {
         }
       });
     }
-    const kubelet = this.opts.kubeletConfig;
-    if (kubelet) {
-      // A drop-in added or changed (the kubelet reads them at its next start): the status says at once what it will do.
-      const changed = () => {
-        if (kubelet.changed()) this.trigger('the kubelet configuration changed');
-      };
-      for (const dir of kubelet.folders()) this.watch(dir, { recursive: true }, changed);
-      // A file mounted alone is not seen changing: read again every so often.
-      this.kubeletTimer = setInterval(changed, kubelet.rereadMs);
-      this.kubeletTimer.unref();
-    }
+    // A drop-in added or changed (the kubelet reads them at its next start): the status says at once what it will do.
+    this.opts.kubeletConfig?.start((why) => this.trigger(why));
     this.loopDone = this.loop();
   }
 
@@ -350,7 +340,7 @@ export class Agent {
     this.stopped = true;
     clearTimeout(this.debounce);
     clearTimeout(this.timer);
-    clearInterval(this.kubeletTimer);
+    this.opts.kubeletConfig?.stop();
     for (const w of this.watchers) w.close();
     this.current?.abort(new Cancelled('shutting down'));
     this.opts.puller.abortAll();

@@ -31,7 +31,7 @@ import type { RuntimeSnapshot } from './runtime-state.ts';
 import { computeSetStatuses, historyFromStatus, makeNodeStatus, pinsKeptMessage, type SetHistory } from './status.ts';
 import type { StatusReporter } from './status-reporter.ts';
 import type { DiskCheck } from './disk.ts';
-import type { KubeletConfigWatch } from './kubelet-config.ts';
+import type { KubeletConfigWatch } from './kubelet-watch.ts';
 
 export interface SetReportOptions {
   nodeName: string;
@@ -40,7 +40,7 @@ export interface SetReportOptions {
   events?: EventRecorder | null;
   metrics?: AgentMetrics | null;
   diskCheck?: DiskCheck | null;
-  /** The kubelet's configuration files, when the agent is given them (--kubelet-config, --kubelet-config-dir). */
+  /** The kubelet's configuration, found on the node (or given by --kubelet-config, --kubelet-config-dir); null: not reported. */
   kubeletConfig?: KubeletConfigWatch | null;
   /** What the agent found on its node, with the pin backend in use, for the node status. */
   nodeRuntime?: () => NodeRuntime | undefined;

@@ -108,6 +108,8 @@ export class StatusReporter {
   private readonly log: Logger;
   private readonly now: () => number;
   private lastWritten: NodeStatus | undefined;
+  /** What a write in flight carries: what the Node holds once it lands. */
+  private inFlight: NodeStatus | undefined;
   private lastWriteAt = -Infinity;
   /** Wait before the next progress-only write, counted from the last write. */
   private progressWait: number;
@@ -143,14 +145,23 @@ export class StatusReporter {
     if (existing && this.lastWritten === undefined && !this.pending) this.lastWritten = existing;
   }
 
-  /** True when this content differs from what was last written (or queued). */
+  /** What the Node holds once the write in flight, if any, lands. */
+  private landing(): NodeStatus | undefined {
+    return this.inFlight ?? this.lastWritten;
+  }
+
+  /** True when this content differs from what was last written (or is being written, or queued). */
   changed(status: NodeStatus): boolean {
-    return !sameContent(status, this.pending ?? this.lastWritten);
+    return !sameContent(status, this.pending ?? this.landing());
   }
 
   report(status: NodeStatus): void {
     if (!this.changed(status)) return;
-    if (sameContent(status, this.lastWritten)) {
+    // Compared with what the Node will hold, not what it held: content that
+    // goes back to the last write while another is in flight (a drop-in read
+    // half-written, then whole) must follow that write, or the Node keeps the
+    // in-flight content until something else changes.
+    if (sameContent(status, this.landing())) {
       // Back to what is already written: nothing to send.
       this.pending = undefined;
       clearTimeout(this.timer);
@@ -186,9 +197,11 @@ export class StatusReporter {
     if (!status) return;
     this.pending = undefined;
     const paced = progressOnly(this.lastWritten, status);
+    this.inFlight = status;
     this.writing = (async () => {
       try {
         await this.sink.write(status);
+        this.inFlight = undefined;
         this.lastWritten = status;
         this.lastWriteAt = this.now();
         this.writes++;
@@ -197,6 +210,7 @@ export class StatusReporter {
       } catch (e) {
         const delay = this.backoff.fail();
         this.log.warn({ err: (e as Error).message?.slice(0, 300), retryInMs: delay }, 'status write failed; retrying');
+        this.inFlight = undefined;
         this.pending ??= status;
         this.writing = undefined;
         this.retrying = true;

@@ -68,6 +68,13 @@ export interface KubeletConfigLocation {
   /** The kubelet's --config and --config-dir as this process sees them (under --host-root); undefined: none. */
   configFile?: string;
   configDir?: string;
+  /**
+   * The kubelet is started with configDir, so a folder that is not there
+   * stops it (its WalkDir fails). False where the layout makes the folder
+   * before the kubelet starts, and for a folder given by flag (missing =
+   * no drop-ins).
+   */
+  configDirRequired: boolean;
   /** The --feature-gates of the kubelet's command line: they win over the files' featureGates, gate by gate. */
   featureGates: Record<string, boolean>;
   /** How each was found, for the status and the log. */
@@ -156,7 +163,7 @@ async function matches(host: HostView, layout: KubeletLayout): Promise<boolean> 
 }
 
 /** What a layout's files say, paths on the host. */
-type Found = Omit<KubeletConfigLocation, 'source' | 'layout'>;
+type Found = Omit<KubeletConfigLocation, 'source' | 'layout' | 'configDirRequired'>;
 
 /** The kubelet's command line from its systemd unit, and where each flag of it came from. */
 async function fromSystemd(host: HostView, l: SystemdLayout): Promise<Found> {
@@ -248,8 +255,9 @@ export async function findKubeletConfig(hostRoot: string, given: GivenKubeletPat
       source: 'flags',
       ...(flagged(given.configFile) ? { configFile: given.configFile } : {}),
       ...(flagged(given.configDir) ? { configDir: given.configDir } : {}),
+      configDirRequired: false,
       featureGates: {},
-      evidence: ['--kubelet-config and --kubelet-config-dir given'],
+      evidence: [`--kubelet-config ${given.configFile || '""'}`, `--kubelet-config-dir ${given.configDir || '""'}`],
       problems: [],
       inputs: [given.configFile, given.configDir].filter((p) => p !== ''),
     };
@@ -261,13 +269,14 @@ export async function findKubeletConfig(hostRoot: string, given: GivenKubeletPat
   const layout = matched[0];
   if (!layout) {
     const searched = `${host.root === '/' ? '' : `under ${host.root}: `}no kubelet configuration of kubeadm, k3s, RKE2, EKS (nodeadm), OpenShift, AKS or GKE, and no kubelet.service under /etc or /run`;
-    return { source: 'none', featureGates: {}, evidence: [], problems: [searched], inputs: [] };
+    return { source: 'none', configDirRequired: false, featureGates: {}, evidence: [], problems: [searched], inputs: [] };
   }
   const found: Found = layout === 'k3s' || layout === 'rke2' ? await rancherKubelet(host, RANCHER[layout]) : await fromSystemd(host, SYSTEMD_LAYOUTS[layout]);
   if (named.length > 1) found.problems.push(`files of ${named.join(' and ')} on this node: read as ${layout}; give --kubelet-config and --kubelet-config-dir to say where its kubelet's are`);
   const out: KubeletConfigLocation = {
     source: 'detected',
     layout,
+    configDirRequired: false,
     featureGates: found.featureGates,
     evidence: [...found.evidence],
     problems: [...found.problems],
@@ -285,7 +294,8 @@ export async function findKubeletConfig(hostRoot: string, given: GivenKubeletPat
     out.evidence.push(`--kubelet-config-dir ${given.configDir === '' ? '""' : given.configDir} given`);
   } else if (found.configDir) {
     out.configDir = host.seen(found.configDir);
-    const makes = layout === 'k3s' || layout === 'rke2' || SYSTEMD_LAYOUTS[layout].makesConfigDir;
+    const makes = layout === 'k3s' || layout === 'rke2' || SYSTEMD_LAYOUTS[layout].makesConfigDir === true;
+    out.configDirRequired = !makes;
     if (!makes && (await host.kind(found.configDir)) === 'missing') {
       out.problems.push(`${absence(host, '--config-dir', found.configDir)}: the kubelet does not start with a --config-dir that does not exist (cmd/kubelet/app/server.go walks it)`);
     }
@@ -296,6 +306,6 @@ export async function findKubeletConfig(hostRoot: string, given: GivenKubeletPat
 
 /** One line for the status's source and the log: the layout and where its files are. */
 export function describeKubeletConfig(loc: KubeletConfigLocation): string {
-  const what = loc.source === 'flags' ? 'given' : loc.source === 'none' ? 'not found' : loc.layout!;
+  const what = loc.source === 'flags' ? 'flags' : loc.source === 'none' ? 'no kubelet layout found' : `${loc.layout!} layout`;
   return loc.evidence.length > 0 ? `${what}: ${loc.evidence.join('; ')}` : what;
 }

@@ -27,6 +27,8 @@ export interface RegularFileOptions {
   noFollow?: boolean;
   /** How the file is named in a refusal ("the auth file", "a drop-in"): the path alone when not given. */
   what?: string;
+  /** The path a refusal names in place of `file`: the host's path of a file read under --host-root, which is where a person acts on it. */
+  shownAs?: string;
 }
 
 /** The file was not read: not a regular file, or larger than the limit. */
@@ -56,9 +58,15 @@ function typeOf(st: fs.Stats): string {
   return 'not a regular file';
 }
 
+/** How a refusal names the file: what it is, then its path as a person finds it. */
+function nameOf(file: string, o: RegularFileOptions): string {
+  const shown = o.shownAs ?? file;
+  return o.what ? `${o.what} ${shown}` : shown;
+}
+
 /** The refusal for what a stat(2) found, or undefined when it is a regular file within the limit. */
 function refusal(file: string, st: fs.Stats, o: RegularFileOptions): ReadRefusedError | undefined {
-  const name = o.what ? `${o.what} ${file}` : file;
+  const name = nameOf(file, o);
   if (!st.isFile()) {
     const code = st.isDirectory() ? 'EISDIR' : 'EFTYPE';
     return new ReadRefusedError(code, file, `${name} is ${typeOf(st)}, not a regular file (${code}): not read`);
@@ -69,7 +77,7 @@ function refusal(file: string, st: fs.Stats, o: RegularFileOptions): ReadRefused
 
 /** The refusal of a file over the limit: `size` bytes as fstat(2) saw it, or undefined when it grew past the limit while it was read. */
 function tooLarge(file: string, o: RegularFileOptions, size?: number): ReadRefusedError {
-  const name = o.what ? `${o.what} ${file}` : file;
+  const name = nameOf(file, o);
   const is = size === undefined ? 'growing while it is read' : `${size} bytes`;
   return new ReadRefusedError('EFBIG', file, `${name} is ${is}, more than the ${o.maxBytes}-byte limit for it: not read`, size);
 }

@@ -69,12 +69,13 @@ describe('pinset agent: the kubelet\'s credential verification in the node statu
     const confDir = join(node, 'conf.d');
     await mkdir(confDir, { recursive: true });
     await writeFile(join(node, 'config.yaml'), stringify({ ...HEAD, imagePullCredentialsVerificationPolicy: 'AlwaysVerify' }));
-    assert.deepEqual(await agentWith(join(node, 'config.yaml'), confDir), { policy: 'AlwaysVerify', source: join(node, 'config.yaml'), refuses: ['kep (static)', 'tools (static)'] });
+    const given = `flags: --kubelet-config ${join(node, 'config.yaml')}; --kubelet-config-dir ${confDir}`;
+    assert.deepEqual(await agentWith(join(node, 'config.yaml'), confDir), { policy: 'AlwaysVerify', source: `${join(node, 'config.yaml')}; ${given}`, refuses: ['kep (static)', 'tools (static)'] });
 
     const printed = await runCli(kubeletAllowlist, [sets]);
     assert.equal(printed.code, 0, printed.stderr);
     await writeFile(join(confDir, '50-pinset.conf'), printed.stdout);
-    assert.deepEqual(await agentWith(join(node, 'config.yaml'), confDir), { policy: 'NeverVerifyAllowlistedImages', source: join(confDir, '50-pinset.conf') });
+    assert.deepEqual(await agentWith(join(node, 'config.yaml'), confDir), { policy: 'NeverVerifyAllowlistedImages', source: `${join(confDir, '50-pinset.conf')}; ${given}` });
 
     const kepOnly = join(dir, 'kep-only');
     await mkdir(kepOnly);

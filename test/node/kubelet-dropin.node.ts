@@ -6,8 +6,10 @@
 // gate KubeletEnsureSecretPulledImages as its version leaves it, turned on,
 // and turned off in a drop-in before pinset's. It has no kubeconfig, so once
 // it has read and validated its configuration it stops at once ("no client
-// provided"), before it touches the host. What it did is held to what pinset
-// says of the same files:
+// provided"), before it touches the host. The gate is also given on its
+// command line (--feature-gates), which wins over the files' gate at
+// validation. What it did is held to what pinset says of the same files
+// and command line:
 // - `pinset kubelet-allowlist --node` prints the drop-in for that kubelet
 //   version (with --kubelet-gate-on when the gate is on) exactly when the
 //   kubelet takes it, and the kubelet takes the form printed for its
@@ -46,17 +48,27 @@ spec:
     - name: registry.test/kep/p1@sha256:${'1'.repeat(64)}
     - name: registry.test/kep/p2@sha256:${'2'.repeat(64)}
 `;
-type Gate = 'default' | 'on' | 'off';
-const GATES: Gate[] = ['default', 'on', 'off'];
+/** The gate as the kubelet's version leaves it, turned on or off in a drop-in, or on its command line (over a drop-in turning it off, or alone). */
+type Gate = 'default' | 'on' | 'off' | 'flag-on-over-file-off' | 'flag-off';
+const GATES: Gate[] = ['default', 'on', 'off', 'flag-on-over-file-off', 'flag-off'];
+const fileGate = (g: Gate): boolean | undefined => (g === 'on' ? true : g === 'off' || g === 'flag-on-over-file-off' ? false : undefined);
+const flagGate = (g: Gate): boolean | undefined => (g === 'flag-on-over-file-off' ? true : g === 'flag-off' ? false : undefined);
 
 let dir: string;
 const seen: string[] = [];
 
 /** What a kubelet did with its files: "taken" (it went past its configuration) or "refused" with its words. */
-async function startWith(kubelet: string, root: string): Promise<{ verdict: 'taken' | 'refused'; said: string }> {
+async function startWith(kubelet: string, root: string, gate?: boolean): Promise<{ verdict: 'taken' | 'refused'; said: string }> {
   const child = spawn(
     kubelet,
-    [`--config=${join(root, 'config.yaml')}`, `--config-dir=${join(root, 'conf.d')}`, `--root-dir=${join(root, 'kubelet')}`, `--cert-dir=${join(root, 'pki')}`, `--container-runtime-endpoint=unix://${join(root, 'none.sock')}`],
+    [
+      `--config=${join(root, 'config.yaml')}`,
+      `--config-dir=${join(root, 'conf.d')}`,
+      `--root-dir=${join(root, 'kubelet')}`,
+      `--cert-dir=${join(root, 'pki')}`,
+      `--container-runtime-endpoint=unix://${join(root, 'none.sock')}`,
+      ...(gate === undefined ? [] : [`--feature-gates=KubeletEnsureSecretPulledImages=${gate}`]),
+    ],
     { stdio: ['ignore', 'pipe', 'pipe'] },
   );
   let out = '';
@@ -113,17 +125,19 @@ describe("pinset's kubelet drop-in on real kubelets of each version: taken, or r
         await mkdir(join(root, 'conf.d'), { recursive: true });
         // failCgroupV1: 1.35 will not start on a cgroup v1 host without it (1.31 and later know the field).
         await writeFile(join(root, 'config.yaml'), `${HEAD}failSwapOn: false\nfailCgroupV1: false\ncgroupDriver: cgroupfs\n`);
-        if (gate !== 'default') await writeFile(join(root, 'conf.d', '40-gate.conf'), `${HEAD}featureGates:\n  KubeletEnsureSecretPulledImages: ${gate === 'on'}\n`);
+        if (fileGate(gate) !== undefined) await writeFile(join(root, 'conf.d', '40-gate.conf'), `${HEAD}featureGates:\n  KubeletEnsureSecretPulledImages: ${fileGate(gate)}\n`);
 
         // The drop-in for this version (from 1.36 exact entries, "/*" before); before 1.33 the command prints none, so the "/*" form.
         const printed = await runCli(kubeletAllowlist, [...(gateDefault(version).known ? ['--kubelet-version', version, '--kubelet-gate-on'] : []), join(dir, 'set.yaml')]);
         assert.equal(printed.code, 0, printed.stderr);
         await writeFile(join(root, 'conf.d', '50-pinset.conf'), printed.stdout);
-        const kubeletDid = await startWith(kubelet, root);
+        const kubeletDid = await startWith(kubelet, root, flagGate(gate));
 
-        const gateOn: boolean = gate === 'default' ? gateDefault(version).on : gate === 'on';
+        // The command line's gate wins over the files' at validation (kubeletConfigFlagPrecedence).
+        const gateOn: boolean = flagGate(gate) ?? fileGate(gate) ?? gateDefault(version).on;
         const cliSays = kubeletVersionProblem('this-node', version, gate === 'on');
-        const agentSays = readKubeletVerification({ configFile: join(root, 'config.yaml'), configDir: join(root, 'conf.d') }, version);
+        const flagGates: Record<string, boolean> = flagGate(gate) === undefined ? {} : { KubeletEnsureSecretPulledImages: flagGate(gate)! };
+        const agentSays = readKubeletVerification({ configFile: join(root, 'config.yaml'), configDir: join(root, 'conf.d'), featureGates: flagGates }, version);
         seen.push(`${version} gate ${gate}: ${kubeletDid.verdict}${kubeletDid.verdict === 'refused' ? ` (${kubeletDid.said.slice(0, 120)})` : ''}, agent ${agentSays.policy}`);
         t.diagnostic(`${version}, gate ${gate}: the kubelet ${kubeletDid.verdict === 'taken' ? 'took' : 'refused'} the drop-in; the agent reads ${agentSays.policy} (${agentSays.source}); kubelet-allowlist --node${gate === 'on' ? ' --kubelet-gate-on' : ''}: ${cliSays ?? 'prints it'}`);
 
@@ -134,7 +148,7 @@ describe("pinset's kubelet drop-in on real kubelets of each version: taken, or r
         // The agent's reading: Invalid exactly when refused; the drop-in's policy where the gate is on; Off where it is off or unknown to the kubelet.
         assert.equal(agentSays.policy, kubeletDid.verdict === 'refused' ? 'Invalid' : gateOn && knowsGate ? 'NeverVerifyAllowlistedImages' : 'Off', `the agent on ${version} gate ${gate}`);
         // The command prints for a node of this version (gate on: told so) exactly when the kubelet would take it and needs it.
-        if (gate !== 'off') assert.equal(cliSays === undefined, knowsGate && gateOn, `kubelet-allowlist --node on ${version} gate ${gate}: ${cliSays}`);
+        if (gate === 'default' || gate === 'on') assert.equal(cliSays === undefined, knowsGate && gateOn, `kubelet-allowlist --node on ${version} gate ${gate}: ${cliSays}`);
       }
     });
   }

@@ -2,10 +2,12 @@
 // already on the node (KEP-2535, beta and on by default since Kubernetes
 // 1.35), measured on the real kubelet (run by test/node/run.ts, once per
 // runtime; on a kubelet older than 1.35 it says why it does not apply and
-// skips). The kubelet's files are laid out as kubeadm lays them out (the
-// bed's /etc/default/kubelet gives --config-dir through
-// KUBELET_EXTRA_ARGS), and the agent is deployed from deploy/ alone, no
-// component and no PINSET_KUBELET_* variable: it finds them.
+// skips). The kubelet's files are laid out as kubeadm lays them out, and
+// the kubelet is started from them as kubeadm's 10-kubeadm.conf starts it:
+// its --config-dir comes from KUBELET_EXTRA_ARGS in /etc/default/kubelet,
+// the step docs/kubelet-credential-verification.md gives kubeadm nodes. The
+// agent is deployed from deploy/ alone, no component and no
+// PINSET_KUBELET_* variable: it finds them.
 //
 // One private registry behind htpasswd holds the images of one set, which
 // pinset pins with the set's pull secret; a second one, whose credential
@@ -42,7 +44,7 @@ import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { Agent, fetch } from 'undici';
 import { parse } from 'yaml';
-import { minorOf, realNodeMissing, startRealNode, type RealNode } from '../support/real-node.ts';
+import { KUBELET_CONFIG_DIR, KUBELET_EXTRA_ARGS_FILE, minorOf, realNodeMissing, startRealNode, type RealNode } from '../support/real-node.ts';
 import { PULL_SECRET_NAME } from '../support/real-node-credentials.ts';
 import { AGENT_NAMESPACE } from '../support/real-node-deploy.ts';
 import { imageLayout, pushPinsetImage, pushWorkloadImage, type NodeImage } from '../support/real-node-images.ts';
@@ -126,6 +128,17 @@ async function restartKubelet(dropIn: string | null): Promise<void> {
     const obj = await n().api.get(`/api/v1/nodes/${n().nodeName}`);
     const ready = (obj.status.conditions as any[]).find((c) => c.type === 'Ready');
     return Date.parse(ready?.lastHeartbeatTime ?? 0) >= since - 1000;
+  }, () => sn().context());
+}
+
+/** The policy the agent's status should name for a configuration. */
+const expectedPolicy = (config: ConfigName) => (config === 'default' ? 'NeverVerifyPreloadedImages' : config === 'pinset' || config === 'allowlist-names' ? 'NeverVerifyAllowlistedImages' : config);
+
+/** Seconds from `since` until the agent's status names `policy`. */
+function agentNaming(policy: string, since: number): Promise<{ seconds: number }> {
+  return until(`the agent's status naming ${policy}`, 150_000, async () => {
+    const kv = (await sn().nodeStatus()).status?.kubeletVerification;
+    return kv?.policy === policy ? { seconds: sec(Date.now() - since) } : undefined;
   }, () => sn().context());
 }
 
@@ -229,6 +242,11 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
     await n().cri.pullImage(images['secret-sibling'].ref, { auth: { ...users.puller } });
     assert.ok(await n().cri.imageStatus(images['secret-sibling'].ref), 'the sibling on the node');
 
+    // The kubeadm step the docs give (--config-dir through KUBELET_EXTRA_ARGS): the kubelet runs with the folder it names.
+    assert.match(readFileSync(n().hostPath(KUBELET_EXTRA_ARGS_FILE), 'utf8'), new RegExp(`^KUBELET_EXTRA_ARGS="--config-dir=/${KUBELET_CONFIG_DIR}"`, 'm'));
+    const cmdline = readFileSync(`/proc/${n().kubelet.pid}/cmdline`, 'utf8').split('\0');
+    assert.ok(cmdline.includes(`--config-dir=${n().hostPath(KUBELET_CONFIG_DIR)}`), `the kubelet's command line: ${cmdline.join(' ')}`);
+
     await n().api.create(`/api/v1/namespaces/${AGENT_NAMESPACE}/secrets`, n().credentials.pullSecret);
     const refs = PINNED.map((k) => images[k].ref);
     await n().api.create(SETS_API, { apiVersion: 'pinset.dev/v1alpha1', kind: 'PinnedImageSet', metadata: { name: 'offline' }, spec: { pullSecrets: [{ name: PULL_SECRET_NAME }], pinnedImages: refs.map((r) => ({ name: r })) } });
@@ -261,24 +279,28 @@ describe(`the kubelet's credential verification (KEP-2535) and pinned images, on
         assert.deepEqual(allowlist, exact ? PINNED.map((k) => images[k].ref.split('@')[0]).sort() : [...new Set(PINNED.map((k) => `${images[k].ref.slice(0, images[k].ref.lastIndexOf('/'))}/*`))].sort());
         figures.pinsetAllowlist = allowlist;
       }
+      // The agent sees the folder change (it watches what it found), whatever the kubelet's restart: how long it takes, where the policy changes.
+      const expected = expectedPolicy(config);
+      const previous = (await sn().nodeStatus()).status?.kubeletVerification?.policy;
+      const agentSaw = previous !== expected ? agentNaming(expected, Date.now()) : undefined;
+      agentSaw?.catch(() => {}); // awaited below; a failure before that is not an unhandled one
       await restartKubelet(dropIn);
       const effective = await configz();
       figures[`policy:${config}`] = effective.imagePullCredentialsVerificationPolicy;
       t.diagnostic(`the kubelet runs with ${effective.imagePullCredentialsVerificationPolicy} ${JSON.stringify(effective.preloadedImagesVerificationAllowlist ?? [])}`);
+      assert.equal(effective.imagePullCredentialsVerificationPolicy, expected, 'the kubelet took the drop-in from the folder KUBELET_EXTRA_ARGS names');
+      if (agentSaw) figures[`agentSeconds:${config}`] = (await agentSaw).seconds;
       outcomes[config] = await podsUnder(config);
       t.diagnostic(JSON.stringify(outcomes[config]));
-      // What the agent tells from the kubelet's files (it finds them as kubeadm lays them out, reads them every minute), and `pinset status`'s note.
-      const expected = config === 'default' ? 'NeverVerifyPreloadedImages' : config === 'pinset' || config === 'allowlist-names' ? 'NeverVerifyAllowlistedImages' : config;
-      const told = await until(`the agent's status naming ${expected}`, 150_000, async () => {
-        const v = (await sn().nodeStatus()).status?.kubeletVerification;
-        return v?.policy === expected ? v : undefined;
+      // What the agent tells from the kubelet's files, and `pinset status`'s note: the set is refused exactly when a pod of an image pinset alone pulled needed the registry.
+      const pinsetOnlyRefused = (['secret-pinset', 'provider-pinset'] as const).some((i) => CASES.some((c) => outcomes[config]![i][c] !== 'Running'));
+      const told = await until(`the agent's status naming ${expected}, ${pinsetOnlyRefused ? '' : 'not '}refusing the set offline (against ${JSON.stringify(outcomes[config])})`, 150_000, async () => {
+        const kv = (await sn().nodeStatus()).status?.kubeletVerification;
+        return kv?.policy === expected && (kv.refuses ?? []).includes('offline') === pinsetOnlyRefused ? kv : undefined;
       }, () => sn().context());
       figures[`agent:${config}`] = told;
-      t.diagnostic(`the agent's status: ${JSON.stringify(told)}`);
-      assert.match(told.source, /kubeadm/, 'the status says the kubelet\'s files were found as kubeadm keeps them');
-      // The agent says a set is refused exactly when a pod of an image pinset alone pulled needs the registry.
-      const pinsetOnlyRefused = (['secret-pinset', 'provider-pinset'] as const).some((i) => CASES.some((c) => outcomes[config]![i][c] !== 'Running'));
-      assert.equal((told.refuses ?? []).includes('offline'), pinsetOnlyRefused, `refuses ${JSON.stringify(told.refuses ?? [])} against ${JSON.stringify(outcomes[config])}`);
+      t.diagnostic(`the agent's status: ${JSON.stringify(told)}${agentSaw ? ` (its policy ${figures[`agentSeconds:${config}`]} s after the drop-in was written)` : ''}`);
+      assert.match(told.source, /kubeadm layout: .*--config-dir \/etc\/kubernetes\/kubelet\.conf\.d \(KUBELET_EXTRA_ARGS of \/etc\/default\/kubelet\)/, 'the status says the kubelet\'s files were found as kubeadm keeps them');
       const { stdout: statusText } = await run(process.execPath, [join(ROOT, 'src/cli/main.ts'), 'status'], { env: { ...process.env, KUBECONFIG: n().kubeconfig } });
       t.diagnostic(`pinset status:\n${statusText}`);
       if (pinsetOnlyRefused) assert.match(statusText, new RegExp(`${n().nodeName}[\\s\\S]*offline|offline[\\s\\S]*${n().nodeName}`), 'pinset status names the node and the refused set');

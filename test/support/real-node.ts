@@ -30,7 +30,7 @@
 // containerd's own paths (a fixed path: socket paths are short); that folder
 // is removed after when it did not exist before.
 import { execFile } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { mkdir, mkdtemp, readFile, rm, rmdir, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -231,12 +231,30 @@ interface HostState {
   hugetlbMounted: string | undefined;
 }
 
+/**
+ * Why cAdvisor's CRI-O socket path is taken when a node suite run left it:
+ * a run stopped before its cleanup leaves the link into its own bed under
+ * the temporary folder. Said, not removed: another run may be going.
+ */
+function leftBy(socket: string): string | undefined {
+  let target: string;
+  try {
+    target = readlinkSync(socket);
+  } catch {
+    return undefined;
+  }
+  const prefix = join(tmpdir(), 'pinset-node-');
+  if (!target.startsWith(prefix)) return undefined;
+  const bed = prefix + target.slice(prefix.length).split('/')[0];
+  return `its ${socket} links to ${target}, the bed of a node suite run stopped before its cleanup${existsSync(bed) ? '' : ' (that bed is gone)'}: when no node suite is running, unmount what is mounted under ${bed}, then remove ${bed}, ${dirname(socket)}, ${KUBELET_HOST_PATHS.join(' and ')}`;
+}
+
 /** Saves what the kubelet will change; on CRI-O links cAdvisor's CRI-O socket path to `crioSocket`. */
 async function saveHostState(runtime: RuntimeName, crioSocket: string): Promise<HostState> {
   const sysctls = new Map<string, string>();
   for (const s of SYSCTLS) sysctls.set(s, (await readFile(`/proc/sys/${s}`, 'utf8')).trim());
   const cadvisorDir = dirname(CADVISOR_CRIO_SOCKET);
-  if (runtime === 'crio' && existsSync(cadvisorDir)) throw new Error(`${cadvisorDir} exists: a CRI-O may run on this machine; the kubelet's cAdvisor would read its storage at ${CADVISOR_CRIO_SOCKET} instead of the bed's`);
+  if (runtime === 'crio' && existsSync(cadvisorDir)) throw new Error(`${cadvisorDir} exists: ${leftBy(CADVISOR_CRIO_SOCKET) ?? 'a CRI-O may run on this machine'}; the kubelet's cAdvisor would read its storage at ${CADVISOR_CRIO_SOCKET} instead of the bed's`);
   const absentPaths = [...KUBELET_HOST_PATHS, CONTAINERD_SHIM_SOCKETS].filter((p) => !existsSync(p));
   if (runtime === 'crio') absentPaths.push(cadvisorDir);
   let hugetlbMounted: string | undefined;
@@ -318,6 +336,24 @@ export const KUBELET_CONFIG_DIR = 'etc/kubernetes/kubelet.conf.d';
 /** kubeadm's flags file, and the .deb's file of KUBELET_EXTRA_ARGS (10-kubeadm.conf). */
 export const KUBEADM_FLAGS_FILE = 'var/lib/kubelet/kubeadm-flags.env';
 export const KUBELET_EXTRA_ARGS_FILE = 'etc/default/kubelet';
+
+/**
+ * The kubelet's flags from kubeadm's files, as the packages' 10-kubeadm.conf
+ * gives them: $KUBELET_KUBEADM_ARGS of /var/lib/kubelet/kubeadm-flags.env,
+ * then $KUBELET_EXTRA_ARGS of /etc/default/kubelet. Each file is read by the
+ * shell and each variable split at whitespace, as systemd splits a lone
+ * $VAR (not pinset's reading of them: the agent's is the one under test);
+ * a flag's value that is a host path ("--flag=/path", "--flag=unix:///path")
+ * is put under the bed's host root.
+ */
+export async function kubeadmFileArgs(hostRoot: string): Promise<string[]> {
+  const script = 'set -a; . "$1"; . "$2"; for a in $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS; do printf "%s\\0" "$a"; done';
+  const { stdout } = await run('bash', ['-c', script, 'kubeadm-flags', join(hostRoot, KUBEADM_FLAGS_FILE), join(hostRoot, KUBELET_EXTRA_ARGS_FILE)]);
+  return stdout
+    .split('\0')
+    .filter(Boolean)
+    .map((a) => a.replace(/^(--[\w-]+=)(unix:\/\/)?\//, (_m, flag: string, scheme = '') => `${flag}${scheme}${hostRoot}/`));
+}
 
 /** What `<bin> --version` prints last: `Kubernetes v1.35.6` gives v1.35.6. */
 export async function binaryVersion(bin: string): Promise<string> {
@@ -529,16 +565,17 @@ export async function startRealNode(bins: NodeBins, runtimeName: RuntimeName): P
     await writeFile(kubeletConfigFile, JSON.stringify(kubeletConfig, null, 2));
     // kubeadm's files around them, as on a kubeadm node whose kubelet has a
     // drop-in folder: kubeadm's flags file, and the package's
-    // /etc/default/kubelet giving --config-dir through KUBELET_EXTRA_ARGS
-    // (10-kubeadm.conf reads both). The agent finds the kubelet's files from
-    // these; the kubelet below is started with the same flags, their paths
-    // under the host root.
+    // /etc/default/kubelet given --config-dir through KUBELET_EXTRA_ARGS, as
+    // docs/kubelet-credential-verification.md's kubeadm procedure adds it.
+    // The kubelet is started from them as 10-kubeadm.conf starts it
+    // (kubeadmFileArgs), and the agent finds its files from the same.
     await mkdir(host('etc/default'), { recursive: true });
+    await mkdir(kubeletConfigDir, { recursive: true });
     await writeFile(host(KUBEADM_FLAGS_FILE), `KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=${runtime.endpoint.replace(`unix://${hostRoot}`, 'unix://')}"\n`);
     await writeFile(host(KUBELET_EXTRA_ARGS_FILE), `KUBELET_EXTRA_ARGS="--config-dir=/${KUBELET_CONFIG_DIR}"\n`);
     const kubeletArgs = [
       '--config', kubeletConfigFile,
-      '--config-dir', kubeletConfigDir,
+      ...(await kubeadmFileArgs(hostRoot)),
       '--kubeconfig', kubeletKubeconfig,
       '--hostname-override', NODE_NAME,
       '--root-dir', host('var/lib/kubelet'),

@@ -39,10 +39,17 @@ describe('the agent configuration, parsed once', () => {
     assert.equal(c.lock.dropInDir, c.profile.dropInDir);
     assert.equal(c.pins.busAddress, 'unix:path=/host/run/dbus/system_bus_socket');
     assert.equal(c.metricsAddr, '', 'nothing serves metrics with --once');
-    assert.deepEqual(c.kubelet, { configFile: undefined, configDir: undefined });
+    assert.equal(c.kubelet, null, 'both kubelet flags "": nothing reported of the kubelet');
     assert.deepEqual(c.registry.providers, { config: '/p.yaml', binDir: '/bin', timeoutMs: 60_000 });
     assert.equal(c.lock.stateDir, '/var/lib/pinset');
     assert.equal(c.loop.maxParallelPulls, 4);
+  });
+
+  test('the kubelet\'s files: unset is found under the host root, "" is none, a path given wins for its field', () => {
+    assert.deepEqual(config(['--host-root', '/host']).kubelet, { hostRoot: '/host', given: { configFile: undefined, configDir: undefined } });
+    assert.deepEqual(config([], { PINSET_KUBELET_CONFIG_DIR: '' }).kubelet, { hostRoot: '/', given: { configFile: undefined, configDir: '' } });
+    assert.deepEqual(config(['--kubelet-config', '/host/etc/kubernetes/kubelet.conf'], { PINSET_HOST_ROOT: '/host' }).kubelet, { hostRoot: '/host', given: { configFile: '/host/etc/kubernetes/kubelet.conf', configDir: undefined } });
+    assert.equal(config([], { PINSET_KUBELET_CONFIG: '', PINSET_KUBELET_CONFIG_DIR: '' }).kubelet, null);
   });
 
   test('the environment is read once too: a system bus given wins, a pod is a pod', () => {

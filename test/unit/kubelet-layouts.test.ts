@@ -1,8 +1,9 @@
 // Where each distribution keeps its kubelet's configuration, found under a
 // temporary host root laid out as the distribution lays the node out
 // (src/kubelet/layouts.ts): the files with the names, places and formats
-// each writes, as cited beside each. The DaemonSet mounts the host's /etc,
-// /var/lib and /run under /host; these roots hold the same folders.
+// each writes (../support/kubelet-nodes.ts, with their sources). The
+// DaemonSet mounts the host's /etc, /var/lib and /run under /host; these
+// roots hold the same folders.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
@@ -10,8 +11,9 @@ import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
-import { readRegularFile } from '../../src/kubelet/host-files.ts';
+import { hostView } from '../../src/kubelet/host-files.ts';
 import { describeKubeletConfig, findKubeletConfig } from '../../src/kubelet/layouts.ts';
+import { aksNode, EKS_CONFIG, eksKubeletArgs, eksNode, gkeNode, K3S_DEFAULTS, KUBEADM_CONFIG, KUBEADM_FLAGS, kubeadmNode as kubeadmFiles, OPENSHIFT_UNIT, openshiftNode, writeNode, type NodeFiles } from '../support/kubelet-nodes.ts';
 
 const run = promisify(execFile);
 let tmp: string;
@@ -24,48 +26,11 @@ after(async () => {
 });
 
 /** A host root holding `files` (path on the host → content; a path ending in "/" is a folder). */
-async function hostRoot(files: Record<string, string>): Promise<string> {
-  const root = path.join(tmp, `host${++n}`);
-  await fsp.mkdir(root);
-  for (const [p, content] of Object.entries(files)) {
-    const at = path.join(root, p);
-    if (p.endsWith('/')) await fsp.mkdir(at, { recursive: true });
-    else {
-      await fsp.mkdir(path.dirname(at), { recursive: true });
-      await fsp.writeFile(at, content);
-    }
-  }
-  return root;
-}
+const hostRoot = (files: NodeFiles) => writeNode(path.join(tmp, `host${++n}`), files);
 
 const DROPIN = 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nimagePullCredentialsVerificationPolicy: NeverVerifyAllowlistedImages\npreloadedImagesVerificationAllowlist: ["registry.example/org/*"]\n';
 
-// kubeadm writes its KubeletConfiguration to /var/lib/kubelet/config.yaml and
-// the flags of its phase kubelet-start to /var/lib/kubelet/kubeadm-flags.env
-// (cmd/kubeadm/app/phases/kubelet/flags.go: KUBELET_KUBEADM_ARGS="...");
-// the .deb ships /etc/default/kubelet with an empty KUBELET_EXTRA_ARGS=.
-const KUBEADM_CONFIG = `apiVersion: kubelet.config.k8s.io/v1beta1
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    cacheTTL: 0s
-    enabled: true
-  x509:
-    clientCAFile: /etc/kubernetes/pki/ca.crt
-authorization:
-  mode: Webhook
-cgroupDriver: systemd
-clusterDNS:
-- 10.96.0.10
-clusterDomain: cluster.local
-kind: KubeletConfiguration
-rotateCertificates: true
-staticPodPath: /etc/kubernetes/manifests
-`;
-const KUBEADM_FLAGS = 'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///var/run/containerd/containerd.sock --pod-infra-container-image=registry.k8s.io/pause:3.10"\n';
-const kubeadmNode = (defaultKubelet: string, more: Record<string, string> = {}) =>
-  hostRoot({ '/var/lib/kubelet/config.yaml': KUBEADM_CONFIG, '/var/lib/kubelet/kubeadm-flags.env': KUBEADM_FLAGS, '/etc/default/kubelet': defaultKubelet, ...more });
+const kubeadmNode = (defaultKubelet: string, more: NodeFiles = {}) => hostRoot(kubeadmFiles(defaultKubelet, more));
 
 describe('kubeadm: /var/lib/kubelet/config.yaml, and a --config-dir from the environment files of 10-kubeadm.conf', () => {
   test('--config-dir in /etc/default/kubelet\'s KUBELET_EXTRA_ARGS, quoted, with a --feature-gates', async () => {
@@ -84,7 +49,7 @@ describe('kubeadm: /var/lib/kubelet/config.yaml, and a --config-dir from the env
       '--config-dir /etc/kubernetes/kubelet.conf.d (KUBELET_EXTRA_ARGS of /etc/default/kubelet)',
       '--feature-gates KubeletEnsureSecretPulledImages=true',
     ]);
-    assert.equal(describeKubeletConfig(loc), `kubeadm: ${loc.evidence.join('; ')}`);
+    assert.equal(describeKubeletConfig(loc), `kubeadm layout: ${loc.evidence.join('; ')}`);
     for (const watched of ['/etc/default/kubelet', '/var/lib/kubelet/kubeadm-flags.env', '/etc/systemd/system/kubelet.service.d', '/etc/kubernetes/kubelet.conf.d']) {
       assert.ok(loc.inputs.includes(path.join(root, watched)), `${watched} among ${loc.inputs.join(', ')}`);
     }
@@ -142,12 +107,6 @@ describe('kubeadm: /var/lib/kubelet/config.yaml, and a --config-dir from the env
   });
 });
 
-// k3s writes 00-k3s-defaults.conf (a KubeletConfiguration in YAML) into
-// <data-dir>/agent/etc/kubelet.conf.d at each start and runs the kubelet with
-// --config-dir on it (pkg/daemons/agent/agent.go); its config.yaml takes
-// kubelet-arg as a list, config.yaml.d appends with "kubelet-arg+".
-const K3S_DEFAULTS = 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\nclusterDNS:\n- 10.43.0.10\nclusterDomain: cluster.local\nfailSwapOn: false\n';
-
 describe('k3s and RKE2: their kubelet.conf.d, kubelet-arg in config.yaml and config.yaml.d', () => {
   test('k3s: the folder under the default data-dir; gates from kubelet-arg in config.yaml and config.yaml.d (appended); a config= named, and where k3s copies it', async () => {
     const root = await hostRoot({
@@ -203,20 +162,8 @@ describe('k3s and RKE2: their kubelet.conf.d, kubelet-arg in config.yaml and con
 });
 
 describe('EKS (nodeadm, Amazon Linux 2023): /etc/eks/kubelet/environment\'s NODEADM_KUBELET_ARGS', () => {
-  // nodeadm's kubelet.service (templates/al2023/runtime/rootfs/etc/systemd/system/kubelet.service)
-  // and its environment file: KEY=value lines, the flags unquoted in one value (environment.go).
-  const UNIT = '[Unit]\nDescription=Kubernetes Kubelet\n[Service]\nSlice=runtime.slice\nEnvironmentFile=/etc/eks/kubelet/environment\nExecStartPre=/sbin/iptables -P FORWARD ACCEPT -w 5\nExecStart=/usr/bin/kubelet $NODEADM_KUBELET_ARGS\n';
-  const args = (more: string) =>
-    `NODEADM_KUBELET_ARGS=--node-ip=10.0.1.23 --cloud-provider=external --hostname-override=ip-10-0-1-23.ec2.internal --config=/etc/kubernetes/kubelet/config.json${more} --node-labels=eks.amazonaws.com/nodegroup=ng-1`;
-  const CONFIG = JSON.stringify({ kind: 'KubeletConfiguration', apiVersion: 'kubelet.config.k8s.io/v1beta1', address: '0.0.0.0', cgroupDriver: 'systemd', clusterDomain: 'cluster.local' }, null, 4);
-
   test('with a NodeConfig\'s spec.kubelet.config: --config-dir config.json.d, written as 40-nodeadm.conf', async () => {
-    const root = await hostRoot({
-      '/etc/systemd/system/kubelet.service': UNIT,
-      '/etc/eks/kubelet/environment': `${args(' --config-dir=/etc/kubernetes/kubelet/config.json.d')}\n`,
-      '/etc/kubernetes/kubelet/config.json': CONFIG,
-      '/etc/kubernetes/kubelet/config.json.d/40-nodeadm.conf': JSON.stringify({ apiVersion: 'kubelet.config.k8s.io/v1beta1', kind: 'KubeletConfiguration', imagePullCredentialsVerificationPolicy: 'NeverVerifyAllowlistedImages', preloadedImagesVerificationAllowlist: ['123456789012.dkr.ecr.us-west-2.amazonaws.com/team/*'] }, null, 4),
-    });
+    const root = await hostRoot(eksNode({ imagePullCredentialsVerificationPolicy: 'NeverVerifyAllowlistedImages', preloadedImagesVerificationAllowlist: ['123456789012.dkr.ecr.us-west-2.amazonaws.com/team/*'] }));
     const loc = await findKubeletConfig(root);
     assert.equal(loc.layout, 'eks');
     assert.equal(loc.configFile, path.join(root, '/etc/kubernetes/kubelet/config.json'));
@@ -226,7 +173,7 @@ describe('EKS (nodeadm, Amazon Linux 2023): /etc/eks/kubelet/environment\'s NODE
   });
 
   test('without one: no --config-dir (nodeadm gives the flag only with a user configuration); the unit as nodeadm writes it when /etc lacks it', async () => {
-    const root = await hostRoot({ '/etc/eks/kubelet/environment': `${args('')}\n`, '/etc/kubernetes/kubelet/config.json': CONFIG });
+    const root = await hostRoot({ '/etc/eks/kubelet/environment': `${eksKubeletArgs('')}\n`, '/etc/kubernetes/kubelet/config.json': EKS_CONFIG });
     const loc = await findKubeletConfig(root);
     assert.equal(loc.configFile, path.join(root, '/etc/kubernetes/kubelet/config.json'));
     assert.equal(loc.configDir, undefined);
@@ -234,42 +181,8 @@ describe('EKS (nodeadm, Amazon Linux 2023): /etc/eks/kubelet/environment\'s NODE
 });
 
 describe('OpenShift: the machine-config operator\'s kubelet.service', () => {
-  // templates/worker/01-worker-kubelet/_base/units/kubelet.service.yaml as rendered.
-  const UNIT = `[Unit]
-Description=Kubernetes Kubelet
-Requires=crio.service kubelet-dependencies.target
-
-[Service]
-Type=notify
-ExecStartPre=/bin/mkdir --parents /etc/kubernetes/manifests
-ExecStartPre=/bin/mkdir --parents /etc/openshift/kubelet.conf.d
-Environment="KUBELET_NODE_IP=0.0.0.0"
-EnvironmentFile=/etc/os-release
-EnvironmentFile=-/etc/kubernetes/kubelet-workaround
-EnvironmentFile=-/etc/kubernetes/kubelet-env
-
-ExecStart=/usr/local/bin/kubenswrapper \\
-    /usr/bin/kubelet \\
-      --config=/etc/kubernetes/kubelet.conf \\
-      --config-dir=/etc/openshift/kubelet.conf.d \\
-      --bootstrap-kubeconfig=/etc/kubernetes/kubeconfig \\
-      --kubeconfig=/var/lib/kubelet/kubeconfig \\
-      --container-runtime-endpoint=/var/run/crio/crio.sock \\
-      --node-labels=node-role.kubernetes.io/worker,node.openshift.io/os_id=\${ID},\${CUSTOM_KUBELET_LABELS} \\
-      --node-ip=\${KUBELET_NODE_IP} \\
-      --v=\${KUBELET_LOG_LEVEL}
-
-Restart=always
-`;
   test('--config /etc/kubernetes/kubelet.conf, --config-dir /etc/openshift/kubelet.conf.d (made by its ExecStartPre: not there yet is no problem)', async () => {
-    const root = await hostRoot({
-      '/etc/systemd/system/kubelet.service': UNIT,
-      '/etc/os-release': 'NAME="Red Hat Enterprise Linux CoreOS"\nID="rhcos"\n',
-      '/etc/kubernetes/kubelet.conf': 'kind: KubeletConfiguration\napiVersion: kubelet.config.k8s.io/v1beta1\ncgroupDriver: systemd\nmaxPods: 250\n',
-      '/etc/machine-config-daemon/currentconfig': '{}',
-      // kubeadm's kubelet kubeconfig has this name too: on OpenShift it is the configuration.
-      '/var/lib/kubelet/kubeconfig': 'apiVersion: v1\nkind: Config\n',
-    });
+    const root = await hostRoot(openshiftNode());
     const loc = await findKubeletConfig(root);
     assert.equal(loc.layout, 'openshift');
     assert.equal(loc.configFile, path.join(root, '/etc/kubernetes/kubelet.conf'));
@@ -279,7 +192,7 @@ Restart=always
   });
 
   test('a unit that needs an environment file that is missing: said (systemd would not start the kubelet)', async () => {
-    const root = await hostRoot({ '/etc/systemd/system/kubelet.service': UNIT, '/etc/kubernetes/kubelet.conf': 'kind: KubeletConfiguration\n', '/etc/openshift/kubelet.conf.d/': '' });
+    const root = await hostRoot({ '/etc/systemd/system/kubelet.service': OPENSHIFT_UNIT, '/etc/kubernetes/kubelet.conf': 'kind: KubeletConfiguration\n', '/etc/openshift/kubelet.conf.d/': '' });
     const loc = await findKubeletConfig(root);
     assert.equal(loc.layout, 'openshift');
     assert.deepEqual(loc.problems, ["the kubelet's unit needs the environment file /etc/os-release, which does not exist: systemd does not start the kubelet"]);
@@ -288,14 +201,7 @@ Restart=always
 
 describe('AKS and GKE (not checked on a real node: their node images\' public sources)', () => {
   test('AKS: AgentBaker\'s kubelet.service, its 10-componentconfig.conf drop-in and /etc/default/kubelet', async () => {
-    const root = await hostRoot({
-      '/etc/systemd/system/kubelet.service':
-        '[Service]\nRestart=always\nEnvironmentFile=/etc/default/kubelet\nExecStart=/usr/local/bin/kubelet \\\n        --enable-server \\\n        --node-labels="${KUBELET_NODE_LABELS}" \\\n        --v=2 \\\n        $KUBELET_TLS_BOOTSTRAP_FLAGS \\\n        $KUBELET_CONFIG_FILE_FLAGS \\\n        $KUBELET_CONTAINERD_FLAGS \\\n        $KUBELET_FLAGS\n',
-      '/etc/systemd/system/kubelet.service.d/10-componentconfig.conf': '[Service]\nEnvironment="KUBELET_CONFIG_FILE_FLAGS=--config /etc/default/kubeletconfig.json"\n',
-      '/etc/default/kubelet': 'KUBELET_FLAGS=--address=0.0.0.0 --anonymous-auth=false --feature-gates=RotateKubeletServerCertificate=true,KubeletEnsureSecretPulledImages=true --max-pods=110\nKUBELET_REGISTER_SCHEDULABLE=true\nKUBELET_NODE_LABELS=kubernetes.azure.com/role=agent\n',
-      '/etc/default/kubeletconfig.json': '{"kind":"KubeletConfiguration","apiVersion":"kubelet.config.k8s.io/v1beta1"}',
-      '/etc/kubernetes/azure.json': '{}',
-    });
+    const root = await hostRoot(aksNode());
     const loc = await findKubeletConfig(root);
     assert.equal(loc.layout, 'aks');
     assert.equal(loc.configFile, path.join(root, '/etc/default/kubeletconfig.json'));
@@ -305,11 +211,7 @@ describe('AKS and GKE (not checked on a real node: their node images\' public so
   });
 
   test('GKE: kube-up\'s /etc/default/kubelet KUBELET_OPTS names /home/kubernetes/kubelet-config.yaml, which the DaemonSet does not mount: said', async () => {
-    // cluster/gce/gci/configure-helper.sh start-kubelet.
-    const root = await hostRoot({
-      '/etc/default/kubelet': 'KUBELET_OPTS="--v=2 --cloud-provider=external --experimental-mounter-path=/home/kubernetes/containerized_mounter/mounter --cert-dir=/var/lib/kubelet/pki/ --kubeconfig=/var/lib/kubelet/kubeconfig --config /home/kubernetes/kubelet-config.yaml --cgroup-driver=systemd"\nKUBE_COVERAGE_FILE="/var/log/kubelet.cov"\n',
-      '/etc/systemd/system/kubelet.service': '[Unit]\nDescription=Kubernetes kubelet\n[Service]\nRestart=always\nEnvironmentFile=/etc/default/kubelet\nExecStart=/home/kubernetes/bin/kubelet $KUBELET_OPTS\n',
-    });
+    const root = await hostRoot(gkeNode());
     const loc = await findKubeletConfig(root);
     assert.equal(loc.layout, 'gke');
     assert.equal(loc.configFile, path.join(root, '/home/kubernetes/kubelet-config.yaml'));
@@ -337,8 +239,9 @@ describe('any other node, flags, and nothing', () => {
     assert.deepEqual(await findKubeletConfig(root, { configFile: '/somewhere/config.yaml', configDir: '' }), {
       source: 'flags',
       configFile: '/somewhere/config.yaml',
+      configDirRequired: false,
       featureGates: {},
-      evidence: ['--kubelet-config and --kubelet-config-dir given'],
+      evidence: ['--kubelet-config /somewhere/config.yaml', '--kubelet-config-dir ""'],
       problems: [],
       inputs: ['/somewhere/config.yaml'],
     });
@@ -368,30 +271,31 @@ describe('any other node, flags, and nothing', () => {
     const loc = await findKubeletConfig(root);
     assert.equal(loc.configFile, path.join(root, '/var/lib/kubelet/config.yaml'));
     assert.deepEqual(loc.problems, [
-      '/var/lib/kubelet/kubeadm-flags.env is 70023 bytes, more than the 65536 bytes read of such a file: not read',
-      '/etc/default/kubelet is not a regular file (a FIFO): not read',
+      '/var/lib/kubelet/kubeadm-flags.env is 70023 bytes, more than the 65536-byte limit for it: not read',
+      '/etc/default/kubelet is a FIFO (named pipe), not a regular file (EFTYPE): not read',
     ]);
   });
 });
 
-describe('bounded reads of the host\'s files', () => {
+describe('the host\'s files through the shared bounded reader, named by their host paths', () => {
   test('a regular file is read; a folder, a device, a link to nothing and an oversized file are refused, saying what they are', async () => {
     const dir = await hostRoot({ '/f': 'text', '/d/': '' });
-    assert.deepEqual(await readRegularFile(path.join(dir, 'f'), 10), { text: 'text' });
-    assert.deepEqual(await readRegularFile(path.join(dir, 'nope'), 10), { missing: true });
-    assert.deepEqual(await readRegularFile(path.join(dir, 'd'), 10), { error: `${path.join(dir, 'd')} is a folder, not a file` });
-    assert.deepEqual(await readRegularFile('/dev/zero', 10), { error: '/dev/zero is not a regular file (a device): not read' });
-    assert.deepEqual(await readRegularFile(path.join(dir, 'f'), 3), { error: `${path.join(dir, 'f')} is 4 bytes, more than the 3 bytes read of such a file: not read` });
+    const host = hostView(dir);
+    assert.deepEqual(await host.read('/f', 10), { text: 'text' });
+    assert.deepEqual(await host.read('/nope', 10), { missing: true });
+    assert.deepEqual(await host.read('/d', 10), { error: '/d is a folder, not a regular file (EISDIR): not read' });
+    assert.deepEqual(await hostView('/').read('/dev/zero', 10), { error: '/dev/zero is a character device, not a regular file (EFTYPE): not read' });
+    assert.deepEqual(await host.read('/f', 3), { error: '/f is 4 bytes, more than the 3-byte limit for it: not read' });
     await fsp.symlink('/etc/nowhere-at-all', path.join(dir, 'link'));
-    assert.deepEqual(await readRegularFile(path.join(dir, 'link'), 10), { error: `${path.join(dir, 'link')} is a symbolic link to /etc/nowhere-at-all, which does not exist here` });
-    await fsp.writeFile(path.join(dir, 'bin'), Buffer.from([0xff, 0xfe]));
-    assert.deepEqual(await readRegularFile(path.join(dir, 'bin'), 10), { error: `${path.join(dir, 'bin')} is not UTF-8 text` });
+    assert.deepEqual(await host.read('/link', 10), { error: '/link is a symbolic link to /etc/nowhere-at-all, which does not exist here' });
+    assert.equal(host.onHost(path.join(dir, 'etc/default/kubelet')), '/etc/default/kubelet');
+    assert.equal(host.onHost('/elsewhere/x'), '/elsewhere/x');
   });
   test('a FIFO with no writer is refused at once, not waited on', async () => {
     const dir = await hostRoot({});
     await run('mkfifo', [path.join(dir, 'fifo')]);
     const t0 = Date.now();
-    assert.deepEqual(await readRegularFile(path.join(dir, 'fifo'), 10), { error: `${path.join(dir, 'fifo')} is not a regular file (a FIFO): not read` });
+    assert.deepEqual(await hostView(dir).read('/fifo', 10), { error: '/fifo is a FIFO (named pipe), not a regular file (EFTYPE): not read' });
     assert.ok(Date.now() - t0 < 5000);
   });
 });

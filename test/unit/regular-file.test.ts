@@ -50,6 +50,12 @@ for (const [kind, read] of readers) {
         assert.equal(e.message, `the auth file ${f} is 11 bytes, more than the 10-byte limit for it: not read`);
         return true;
       });
+      await assert.rejects(read(f, { maxBytes: 10, what: 'a drop-in', shownAs: '/etc/kubernetes/kubelet.conf.d/50-big.conf' }), (e: unknown) => {
+        assert.ok(e instanceof ReadRefusedError);
+        assert.equal(e.path, f, 'the error keeps the path that was read');
+        assert.equal(e.message, 'a drop-in /etc/kubernetes/kubelet.conf.d/50-big.conf is 11 bytes, more than the 10-byte limit for it: not read', 'the message names the path given to show');
+        return true;
+      });
     });
 
     test('a FIFO is refused at once, not waited on (no writer ever comes)', async () => {

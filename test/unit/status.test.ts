@@ -781,6 +781,57 @@ describe('StatusReporter', () => {
     r.close();
   });
 
+  test('content going back to what was written while another write is in flight lands after it: a drop-in read half-written, then whole', async () => {
+    const sink = new MemorySink();
+    const kv = (policy: string, refuses?: string[]) => ({ ...ready('web'), kubeletVerification: { policy, source: '/etc/kubernetes/kubelet.conf.d/50-pinset.conf', ...(refuses ? { refuses } : {}) } });
+    const r = new StatusReporter(sink, { logger: silentLogger(), progressIntervalMs: 60_000 });
+    r.report(kv('NeverVerifyAllowlistedImages'));
+    await r.flush();
+    let release!: () => void;
+    sink.hold = new Promise<void>((res) => (release = res));
+    r.report(kv('Invalid')); // the drop-in read half-written: its write starts and waits on the API
+    await settle();
+    r.report(kv('NeverVerifyAllowlistedImages')); // read whole, as written before the write in flight
+    sink.hold = undefined;
+    release();
+    await settle();
+    await settle();
+    assert.deepEqual(
+      sink.written.map((w) => w.kubeletVerification?.policy),
+      ['NeverVerifyAllowlistedImages', 'Invalid', 'NeverVerifyAllowlistedImages'],
+      'the Node ends with what the files say now, not with the half-written reading',
+    );
+    r.close();
+  });
+
+  test('a change of kubeletVerification alone (policy, refuses) is written at once, even while progress waits its turn', async () => {
+    mock.timers.enable({ apis: ['setTimeout'] });
+    let now = 0;
+    const sink = new MemorySink();
+    const r = new StatusReporter(sink, { logger: silentLogger(), progressIntervalMs: 60_000, now: () => now });
+    const at = (message: string, kv: NodeStatus['kubeletVerification']) => ({ ...progressing(message), kubeletVerification: kv });
+    const allowlisted = { policy: 'NeverVerifyAllowlistedImages', source: 'a.conf' };
+    r.report(at('0 of 3 images present', allowlisted));
+    await settle();
+    now += 100;
+    r.report(at('1 of 3 images present', allowlisted)); // progress: waits a minute
+    await settle();
+    assert.equal(sink.written.length, 1);
+    now += 100;
+    r.report(at('1 of 3 images present', { ...allowlisted, refuses: ['web'] }));
+    await settle();
+    now += 100;
+    r.report(at('1 of 3 images present', { policy: 'AlwaysVerify', source: 'a.conf', refuses: ['web'] }));
+    await settle();
+    assert.deepEqual(
+      sink.written.map((w) => [w.kubeletVerification?.policy, w.kubeletVerification?.refuses ?? []]),
+      [['NeverVerifyAllowlistedImages', []], ['NeverVerifyAllowlistedImages', ['web']], ['AlwaysVerify', ['web']]],
+      'each written within the same tick, with the progress that waited',
+    );
+    assert.equal(sink.written.at(-1)!.sets[0]!.message, '1 of 3 images present');
+    r.close();
+  });
+
   test('a failed write is retried with backoff, and the newest content lands', async () => {
     mock.timers.enable({ apis: ['setTimeout'] });
     const sink = new MemorySink();

@@ -11,7 +11,7 @@ import { normalizeUnitName, type ReloadMode } from '../../crio/reloader.ts';
 import { parseListenAddress } from '../../metrics/server.ts';
 import type { PinBackendFlag } from '../../pins/choice.ts';
 import { UsageError, type FlagValues } from '../../util/flags.ts';
-import type { KubeletConfigPaths } from '../kubelet-config.ts';
+import type { GivenKubeletPaths } from '../../kubelet/layouts.ts';
 import { hostPath } from './host-paths.ts';
 
 /** CRI-O's drop-in folder on the host. */
@@ -93,6 +93,13 @@ export interface LoopConfig {
   presenceCheckMs: number;
 }
 
+/** The kubelet's configuration (../kubelet-watch.ts): found under the host root, but for what the flags give. */
+export interface KubeletConfig {
+  hostRoot: string;
+  /** --kubelet-config and --kubelet-config-dir: undefined not given (found on the node), "" none. */
+  given: GivenKubeletPaths;
+}
+
 export interface AgentConfig {
   nodeName: string;
   once: boolean;
@@ -105,8 +112,8 @@ export interface AgentConfig {
   api: ApiConfig;
   registry: RegistryConfig;
   loop: LoopConfig;
-  /** The kubelet's configuration files; neither given: nothing is reported about the kubelet. */
-  kubelet: KubeletConfigPaths;
+  /** The kubelet's configuration; null (both flags ""): nothing is reported about the kubelet. */
+  kubelet: KubeletConfig | null;
 }
 
 /** A flag's value when given (an empty string counts as not given). */
@@ -197,6 +204,14 @@ function loopConfig(f: FlagValues): LoopConfig {
   };
 }
 
+/** Each kubelet flag unset (found on the node), a path, or "" (none); both "": not reported. */
+function kubeletConfig(f: FlagValues): KubeletConfig | null {
+  const flag = (name: string) => (f[name] === undefined ? undefined : String(f[name]));
+  const given: GivenKubeletPaths = { configFile: flag('kubelet-config'), configDir: flag('kubelet-config-dir') };
+  if (given.configFile === '' && given.configDir === '') return null;
+  return { hostRoot: profileConfig(f).hostRoot, given };
+}
+
 /** --metrics-addr as served: '' with --once (stdout carries the results; nothing serves them). */
 function metricsAddr(f: FlagValues, once: boolean): string {
   const addr = once ? '' : String(f['metrics-addr'] ?? '');
@@ -224,6 +239,6 @@ export function agentConfig(f: FlagValues, env: NodeJS.ProcessEnv = process.env)
     api: apiConfig(f, env),
     registry: registryConfig(f),
     loop: loopConfig(f),
-    kubelet: { configFile: given(f, 'kubelet-config'), configDir: given(f, 'kubelet-config-dir') },
+    kubelet: kubeletConfig(f),
   };
 }

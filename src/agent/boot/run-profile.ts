@@ -19,7 +19,7 @@ import { OwnFileError } from '../../util/own-file.ts';
 import { STEP_RETRY } from '../../util/retry.ts';
 import { Agent } from '../agent.ts';
 import type { KubeObserver } from '../kube.ts';
-import { KubeletConfigWatch } from '../kubelet-config.ts';
+import { KubeletConfigWatch } from '../kubelet-watch.ts';
 import { describeHolder, type NodeLock } from '../node-lock.ts';
 import { ImagePuller } from '../puller.ts';
 import { apiSide, type ApiSide } from './api-side.ts';
@@ -199,7 +199,7 @@ async function buildAgent(p: Process, prof: NodeProfile, b: { api: ApiSide; rt: 
     events: api.events,
     metrics,
     diskCheck: rt.diskCheck,
-    kubeletConfig: kubeletConfigWatch(cfg.kubelet, api.kube),
+    kubeletConfig: await kubeletConfigWatch(p, api.kube),
     sizeEstimator: access.sizeEstimator,
     diskEstimateFactor: cfg.registry.diskEstimateFactor,
     rolloutGate: api.rolloutGate,
@@ -210,10 +210,10 @@ async function buildAgent(p: Process, prof: NodeProfile, b: { api: ApiSide; rt: 
   });
 }
 
-/** The kubelet's configuration files, unless neither is given (then nothing is reported about the kubelet). */
-function kubeletConfigWatch(paths: AgentConfig['kubelet'], kube: KubeObserver | null): KubeletConfigWatch | null {
-  if (!paths.configFile && !paths.configDir) return null;
-  return new KubeletConfigWatch(paths, () => kube?.currentNode()?.status?.nodeInfo?.kubeletVersion);
+/** The kubelet's configuration, found on the node (a flag given wins for its field) and watched; null when both flags are "". */
+async function kubeletConfigWatch(p: Process, kube: KubeObserver | null): Promise<KubeletConfigWatch | null> {
+  if (!p.cfg.kubelet) return null;
+  return KubeletConfigWatch.found({ ...p.cfg.kubelet, kubeletVersion: () => kube?.currentNode()?.status?.nodeInfo?.kubeletVersion, logger: p.logger, metrics: p.metrics });
 }
 
 function warnAwaitedKubeconfig(p: Process, api: ApiSide): void {
