@@ -78,12 +78,21 @@ export interface NodeProgressInput {
 
 export type NodeProgressState = 'done' | 'downloading' | 'waiting' | 'degraded' | 'finishing';
 
+/** The reason under which a node pulls behind the set's first wave (src/agent/status.ts): each image once a first-wave node holds it. */
+export const FOLLOWING_REASON = 'WaitingForFirstWave';
+
 /** One node's part of the work. */
 export interface NodeWork {
   state: NodeProgressState;
   present: number;
   total: number;
   rate?: number;
+  /** The node says it waits for the first wave (FOLLOWING_REASON): it pulls each image behind it. */
+  following?: boolean;
+  /** While following: the rate it reports (bytes from the in-cluster cache, not over the link). */
+  followRate?: number;
+  /** Its images' mean compressed size (total / images wanted), bytes only. */
+  imageBytes?: number;
 }
 
 export interface FleetWork {
@@ -139,7 +148,16 @@ export function fleetWork(nodes: readonly NodeProgressInput[], specImages: numbe
     const state = nodeState(n, present, total);
     if (n.node !== undefined) {
       const rate = state === 'downloading' && unit === 'bytes' ? n.entry?.rate : undefined;
-      (work.byNode ??= {})[n.node] = { state, present, total, ...(rate !== undefined ? { rate } : {}) };
+      const following = n.verdict === 'progressing' && n.entry?.reason === FOLLOWING_REASON;
+      const followRate = following && unit === 'bytes' && n.entry?.rate !== undefined && n.entry.rate > 0 ? n.entry.rate : undefined;
+      const imageBytes = unit === 'bytes' && images && images.wanted > 0 ? total / images.wanted : undefined;
+      (work.byNode ??= {})[n.node] = {
+        state, present, total,
+        ...(rate !== undefined ? { rate } : {}),
+        ...(following ? { following } : {}),
+        ...(followRate !== undefined ? { followRate } : {}),
+        ...(imageBytes !== undefined ? { imageBytes } : {}),
+      };
     }
     work.present += present;
     work.total += total;
@@ -163,6 +181,8 @@ export interface MeasuredRate {
   nodeInterval?: number;
   /** Seconds since the last completion. */
   sinceLastDone?: number;
+  /** With a first wave: the seconds firstWaveSeconds gives; undefined without a wave or when it cannot tell. */
+  firstWave?: number;
 }
 
 /**
@@ -180,6 +200,7 @@ export function estimateSeconds(work: FleetWork, measured: MeasuredRate, slots: 
     const next = Math.max(0, measured.nodeInterval - (measured.sinceLastDone ?? 0));
     return next + (left - 1) * measured.nodeInterval;
   }
+  if (measured.firstWave !== undefined) return measured.firstWave;
   const rate = measured.rate ?? work.reportedRate;
   if (rate === undefined || !(rate > 0)) return undefined;
   // The measured throughput came from `made` nodes at once; the nodes that
@@ -187,6 +208,49 @@ export function estimateSeconds(work: FleetWork, measured: MeasuredRate, slots: 
   const made = Math.max(1, measured.rate !== undefined ? (measured.meanDownloading ?? work.downloading) : work.downloading);
   const able = Math.min(left, slots ?? Infinity);
   return work.remaining / (rate * Math.min(1, able / made));
+}
+
+/** A node still to finish in a set with a first wave: in the wave (it fetches over the link) or following it (it pulls each image from inside once the wave holds it). */
+export interface WaveNode {
+  following: boolean;
+  /** What it lacks, less what arrived since its report. */
+  remaining: number;
+  /** Bytes per second: a wave node's own rate; a follower's own rate while it pulls, else the followers' last measured rate. */
+  rate?: number;
+  /** One image's mean compressed size: what a follower still lacks when the wave is done. */
+  imageBytes: number;
+}
+
+/**
+ * Seconds until a set with a first wave is done, or undefined when it
+ * cannot be told this way (a wave node has no rate yet; or the wave is
+ * done and no follower's rate is known). The wave ends when its slowest
+ * node has fetched what it lacks at its own rate over the link. A
+ * follower ends no sooner than it pulls all it lacks at its rate from
+ * inside, and no sooner than the wave's end plus its last image (the
+ * fan-out goes image by image, so at the wave's end it lacks about the
+ * image the wave fetched last). Until some node has pulled behind the
+ * wave, no follower's rate is known: the estimate is the wave's time
+ * alone, the earliest the set can be done.
+ */
+export function firstWaveSeconds(nodes: readonly WaveNode[]): number | undefined {
+  let wave = 0;
+  for (const n of nodes) {
+    if (n.following || n.remaining <= 0) continue;
+    if (n.rate === undefined || !(n.rate > 0)) return undefined;
+    wave = Math.max(wave, n.remaining / n.rate);
+  }
+  const waveLeft = nodes.some((n) => !n.following && n.remaining > 0);
+  let end = wave;
+  for (const n of nodes) {
+    if (!n.following || n.remaining <= 0) continue;
+    if (n.rate === undefined || !(n.rate > 0)) {
+      if (waveLeft) continue;
+      return undefined;
+    }
+    end = Math.max(end, n.remaining / n.rate, waveLeft ? wave + Math.min(n.remaining, n.imageBytes) / n.rate : 0);
+  }
+  return end;
 }
 
 /** "41% of 180.0 MiB, 5.2 MiB/s" or, in images, "41% of 36 images, 0.40 images/s". */
@@ -232,8 +296,10 @@ interface SetTrack {
   window: RateWindow;
   /** When a node was first seen downloading, or the last observation before the fleet's present bytes first grew if that came first. */
   movedFrom?: number;
-  /** Each node as last seen: done or not (a node seen not done, then done, is a completion), and since when its present bytes are what they are. */
-  nodes: Map<string, { done: boolean; present: number; since: number }>;
+  /** Each node as last seen: done or not (a node seen not done, then done, is a completion), since when its present bytes are what they are, and whether it has pulled behind the first wave. */
+  nodes: Map<string, { done: boolean; present: number; since: number; followed: boolean }>;
+  /** The followers' mean rate when last some of them pulled behind the first wave. */
+  followRate?: number;
   /** When the nodes' completions were seen, oldest first (at most COMPLETIONS_KEPT). */
   completions: number[];
 }
@@ -275,8 +341,12 @@ export class ProgressTracker {
     }
     t.window.add(at, work.present, work.downloading);
     this.#nodes(t, work, at);
-    const arrived = this.#arrivedSinceReports(t, work, at);
+    const arrivedByNode = this.#arrivedSinceReports(t, work, at);
+    const arrived = [...arrivedByNode.values()].reduce((a, b) => a + b, 0);
     const measured = this.#measure(t, at, set.slots);
+    const wave = work.unit === 'bytes' ? this.#waveNodes(t, work, arrivedByNode) : undefined;
+    const waveSeconds = wave ? firstWaveSeconds(wave) : undefined;
+    if (waveSeconds !== undefined) measured.firstWave = waveSeconds;
     const rate = measured.rate ?? work.reportedRate;
     const progress: SetProgress = {
       unit: work.unit,
@@ -302,8 +372,13 @@ export class ProgressTracker {
         t.completions.push(at);
         if (t.completions.length > COMPLETIONS_KEPT) t.completions.shift();
       }
-      t.nodes.set(node, { done, present: w.present, since: seen && seen.present === w.present ? seen.since : at });
+      // A node that pulled behind the first wave stays a follower when its
+      // reason turns to Pulling (the wave is done, the rest comes from inside).
+      const followed = (seen?.followed ?? false) || (w.following === true && w.present > 0);
+      t.nodes.set(node, { done, present: w.present, since: seen && seen.present === w.present ? seen.since : at, followed });
     }
+    const followRates = Object.values(work.byNode ?? {}).flatMap((w) => (w.followRate !== undefined ? [w.followRate] : []));
+    if (followRates.length > 0) t.followRate = followRates.reduce((a, b) => a + b, 0) / followRates.length;
     for (const node of t.nodes.keys()) if (!work.byNode?.[node]) t.nodes.delete(node);
   }
 
@@ -313,14 +388,35 @@ export class ProgressTracker {
    * window: the agents' longest pace), within what it lacks. A report is
    * as old as its agent's pace, so the bytes it says lag what arrived.
    */
-  #arrivedSinceReports(t: SetTrack, work: FleetWork, at: number): number {
-    let arrived = 0;
+  #arrivedSinceReports(t: SetTrack, work: FleetWork, at: number): Map<string, number> {
+    const arrived = new Map<string, number>();
     for (const [node, w] of Object.entries(work.byNode ?? {})) {
       if (w.rate === undefined || !(w.rate > 0)) continue;
       const age = Math.min(at - (t.nodes.get(node)?.since ?? at), this.windowMs / 2);
-      arrived += Math.min(w.total - w.present, (w.rate * age) / 1000);
+      arrived.set(node, Math.min(w.total - w.present, (w.rate * age) / 1000));
     }
     return arrived;
+  }
+
+  /**
+   * The nodes still to finish, split into the first wave and its
+   * followers, when the set has a first wave (some node still to finish
+   * says it waits for it, or has pulled behind it); undefined otherwise.
+   */
+  #waveNodes(t: SetTrack, work: FleetWork, arrived: ReadonlyMap<string, number>): WaveNode[] | undefined {
+    const left = Object.entries(work.byNode ?? {}).filter(([, w]) => w.state !== 'done' && w.state !== 'degraded');
+    const follows = ([node, w]: [string, NodeWork]) => w.following === true || t.nodes.get(node)?.followed === true;
+    if (!left.some(follows)) return undefined;
+    return left.map(([node, w]) => {
+      const following = follows([node, w]);
+      const rate = following ? (w.followRate ?? w.rate ?? t.followRate) : w.rate;
+      return {
+        following,
+        remaining: w.total - w.present - (arrived.get(node) ?? 0),
+        imageBytes: w.imageBytes ?? w.total,
+        ...(rate !== undefined ? { rate } : {}),
+      };
+    });
   }
 
   #measure(t: SetTrack, at: number, slots: number | undefined): MeasuredRate {
