@@ -298,7 +298,7 @@ interface SetTrack {
   movedFrom?: number;
   /** Each node as last seen: done or not (a node seen not done, then done, is a completion), since when its present bytes are what they are, and whether it has pulled behind the first wave. */
   nodes: Map<string, { done: boolean; present: number; since: number; followed: boolean }>;
-  /** The followers' mean rate when last some of them pulled behind the first wave. */
+  /** The followers' mean rate when last some of them pulled (behind the first wave, or from inside once it is done). */
   followRate?: number;
   /** When the nodes' completions were seen, oldest first (at most COMPLETIONS_KEPT). */
   completions: number[];
@@ -365,6 +365,7 @@ export class ProgressTracker {
 
   /** Each node as seen now: a node seen not done, then done, completed now. */
   #nodes(t: SetTrack, work: FleetWork, at: number): void {
+    const waveMoving = Object.values(work.byNode ?? {}).some((w) => !w.following && (w.state === 'downloading' || w.state === 'finishing'));
     for (const [node, w] of Object.entries(work.byNode ?? {})) {
       const seen = t.nodes.get(node);
       const done = w.state === 'done';
@@ -372,12 +373,17 @@ export class ProgressTracker {
         t.completions.push(at);
         if (t.completions.length > COMPLETIONS_KEPT) t.completions.shift();
       }
-      // A node that pulled behind the first wave stays a follower when its
-      // reason turns to Pulling (the wave is done, the rest comes from inside).
-      const followed = (seen?.followed ?? false) || (w.following === true && w.present > 0);
+      // A node that waited for the first wave while another fetched (or that
+      // pulled behind it) stays a follower when its reason turns to Pulling:
+      // the wave is done, the rest comes from inside. Before the wave is
+      // chosen every node says it waits, the wave's own nodes too.
+      const followed = (seen?.followed ?? false) || (w.following === true && (w.present > 0 || waveMoving));
       t.nodes.set(node, { done, present: w.present, since: seen && seen.present === w.present ? seen.since : at, followed });
     }
-    const followRates = Object.values(work.byNode ?? {}).flatMap((w) => (w.followRate !== undefined ? [w.followRate] : []));
+    const followRates = Object.entries(work.byNode ?? {}).flatMap(([node, w]) => {
+      const rate = w.followRate ?? (t.nodes.get(node)?.followed ? w.rate : undefined);
+      return rate !== undefined && rate > 0 ? [rate] : [];
+    });
     if (followRates.length > 0) t.followRate = followRates.reduce((a, b) => a + b, 0) / followRates.length;
     for (const node of t.nodes.keys()) if (!work.byNode?.[node]) t.nodes.delete(node);
   }
