@@ -30,6 +30,15 @@
 //   with a slot takes now (from a warm cache, faster than the first), and
 //   how long a freed slot waits for the next node. The nodes left finish
 //   at that pace, the next one that long after the last completion.
+// - With a first wave (a node still to finish says WaitingForFirstWave
+//   while another fetches, or has pulled behind the wave: a follower,
+//   which it stays once its reason turns to Pulling): the wave's nodes
+//   fetch over the link, the followers pull each image from inside once
+//   the wave holds it (firstWaveSeconds). The wave ends when its slowest
+//   node has fetched what it lacks at its rate; a follower no sooner than
+//   that plus its last image, and no sooner than all it lacks, at the
+//   highest rate a follower has reported. Until one has pulled behind the
+//   wave that rate is unknown, and the ETA is the wave's time alone.
 // - Otherwise, all the nodes left can download at once: the work left
 //   over the throughput. The work left counts the nodes waiting (for the
 //   first wave, for their first attempt) with their whole download. Once
@@ -41,14 +50,15 @@
 // left out of the estimate (they wait on a fix, not on time) but their
 // bytes count in present and total, so the percentage never reads 100
 // while they lack images. Nothing here needs to know how the first wave
-// or the slots work: only each node's phase and reason, which every agent
-// reports, and when each node was first seen done.
+// or the slots work: only each node's phase, reason, bytes and rate, which
+// every agent reports, and when each node was first seen done.
 //
 // State (ProgressTracker): per set, one RateWindow (bounded: at most 34
 // observations whatever the set's age), when a node first downloaded, each
 // selected node as last seen (done or not, and since when its bytes are
 // what they are: for what arrived since its report), and the times of the
-// last completions (at most COMPLETIONS_KEPT); started over when the set's
+// last completions (at most COMPLETIONS_KEPT), and the followers' highest
+// rate; started over when the set's
 // generation or unit changes or its present bytes drop (a node left).
 import { DOWNLOAD_WAIT_REASONS } from '../api/reasons.ts';
 import type { NodeSetStatus, ProgressUnit, SetProgress } from '../api/types.ts';
@@ -215,7 +225,7 @@ export interface WaveNode {
   following: boolean;
   /** What it lacks, less what arrived since its report. */
   remaining: number;
-  /** Bytes per second: a wave node's own rate; a follower's own rate while it pulls, else the followers' last measured rate. */
+  /** Bytes per second: a wave node's own rate over the link; for a follower, the highest rate the followers have reported (undefined until one has pulled). */
   rate?: number;
   /** One image's mean compressed size: what a follower still lacks when the wave is done. */
   imageBytes: number;
@@ -298,7 +308,12 @@ interface SetTrack {
   movedFrom?: number;
   /** Each node as last seen: done or not (a node seen not done, then done, is a completion), since when its present bytes are what they are, and whether it has pulled behind the first wave. */
   nodes: Map<string, { done: boolean; present: number; since: number; followed: boolean }>;
-  /** The followers' mean rate when last some of them pulled (behind the first wave, or from inside once it is done). */
+  /**
+   * The highest rate a follower has reported (behind the first wave, or
+   * from inside once it is done): what the followers pull at from inside.
+   * Not their mean: a follower's rate is over the last minutes, so it
+   * falls while it waits for the wave's next image, not while it pulls.
+   */
   followRate?: number;
   /** When the nodes' completions were seen, oldest first (at most COMPLETIONS_KEPT). */
   completions: number[];
@@ -384,7 +399,7 @@ export class ProgressTracker {
       const rate = w.followRate ?? (t.nodes.get(node)?.followed ? w.rate : undefined);
       return rate !== undefined && rate > 0 ? [rate] : [];
     });
-    if (followRates.length > 0) t.followRate = followRates.reduce((a, b) => a + b, 0) / followRates.length;
+    if (followRates.length > 0) t.followRate = Math.max(t.followRate ?? 0, ...followRates);
     for (const node of t.nodes.keys()) if (!work.byNode?.[node]) t.nodes.delete(node);
   }
 
@@ -415,7 +430,7 @@ export class ProgressTracker {
     if (!left.some(follows)) return undefined;
     return left.map(([node, w]) => {
       const following = follows([node, w]);
-      const rate = following ? (w.followRate ?? w.rate ?? t.followRate) : w.rate;
+      const rate = following ? t.followRate : w.rate;
       return {
         following,
         remaining: w.total - w.present - (arrived.get(node) ?? 0),
