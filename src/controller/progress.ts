@@ -30,6 +30,15 @@
 //   with a slot takes now (from a warm cache, faster than the first), and
 //   how long a freed slot waits for the next node. The nodes left finish
 //   at that pace, the next one that long after the last completion.
+// - With a first wave (a node still to finish says WaitingForFirstWave
+//   while another fetches, or has pulled behind the wave: a follower,
+//   which it stays once its reason turns to Pulling): the wave's nodes
+//   fetch over the link, the followers pull each image from inside once
+//   the wave holds it (firstWaveSeconds). The wave ends when its slowest
+//   node has fetched what it lacks at its rate; a follower no sooner than
+//   that plus its last image, and no sooner than all it lacks, at the
+//   highest rate a follower has reported. Until one has pulled behind the
+//   wave that rate is unknown, and the ETA is the wave's time alone.
 // - Otherwise, all the nodes left can download at once: the work left
 //   over the throughput. The work left counts the nodes waiting (for the
 //   first wave, for their first attempt) with their whole download. Once
@@ -41,14 +50,15 @@
 // left out of the estimate (they wait on a fix, not on time) but their
 // bytes count in present and total, so the percentage never reads 100
 // while they lack images. Nothing here needs to know how the first wave
-// or the slots work: only each node's phase and reason, which every agent
-// reports, and when each node was first seen done.
+// or the slots work: only each node's phase, reason, bytes and rate, which
+// every agent reports, and when each node was first seen done.
 //
 // State (ProgressTracker): per set, one RateWindow (bounded: at most 34
 // observations whatever the set's age), when a node first downloaded, each
 // selected node as last seen (done or not, and since when its bytes are
 // what they are: for what arrived since its report), and the times of the
-// last completions (at most COMPLETIONS_KEPT); started over when the set's
+// last completions (at most COMPLETIONS_KEPT), and the followers' highest
+// rate; started over when the set's
 // generation or unit changes or its present bytes drop (a node left).
 import { DOWNLOAD_WAIT_REASONS } from '../api/reasons.ts';
 import type { NodeSetStatus, ProgressUnit, SetProgress } from '../api/types.ts';
@@ -78,12 +88,21 @@ export interface NodeProgressInput {
 
 export type NodeProgressState = 'done' | 'downloading' | 'waiting' | 'degraded' | 'finishing';
 
+/** The reason under which a node pulls behind the set's first wave (src/agent/status.ts): each image once a first-wave node holds it. */
+export const FOLLOWING_REASON = 'WaitingForFirstWave';
+
 /** One node's part of the work. */
 export interface NodeWork {
   state: NodeProgressState;
   present: number;
   total: number;
   rate?: number;
+  /** The node says it waits for the first wave (FOLLOWING_REASON): it pulls each image behind it. */
+  following?: boolean;
+  /** While following: the rate it reports (bytes from the in-cluster cache, not over the link). */
+  followRate?: number;
+  /** Its images' mean compressed size (total / images wanted), bytes only. */
+  imageBytes?: number;
 }
 
 export interface FleetWork {
@@ -139,7 +158,16 @@ export function fleetWork(nodes: readonly NodeProgressInput[], specImages: numbe
     const state = nodeState(n, present, total);
     if (n.node !== undefined) {
       const rate = state === 'downloading' && unit === 'bytes' ? n.entry?.rate : undefined;
-      (work.byNode ??= {})[n.node] = { state, present, total, ...(rate !== undefined ? { rate } : {}) };
+      const following = n.verdict === 'progressing' && n.entry?.reason === FOLLOWING_REASON;
+      const followRate = following && unit === 'bytes' && n.entry?.rate !== undefined && n.entry.rate > 0 ? n.entry.rate : undefined;
+      const imageBytes = unit === 'bytes' && images && images.wanted > 0 ? total / images.wanted : undefined;
+      (work.byNode ??= {})[n.node] = {
+        state, present, total,
+        ...(rate !== undefined ? { rate } : {}),
+        ...(following ? { following } : {}),
+        ...(followRate !== undefined ? { followRate } : {}),
+        ...(imageBytes !== undefined ? { imageBytes } : {}),
+      };
     }
     work.present += present;
     work.total += total;
@@ -163,6 +191,8 @@ export interface MeasuredRate {
   nodeInterval?: number;
   /** Seconds since the last completion. */
   sinceLastDone?: number;
+  /** With a first wave: the seconds firstWaveSeconds gives; undefined without a wave or when it cannot tell. */
+  firstWave?: number;
 }
 
 /**
@@ -180,6 +210,7 @@ export function estimateSeconds(work: FleetWork, measured: MeasuredRate, slots: 
     const next = Math.max(0, measured.nodeInterval - (measured.sinceLastDone ?? 0));
     return next + (left - 1) * measured.nodeInterval;
   }
+  if (measured.firstWave !== undefined) return measured.firstWave;
   const rate = measured.rate ?? work.reportedRate;
   if (rate === undefined || !(rate > 0)) return undefined;
   // The measured throughput came from `made` nodes at once; the nodes that
@@ -187,6 +218,49 @@ export function estimateSeconds(work: FleetWork, measured: MeasuredRate, slots: 
   const made = Math.max(1, measured.rate !== undefined ? (measured.meanDownloading ?? work.downloading) : work.downloading);
   const able = Math.min(left, slots ?? Infinity);
   return work.remaining / (rate * Math.min(1, able / made));
+}
+
+/** A node still to finish in a set with a first wave: in the wave (it fetches over the link) or following it (it pulls each image from inside once the wave holds it). */
+export interface WaveNode {
+  following: boolean;
+  /** What it lacks, less what arrived since its report. */
+  remaining: number;
+  /** Bytes per second: a wave node's own rate over the link; for a follower, the highest rate the followers have reported (undefined until one has pulled). */
+  rate?: number;
+  /** One image's mean compressed size: what a follower still lacks when the wave is done. */
+  imageBytes: number;
+}
+
+/**
+ * Seconds until a set with a first wave is done, or undefined when it
+ * cannot be told this way (a wave node has no rate yet; or the wave is
+ * done and no follower's rate is known). The wave ends when its slowest
+ * node has fetched what it lacks at its own rate over the link. A
+ * follower ends no sooner than it pulls all it lacks at its rate from
+ * inside, and no sooner than the wave's end plus its last image (the
+ * fan-out goes image by image, so at the wave's end it lacks about the
+ * image the wave fetched last). Until some node has pulled behind the
+ * wave, no follower's rate is known: the estimate is the wave's time
+ * alone, the earliest the set can be done.
+ */
+export function firstWaveSeconds(nodes: readonly WaveNode[]): number | undefined {
+  let wave = 0;
+  for (const n of nodes) {
+    if (n.following || n.remaining <= 0) continue;
+    if (n.rate === undefined || !(n.rate > 0)) return undefined;
+    wave = Math.max(wave, n.remaining / n.rate);
+  }
+  const waveLeft = nodes.some((n) => !n.following && n.remaining > 0);
+  let end = wave;
+  for (const n of nodes) {
+    if (!n.following || n.remaining <= 0) continue;
+    if (n.rate === undefined || !(n.rate > 0)) {
+      if (waveLeft) continue;
+      return undefined;
+    }
+    end = Math.max(end, n.remaining / n.rate, waveLeft ? wave + Math.min(n.remaining, n.imageBytes) / n.rate : 0);
+  }
+  return end;
 }
 
 /** "41% of 180.0 MiB, 5.2 MiB/s" or, in images, "41% of 36 images, 0.40 images/s". */
@@ -232,8 +306,15 @@ interface SetTrack {
   window: RateWindow;
   /** When a node was first seen downloading, or the last observation before the fleet's present bytes first grew if that came first. */
   movedFrom?: number;
-  /** Each node as last seen: done or not (a node seen not done, then done, is a completion), and since when its present bytes are what they are. */
-  nodes: Map<string, { done: boolean; present: number; since: number }>;
+  /** Each node as last seen: done or not (a node seen not done, then done, is a completion), since when its present bytes are what they are, and whether it has pulled behind the first wave. */
+  nodes: Map<string, { done: boolean; present: number; since: number; followed: boolean }>;
+  /**
+   * The highest rate a follower has reported (behind the first wave, or
+   * from inside once it is done): what the followers pull at from inside.
+   * Not their mean: a follower's rate is over the last minutes, so it
+   * falls while it waits for the wave's next image, not while it pulls.
+   */
+  followRate?: number;
   /** When the nodes' completions were seen, oldest first (at most COMPLETIONS_KEPT). */
   completions: number[];
 }
@@ -275,8 +356,12 @@ export class ProgressTracker {
     }
     t.window.add(at, work.present, work.downloading);
     this.#nodes(t, work, at);
-    const arrived = this.#arrivedSinceReports(t, work, at);
+    const arrivedByNode = this.#arrivedSinceReports(t, work, at);
+    const arrived = [...arrivedByNode.values()].reduce((a, b) => a + b, 0);
     const measured = this.#measure(t, at, set.slots);
+    const wave = work.unit === 'bytes' ? this.#waveNodes(t, work, arrivedByNode) : undefined;
+    const waveSeconds = wave ? firstWaveSeconds(wave) : undefined;
+    if (waveSeconds !== undefined) measured.firstWave = waveSeconds;
     const rate = measured.rate ?? work.reportedRate;
     const progress: SetProgress = {
       unit: work.unit,
@@ -295,6 +380,7 @@ export class ProgressTracker {
 
   /** Each node as seen now: a node seen not done, then done, completed now. */
   #nodes(t: SetTrack, work: FleetWork, at: number): void {
+    const waveMoving = Object.values(work.byNode ?? {}).some((w) => !w.following && (w.state === 'downloading' || w.state === 'finishing'));
     for (const [node, w] of Object.entries(work.byNode ?? {})) {
       const seen = t.nodes.get(node);
       const done = w.state === 'done';
@@ -302,8 +388,18 @@ export class ProgressTracker {
         t.completions.push(at);
         if (t.completions.length > COMPLETIONS_KEPT) t.completions.shift();
       }
-      t.nodes.set(node, { done, present: w.present, since: seen && seen.present === w.present ? seen.since : at });
+      // A node that waited for the first wave while another fetched (or that
+      // pulled behind it) stays a follower when its reason turns to Pulling:
+      // the wave is done, the rest comes from inside. Before the wave is
+      // chosen every node says it waits, the wave's own nodes too.
+      const followed = (seen?.followed ?? false) || (w.following === true && (w.present > 0 || waveMoving));
+      t.nodes.set(node, { done, present: w.present, since: seen && seen.present === w.present ? seen.since : at, followed });
     }
+    const followRates = Object.entries(work.byNode ?? {}).flatMap(([node, w]) => {
+      const rate = w.followRate ?? (t.nodes.get(node)?.followed ? w.rate : undefined);
+      return rate !== undefined && rate > 0 ? [rate] : [];
+    });
+    if (followRates.length > 0) t.followRate = Math.max(t.followRate ?? 0, ...followRates);
     for (const node of t.nodes.keys()) if (!work.byNode?.[node]) t.nodes.delete(node);
   }
 
@@ -313,14 +409,35 @@ export class ProgressTracker {
    * window: the agents' longest pace), within what it lacks. A report is
    * as old as its agent's pace, so the bytes it says lag what arrived.
    */
-  #arrivedSinceReports(t: SetTrack, work: FleetWork, at: number): number {
-    let arrived = 0;
+  #arrivedSinceReports(t: SetTrack, work: FleetWork, at: number): Map<string, number> {
+    const arrived = new Map<string, number>();
     for (const [node, w] of Object.entries(work.byNode ?? {})) {
       if (w.rate === undefined || !(w.rate > 0)) continue;
       const age = Math.min(at - (t.nodes.get(node)?.since ?? at), this.windowMs / 2);
-      arrived += Math.min(w.total - w.present, (w.rate * age) / 1000);
+      arrived.set(node, Math.min(w.total - w.present, (w.rate * age) / 1000));
     }
     return arrived;
+  }
+
+  /**
+   * The nodes still to finish, split into the first wave and its
+   * followers, when the set has a first wave (some node still to finish
+   * says it waits for it, or has pulled behind it); undefined otherwise.
+   */
+  #waveNodes(t: SetTrack, work: FleetWork, arrived: ReadonlyMap<string, number>): WaveNode[] | undefined {
+    const left = Object.entries(work.byNode ?? {}).filter(([, w]) => w.state !== 'done' && w.state !== 'degraded');
+    const follows = ([node, w]: [string, NodeWork]) => w.following === true || t.nodes.get(node)?.followed === true;
+    if (!left.some(follows)) return undefined;
+    return left.map(([node, w]) => {
+      const following = follows([node, w]);
+      const rate = following ? t.followRate : w.rate;
+      return {
+        following,
+        remaining: w.total - w.present - (arrived.get(node) ?? 0),
+        imageBytes: w.imageBytes ?? w.total,
+        ...(rate !== undefined ? { rate } : {}),
+      };
+    });
   }
 
   #measure(t: SetTrack, at: number, slots: number | undefined): MeasuredRate {

@@ -50,4 +50,27 @@ describe('eta-replay', () => {
     assert.equal(r.halfTime?.atMs, 3000);
     assert.ok(r.halfTime?.saidMs !== undefined && r.halfTime.saidMs > 0);
   });
+  test('a recorded first-wave rollout: the wave\'s time alone until a node pulled behind it, then the followers at the rate they pulled from inside', () => {
+    const w = (atMs: number, node: string, reason: string, present?: number, rate?: number, images = 0): RecordedReport => ({
+      atMs, node, phase: 'Progressing', reason, desiredGeneration: 1, currentGeneration: 0, images: { wanted: 5, present: images, pinned: images },
+      ...(present !== undefined ? { bytes: { present, total: 1000 } } : {}), ...(rate !== undefined ? { rate } : {}),
+    });
+    const reports = [
+      // Before the wave is chosen every node says it waits for it.
+      w(0, 'w', 'WaitingForFirstWave'), w(0, 'f1', 'WaitingForFirstWave'), w(0, 'f2', 'WaitingForFirstWave'),
+      w(500, 'w', 'Pulling', 0),
+      w(2000, 'w', 'Pulling', 300, 150, 1),
+      w(4000, 'w', 'Pulling', 600, 150, 3), w(4000, 'f1', 'WaitingForFirstWave', 400, 1000, 2), w(4000, 'f2', 'WaitingForFirstWave', 400, 1000, 2),
+      ready(6500, 'w'),
+      w(7000, 'f1', 'Pulling', 800, 1000, 4), w(7000, 'f2', 'Pulling', 800, 1000, 4),
+      ready(7500, 'f1'), ready(7500, 'f2'),
+    ];
+    const row: RecordedRow = { row: 'first-wave', label: '3 nodes, a first wave of one', fleetMs: 7500, readyMs: { w: 6500, f1: 7500, f2: 7500 }, images: [{ ref: 'x', bytes: 1000 }], reports };
+    const r = replayRow(row, 10_000)!;
+    // Half the time (3.75 s), as estimated at 2 s: the wave's 700 bytes at 150/s (4.67 s), to the whole second (7 s);
+    // the followers, not yet seen pulling, are not counted at the wave's rate over the link.
+    assert.deepEqual(r.halfTime, { atMs: 3750, tookMs: 3750, saidMs: 3250 });
+    // Half present (1500 of 3000) at 6.5 s, the wave done: each follower's 600 bytes at the 1000/s they pulled at: 7.1 s, 7 s whole.
+    assert.deepEqual(r.halfPresent, { atMs: 6500, tookMs: 1000, saidMs: 500 });
+  });
 });

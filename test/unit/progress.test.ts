@@ -5,7 +5,7 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { SetImageCounts } from '../../src/api/types.ts';
-import { estimateSeconds, fleetWork, pace, ProgressTracker, progressSummary, type FleetWork, type NodeProgressInput } from '../../src/controller/progress.ts';
+import { estimateSeconds, firstWaveSeconds, fleetWork, pace, ProgressTracker, progressSummary, type FleetWork, type NodeProgressInput } from '../../src/controller/progress.ts';
 
 const counts = (wanted: number, present: number): SetImageCounts => ({ wanted, present, pinned: wanted, failed: 0, invalid: 0 });
 const T0 = Date.UTC(2026, 11, 7, 12, 0, 0);
@@ -222,6 +222,73 @@ describe('ProgressTracker: status.progress from successive observations', () => 
     assert.equal(progressSummary({ unit: 'images', present: 15, total: 36, rate: 0.4 }), '41% of 36 images, 0.40 images/s');
     assert.equal(progressSummary({ unit: 'images', present: 0, total: 1 }), '0% of 1 image');
     assert.equal(progressSummary({ unit: 'bytes', present: 1, total: 3 * 1024 ** 3 }), '0% of 3.0 GiB');
+  });
+});
+
+describe('a first wave: the wave over the link, then the followers from inside', () => {
+  // 5 images of 2000 bytes; node w is the first wave, f1-f3 follow it.
+  const TOTAL = 10_000;
+  const node = (name: string, reason: string, present?: number, rate?: number, verdict: NodeProgressInput['verdict'] = 'progressing'): NodeProgressInput => ({
+    node: name,
+    verdict,
+    entry: { reason, images: counts(5, Math.floor((present ?? 0) / 2000)), ...(present !== undefined ? { bytes: { present, total: TOTAL } } : {}), ...(rate !== undefined ? { rate } : {}) },
+  });
+  const eta = (t: ProgressTracker, s: number, nodes: NodeProgressInput[]) => {
+    const p = t.observe({ name: 'fw', generation: 1, slots: 4 }, fleetWork(nodes, 5), at(s));
+    return p.estimatedCompletionTime === undefined ? undefined : (Date.parse(p.estimatedCompletionTime) - T0) / 1000 - s;
+  };
+
+  test('the wave in progress and none behind it yet: the wave\'s time alone, at its node\'s rate over the link', () => {
+    const t = new ProgressTracker(60_000);
+    // Before the wave is chosen every node says it waits for it, with nothing pulled: w is not taken for a follower.
+    eta(t, 0, ['w', 'f1', 'f2', 'f3'].map((n) => node(n, 'WaitingForFirstWave')));
+    // 4000 of 10000 at 100/s: 60 s, however many nodes wait behind it (not 4 x 60 s).
+    assert.equal(eta(t, 40, [node('w', 'Pulling', 4000, 100), node('f1', 'WaitingForFirstWave'), node('f2', 'WaitingForFirstWave'), node('f3', 'WaitingForFirstWave')]), 60);
+  });
+
+  test('followers at the cache\'s pace: the wave\'s end plus the last image at their rate; once the wave is done, what each lacks at the highest rate they pulled at', () => {
+    const t = new ProgressTracker(60_000);
+    eta(t, 0, [node('w', 'Pulling', 0, 100), node('f1', 'WaitingForFirstWave'), node('f2', 'WaitingForFirstWave'), node('f3', 'WaitingForFirstWave')]);
+    // The wave holds 2 images; f1 and f2 pulled them at 1000/s, f3 has not started.
+    // Wave: 6000 at 100/s = 60 s; then f3's last image (2000) at the followers' 1000/s: 62 s.
+    assert.equal(eta(t, 40, [node('w', 'Pulling', 4000, 100), node('f1', 'WaitingForFirstWave', 4000, 1000), node('f2', 'WaitingForFirstWave', 4000, 1000), node('f3', 'WaitingForFirstWave')]), 62);
+    // The wave done; the followers now say Pulling and stay followers. Their rates fell to 500/s while they
+    // waited for the wave's images; they pull at the highest seen, 1000/s: f3 lacks 8000, 8 s (not at the wave's 100/s).
+    assert.equal(eta(t, 100, [node('w', 'AllImagesPinned', TOTAL, undefined, 'ready'), node('f1', 'Pulling', 8000, 500), node('f2', 'Pulling', 8000, 500), node('f3', 'Pulling', 2000)]), 8);
+  });
+
+  test('firstWaveSeconds: the slowest wave node; a follower that lacks more than the wave\'s time at its rate; no estimate without a wave rate', () => {
+    const wave = (remaining: number, rate?: number) => ({ following: false, remaining, imageBytes: 100, ...(rate !== undefined ? { rate } : {}) });
+    const follower = (remaining: number, rate?: number) => ({ following: true, remaining, imageBytes: 100, ...(rate !== undefined ? { rate } : {}) });
+    assert.equal(firstWaveSeconds([wave(100, 10), wave(300, 10), follower(500)]), 30);
+    assert.equal(firstWaveSeconds([wave(100, 10), follower(500, 10)]), 50);
+    assert.equal(firstWaveSeconds([wave(100, 10), follower(150, 50)]), 12);
+    assert.equal(firstWaveSeconds([wave(100), follower(150, 50)]), undefined);
+    assert.equal(firstWaveSeconds([follower(150)]), undefined);
+  });
+});
+
+describe('one slot with the hand-over: the pace of completions', () => {
+  test('the slot taken within 50 ms of each completion: the nodes left go at the warm nodes\' pace, not the first node\'s', () => {
+    const t = new ProgressTracker(10_000);
+    const set = { name: 'one', generation: 1, slots: 1 };
+    const nodes = (done: number, pulling?: number): NodeProgressInput[] =>
+      Array.from({ length: 6 }, (_, i) => ({
+        node: `n${i}`,
+        verdict: i < done ? 'ready' : 'progressing',
+        entry: { reason: i < done ? 'AllImagesPinned' : i === done ? 'Pulling' : 'WaitingForRolloutSlot', bytes: { present: i < done ? 1000 : i === done ? (pulling ?? 0) : 0, total: 1000 }, ...(i === done && pulling ? { rate: 80 } : {}) },
+      }));
+    const obs = (ms: number, n: NodeProgressInput[]) => t.observe(set, fleetWork(n, 1), new Date(T0 + ms));
+    obs(0, nodes(0, 0));
+    obs(6_000, nodes(0, 500));
+    // The first node over the link: 12 s. Then each from the warm cache in 1 s, the slot handed on in 50 ms.
+    obs(12_000, nodes(1));
+    obs(12_050, nodes(1, 0));
+    obs(13_050, nodes(2));
+    obs(13_100, nodes(2, 0));
+    const p = obs(14_100, nodes(3));
+    // Pace (14.1 - 12.0) / 2 = 1.05 s; 3 left: 3.15 s, whole seconds: 17 s after T0.
+    assert.equal(Date.parse(p.estimatedCompletionTime!), T0 + 17_000);
   });
 });
 
