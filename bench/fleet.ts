@@ -61,6 +61,7 @@ import { AgentProcess, argvFor, bundledCli } from '../test/support/agent-process
 import { missingComponents, missingMessage, type ComponentName } from '../test/support/components.ts';
 import { FleetBed, FLEET_REGISTRY, type ImagePull } from '../test/support/fleet-bed.ts';
 import type { PushedImage } from '../test/support/images.ts';
+import type { RecordedReport } from './eta-replay.ts';
 
 const NODES = Number(process.env.BENCH_FLEET_NODES ?? 6);
 const IMAGES = Number(process.env.BENCH_FLEET_IMAGES ?? 6);
@@ -126,19 +127,8 @@ interface RowResult {
   reports?: NodeReportSample[];
 }
 
-/** One node's report of the set as read from its Node (ms after the set's creation; its annotation's updatedAt too). */
-interface NodeReportSample {
-  atMs: number;
-  node: string;
-  updatedAtMs?: number;
-  phase: string;
-  reason: string;
-  desiredGeneration: number;
-  currentGeneration: number;
-  images: { wanted: number; present: number; pinned: number };
-  bytes?: { present: number; total: number };
-  rate?: number;
-}
+/** One node's report of the set as read from its Node (ms after the set's creation; its annotation's updatedAt too): what bench/eta-replay.ts replays. */
+type NodeReportSample = RecordedReport & { updatedAtMs?: number };
 
 /** One reading of the set's status.progress (ms after the set's creation; eta too), with the bytes that had crossed the link by then. */
 interface ProgressSample {
