@@ -27,7 +27,7 @@ import { FirstWave, type WaveSet } from '../src/rollout/first-wave.ts';
 import { clientNodeLeaseApi } from '../src/rollout/lease-api.ts';
 import { LeaseWaveRecords } from '../src/rollout/lease-records.ts';
 import { LeaseRolloutSlots, type LeaseApi } from '../src/rollout/lease-slots.ts';
-import { DEFAULT_SLOT_NAMESPACE, landedName, slotFree, slotSelector, type RolloutSet } from '../src/rollout/slots.ts';
+import { DEFAULT_SLOT_NAMESPACE, landedName, slotFree, slotIndex, slotSelector, type RolloutSet } from '../src/rollout/slots.ts';
 import { silentLogger } from '../src/util/log.ts';
 import type { ApiServer, RecordedRequest } from '../test/support/apiserver.ts';
 import { handoverLatencies, simulateRollout } from '../test/support/rollout-agents.ts';
@@ -194,6 +194,56 @@ function overLimitSampler(api: ApiServer, setName: string, max: number) {
   return { onChange, summary };
 }
 
+/**
+ * Every change of a slot Lease's holder, replayed from the API server's
+ * record of requests (their bodies, in order of arrival, the successful
+ * writes only): who wrote it (the controller's granter, or an agent), and
+ * whether the holder it replaced was still live then (its renewTime plus
+ * its duration after the write), which the protocol never allows, or had
+ * expired, and by how long.
+ */
+function holderChanges(reqs: readonly RecordedRequest[], setName: string, from: number) {
+  type Spec = { holderIdentity?: string; renewTime?: string; acquireTime?: string; leaseDurationSeconds?: number };
+  const state = new Map<string, Spec>();
+  const out = { overLive: 0, overExpired: 0, byController: 0, byAgents: 0, expiredForMs: [] as number[], renewGapsMs: [] as number[] };
+  for (const r of reqs) {
+    if (!r.path.includes('/leases') || r.status >= 300 || r.method === 'GET') continue;
+    const name = r.method === 'POST' ? ((r.body as { metadata?: { name?: string } })?.metadata?.name ?? '') : decodeURIComponent(r.path.split('/').pop()!);
+    if (slotIndex(setName, name) === undefined) continue;
+    if (r.method === 'DELETE') {
+      state.delete(name);
+      continue;
+    }
+    const spec = ((r.body as { spec?: Spec })?.spec ?? {}) as Spec;
+    const prev = state.get(name);
+    state.set(name, spec);
+    if (r.at < from || !prev?.holderIdentity) continue;
+    const prevUntil = Date.parse(prev.renewTime ?? prev.acquireTime ?? '') + (prev.leaseDurationSeconds ?? 0) * 1000;
+    if (prev.holderIdentity === spec.holderIdentity) {
+      out.renewGapsMs.push(Date.parse(spec.renewTime ?? '') - Date.parse(prev.renewTime ?? prev.acquireTime ?? ''));
+      continue;
+    }
+    if (byController(r)) out.byController++;
+    else out.byAgents++;
+    if (prevUntil > r.at) out.overLive++;
+    else {
+      out.overExpired++;
+      out.expiredForMs.push(r.at - prevUntil);
+    }
+  }
+  return {
+    holderChanges: out.byController + out.byAgents,
+    byController: out.byController,
+    byAgents: out.byAgents,
+    overALiveHolder: out.overLive,
+    overAnExpiredHolder: out.overExpired,
+    expiredForMsMedian: median(out.expiredForMs),
+    renewals: out.renewGapsMs.length,
+    renewGapMsMedian: median(out.renewGapsMs),
+    renewGapMsMax: Math.max(0, ...out.renewGapsMs),
+  };
+}
+
 /** BIG_NODES nodes want a set of BIG_MAX slots: the cost while they wait, then the hand-overs. */
 async function bigFleet(o: SlotBenchOptions, leaseApi: LeaseApi, mode: Mode) {
   return withController(o, mode, async () => {
@@ -244,6 +294,7 @@ async function bigFleet(o: SlotBenchOptions, leaseApi: LeaseApi, mode: Mode) {
         lostWhileDownloading: lost.length,
         lostAfterMsMedian: median(lost.map((l) => l.afterMs)),
         overLimit: over.summary(),
+        slotWrites: holderChanges(o.api.requests, set.name, holdUntil),
         eventLoopDelayMs: { p50: r1(loopDelay.percentile(50) / 1e6), p99: r1(loopDelay.percentile(99) / 1e6), max: r1(loopDelay.max / 1e6) },
       },
     };
@@ -342,7 +393,7 @@ export async function runSlotBench(o: SlotBenchOptions): Promise<Record<string, 
     const big = await bigFleet(o, leaseApi, mode);
     o.say(
       `slots, ${mode}: ${big.nodes} nodes waiting for ${big.maxConcurrentNodes} slots: ${big.waiting.requestsPerSecond} agent Lease requests/s ${JSON.stringify(big.waiting.perSecond)}, ${big.waiting.writesPerSecond} writes/s (${big.waiting.conflictsPerSecond} 409/s), ` +
-        `watch events/s ${JSON.stringify(big.waiting.watchEventsPerSecond)}, ${big.waiting.openLeaseWatches} Lease watches open; the controller ${big.waiting.controller.requestsPerSecond} requests/s ${JSON.stringify(big.waiting.controller.perSecond)}; then ${big.handover.handovers} hand-overs: median ${big.handover.medianMs} ms, p99 ${big.handover.p99Ms} ms, max ${big.handover.maxMs} ms (at most ${big.handover.maxDownloadingAtOnce} downloading; ${big.handover.lostWhileDownloading} lost their slot while downloading; over the limit ${JSON.stringify(big.handover.overLimit)}; event loop delay ms ${JSON.stringify(big.handover.eventLoopDelayMs)})`,
+        `watch events/s ${JSON.stringify(big.waiting.watchEventsPerSecond)}, ${big.waiting.openLeaseWatches} Lease watches open; the controller ${big.waiting.controller.requestsPerSecond} requests/s ${JSON.stringify(big.waiting.controller.perSecond)}; then ${big.handover.handovers} hand-overs: median ${big.handover.medianMs} ms, p99 ${big.handover.p99Ms} ms, max ${big.handover.maxMs} ms (at most ${big.handover.maxDownloadingAtOnce} downloading; ${big.handover.lostWhileDownloading} lost their slot while downloading; over the limit ${JSON.stringify(big.handover.overLimit)}; slot writes ${JSON.stringify(big.handover.slotWrites)}; event loop delay ms ${JSON.stringify(big.handover.eventLoopDelayMs)})`,
     );
     out[`${mode} ${BIG_NODES}`] = big;
   }
