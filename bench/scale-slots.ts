@@ -163,7 +163,7 @@ async function smallFleet(o: SlotBenchOptions, leaseApi: LeaseApi, mode: Mode) {
  */
 function overLimitSampler(api: ApiServer, setName: string, max: number) {
   const downloading = new Set<string>();
-  const samples: { at: number; downloading: number; liveInOwnName: number; expiredInOwnName: number; notInOwnName: number; liveSlots: number }[] = [];
+  const samples: { at: number; downloading: number; liveInOwnName: number; expiredInOwnName: number; notInOwnName: number; liveSlots: number; without: string[] }[] = [];
   const onChange = (node: string, on: boolean) => {
     if (on) downloading.add(node);
     else downloading.delete(node);
@@ -180,16 +180,18 @@ function overLimitSampler(api: ApiServer, setName: string, max: number) {
     }
     let liveInOwnName = 0;
     let expiredInOwnName = 0;
+    const without: string[] = [];
     for (const n of downloading) {
       const h = byHolder.get(n);
       if (h === true) liveInOwnName++;
       else if (h === false) expiredInOwnName++;
+      else without.push(n);
     }
-    samples.push({ at: now, downloading: downloading.size, liveInOwnName, expiredInOwnName, notInOwnName: downloading.size - liveInOwnName - expiredInOwnName, liveSlots });
+    samples.push({ at: now, downloading: downloading.size, liveInOwnName, expiredInOwnName, notInOwnName: without.length, liveSlots, without });
   };
   const summary = () => {
     const worst = samples.reduce<(typeof samples)[number] | undefined>((w, s) => (!w || s.downloading > w.downloading ? s : w), undefined);
-    return { momentsOverLimit: samples.length, worst, maxLiveSlots: Math.max(0, ...samples.map((s) => s.liveSlots)), maxLiveInOwnName: Math.max(0, ...samples.map((s) => s.liveInOwnName)) };
+    return { momentsOverLimit: samples.length, worst: worst && { ...worst, without: worst.without.length }, worstWithout: worst?.without ?? [], worstAt: worst?.at ?? 0, maxLiveSlots: Math.max(0, ...samples.map((s) => s.liveSlots)), maxLiveInOwnName: Math.max(0, ...samples.map((s) => s.liveInOwnName)) };
   };
   return { onChange, summary };
 }
@@ -244,6 +246,19 @@ function holderChanges(reqs: readonly RecordedRequest[], setName: string, from: 
   };
 }
 
+/** For a node downloading without a slot in its name at `at`: every slot request naming it, and what came after on that slot, until `at`. */
+function slotHistory(reqs: readonly RecordedRequest[], setName: string, node: string, at: number) {
+  const nameOf = (r: RecordedRequest) => (r.method === 'POST' ? ((r.body as { metadata?: { name?: string } })?.metadata?.name ?? '') : decodeURIComponent(r.path.split('/').pop()!.split('?')[0]!));
+  const holderOf = (r: RecordedRequest) => (r.body as { spec?: { holderIdentity?: string; leaseDurationSeconds?: number; renewTime?: string } } | undefined)?.spec;
+  const mine = reqs.filter((r) => r.at <= at && r.path.includes('/leases') && r.method !== 'GET' && slotIndex(setName, nameOf(r)) !== undefined && holderOf(r)?.holderIdentity === node);
+  const last = mine.at(-1);
+  if (!last) return { node, none: true };
+  const slot = nameOf(last);
+  const after = reqs.filter((r) => r.at >= mine[0]!.at && r.at <= at + 1000 && r.path.includes('/leases') && r.method !== 'GET' && nameOf(r) === slot);
+  const t0 = mine[0]!.at;
+  return { node, slot, events: after.map((r) => ({ ms: r.at - t0, method: r.method, status: r.status, by: byController(r) ? 'controller' : r.userAgent.slice(0, 20), holder: holderOf(r)?.holderIdentity, seconds: holderOf(r)?.leaseDurationSeconds, renewTime: holderOf(r)?.renewTime, pre: (r.body as { preconditions?: unknown } | undefined)?.preconditions })), sampleMs: at - t0 };
+}
+
 /** BIG_NODES nodes want a set of BIG_MAX slots: the cost while they wait, then the hand-overs. */
 async function bigFleet(o: SlotBenchOptions, leaseApi: LeaseApi, mode: Mode) {
   return withController(o, mode, async () => {
@@ -295,6 +310,7 @@ async function bigFleet(o: SlotBenchOptions, leaseApi: LeaseApi, mode: Mode) {
         lostAfterMsMedian: median(lost.map((l) => l.afterMs)),
         overLimit: over.summary(),
         slotWrites: holderChanges(o.api.requests, set.name, holdUntil),
+        withoutSlot: over.summary().worstWithout.slice(0, 4).map((n) => slotHistory(o.api.requests, set.name, n, over.summary().worstAt)),
         eventLoopDelayMs: { p50: r1(loopDelay.percentile(50) / 1e6), p99: r1(loopDelay.percentile(99) / 1e6), max: r1(loopDelay.max / 1e6) },
       },
     };
@@ -393,7 +409,7 @@ export async function runSlotBench(o: SlotBenchOptions): Promise<Record<string, 
     const big = await bigFleet(o, leaseApi, mode);
     o.say(
       `slots, ${mode}: ${big.nodes} nodes waiting for ${big.maxConcurrentNodes} slots: ${big.waiting.requestsPerSecond} agent Lease requests/s ${JSON.stringify(big.waiting.perSecond)}, ${big.waiting.writesPerSecond} writes/s (${big.waiting.conflictsPerSecond} 409/s), ` +
-        `watch events/s ${JSON.stringify(big.waiting.watchEventsPerSecond)}, ${big.waiting.openLeaseWatches} Lease watches open; the controller ${big.waiting.controller.requestsPerSecond} requests/s ${JSON.stringify(big.waiting.controller.perSecond)}; then ${big.handover.handovers} hand-overs: median ${big.handover.medianMs} ms, p99 ${big.handover.p99Ms} ms, max ${big.handover.maxMs} ms (at most ${big.handover.maxDownloadingAtOnce} downloading; ${big.handover.lostWhileDownloading} lost their slot while downloading; over the limit ${JSON.stringify(big.handover.overLimit)}; slot writes ${JSON.stringify(big.handover.slotWrites)}; event loop delay ms ${JSON.stringify(big.handover.eventLoopDelayMs)})`,
+        `watch events/s ${JSON.stringify(big.waiting.watchEventsPerSecond)}, ${big.waiting.openLeaseWatches} Lease watches open; the controller ${big.waiting.controller.requestsPerSecond} requests/s ${JSON.stringify(big.waiting.controller.perSecond)}; then ${big.handover.handovers} hand-overs: median ${big.handover.medianMs} ms, p99 ${big.handover.p99Ms} ms, max ${big.handover.maxMs} ms (at most ${big.handover.maxDownloadingAtOnce} downloading; ${big.handover.lostWhileDownloading} lost their slot while downloading; over the limit ${JSON.stringify({ ...big.handover.overLimit, worstWithout: undefined })}; downloading without a slot ${JSON.stringify(big.handover.withoutSlot)}; slot writes ${JSON.stringify(big.handover.slotWrites)}; event loop delay ms ${JSON.stringify(big.handover.eventLoopDelayMs)})`,
     );
     out[`${mode} ${BIG_NODES}`] = big;
   }
