@@ -310,6 +310,7 @@ async function bigFleet(o: SlotBenchOptions, leaseApi: LeaseApi, mode: Mode) {
         lostAfterMsMedian: median(lost.map((l) => l.afterMs)),
         overLimit: over.summary(),
         slotWrites: holderChanges(o.api.requests, set.name, holdUntil),
+        slotWritesWholeRun: holderChanges(o.api.requests, set.name, t0),
         withoutSlot: over.summary().worstWithout.slice(0, 4).map((n) => slotHistory(o.api.requests, set.name, n, over.summary().worstAt)),
         eventLoopDelayMs: { p50: r1(loopDelay.percentile(50) / 1e6), p99: r1(loopDelay.percentile(99) / 1e6), max: r1(loopDelay.max / 1e6) },
       },
@@ -409,7 +410,7 @@ export async function runSlotBench(o: SlotBenchOptions): Promise<Record<string, 
     const big = await bigFleet(o, leaseApi, mode);
     o.say(
       `slots, ${mode}: ${big.nodes} nodes waiting for ${big.maxConcurrentNodes} slots: ${big.waiting.requestsPerSecond} agent Lease requests/s ${JSON.stringify(big.waiting.perSecond)}, ${big.waiting.writesPerSecond} writes/s (${big.waiting.conflictsPerSecond} 409/s), ` +
-        `watch events/s ${JSON.stringify(big.waiting.watchEventsPerSecond)}, ${big.waiting.openLeaseWatches} Lease watches open; the controller ${big.waiting.controller.requestsPerSecond} requests/s ${JSON.stringify(big.waiting.controller.perSecond)}; then ${big.handover.handovers} hand-overs: median ${big.handover.medianMs} ms, p99 ${big.handover.p99Ms} ms, max ${big.handover.maxMs} ms (at most ${big.handover.maxDownloadingAtOnce} downloading; ${big.handover.lostWhileDownloading} lost their slot while downloading; over the limit ${JSON.stringify({ ...big.handover.overLimit, worstWithout: undefined })}; downloading without a slot ${JSON.stringify(big.handover.withoutSlot)}; slot writes ${JSON.stringify(big.handover.slotWrites)}; event loop delay ms ${JSON.stringify(big.handover.eventLoopDelayMs)})`,
+        `watch events/s ${JSON.stringify(big.waiting.watchEventsPerSecond)}, ${big.waiting.openLeaseWatches} Lease watches open; the controller ${big.waiting.controller.requestsPerSecond} requests/s ${JSON.stringify(big.waiting.controller.perSecond)}; then ${big.handover.handovers} hand-overs: median ${big.handover.medianMs} ms, p99 ${big.handover.p99Ms} ms, max ${big.handover.maxMs} ms (at most ${big.handover.maxDownloadingAtOnce} downloading; ${big.handover.lostWhileDownloading} lost their slot while downloading; over the limit ${JSON.stringify({ ...big.handover.overLimit, worstWithout: undefined })}; downloading without a slot ${JSON.stringify(big.handover.withoutSlot)}; slot writes ${JSON.stringify(big.handover.slotWrites)} (from the start: ${JSON.stringify(big.handover.slotWritesWholeRun)}); event loop delay ms ${JSON.stringify(big.handover.eventLoopDelayMs)})`,
     );
     out[`${mode} ${BIG_NODES}`] = big;
   }
