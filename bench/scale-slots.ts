@@ -19,6 +19,7 @@
 //     on one set's first wave follow its record by name while the member
 //     lands 20 images, one every 2 s: the API cost of each landing and how
 //     long until every node has heard of it.
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { AGENT_FIELD_MANAGER } from '../src/agent/node-sinks.ts';
 import { API_VERSION, KIND } from '../src/api/types.ts';
@@ -26,7 +27,7 @@ import { FirstWave, type WaveSet } from '../src/rollout/first-wave.ts';
 import { clientNodeLeaseApi } from '../src/rollout/lease-api.ts';
 import { LeaseWaveRecords } from '../src/rollout/lease-records.ts';
 import { LeaseRolloutSlots, type LeaseApi } from '../src/rollout/lease-slots.ts';
-import { DEFAULT_SLOT_NAMESPACE, landedName, type RolloutSet } from '../src/rollout/slots.ts';
+import { DEFAULT_SLOT_NAMESPACE, landedName, slotFree, slotIndex, slotSelector, type RolloutSet } from '../src/rollout/slots.ts';
 import { silentLogger } from '../src/util/log.ts';
 import type { ApiServer, RecordedRequest } from '../test/support/apiserver.ts';
 import { handoverLatencies, simulateRollout } from '../test/support/rollout-agents.ts';
@@ -151,6 +152,113 @@ async function smallFleet(o: SlotBenchOptions, leaseApi: LeaseApi, mode: Mode) {
   };
 }
 
+/**
+ * Whenever more than `max` nodes download at once: what each downloading
+ * node held at that moment, read from the API server's store (in process,
+ * so the read is exact and immediate): a live slot Lease in its name, an
+ * expired one in its name, or none (its slot was written in another node's
+ * name, or deleted). `shared` counts live slot Leases claimed by two
+ * downloading nodes, which one Lease's one holderIdentity makes impossible
+ * unless the count itself is wrong.
+ */
+function overLimitSampler(api: ApiServer, setName: string, max: number) {
+  const downloading = new Set<string>();
+  const samples: { at: number; downloading: number; liveInOwnName: number; expiredInOwnName: number; notInOwnName: number; liveSlots: number; without: string[] }[] = [];
+  const onChange = (node: string, on: boolean) => {
+    if (on) downloading.add(node);
+    else downloading.delete(node);
+    if (!on || downloading.size <= max) return;
+    const now = Date.now();
+    const slots = api.list('leases', { namespace: NS, labelSelector: slotSelector(setName) });
+    const byHolder = new Map<string, boolean>();
+    let liveSlots = 0;
+    for (const l of slots) {
+      const spec = (l as { spec?: { holderIdentity?: string; renewTime?: string; acquireTime?: string; leaseDurationSeconds?: number } }).spec ?? {};
+      const live = !slotFree(spec.holderIdentity, Date.parse(spec.renewTime ?? spec.acquireTime ?? '') || undefined, (spec.leaseDurationSeconds ?? 0) * 1000, now);
+      if (live) liveSlots++;
+      if (spec.holderIdentity) byHolder.set(spec.holderIdentity, live || byHolder.get(spec.holderIdentity) === true);
+    }
+    let liveInOwnName = 0;
+    let expiredInOwnName = 0;
+    const without: string[] = [];
+    for (const n of downloading) {
+      const h = byHolder.get(n);
+      if (h === true) liveInOwnName++;
+      else if (h === false) expiredInOwnName++;
+      else without.push(n);
+    }
+    samples.push({ at: now, downloading: downloading.size, liveInOwnName, expiredInOwnName, notInOwnName: without.length, liveSlots, without });
+  };
+  const summary = () => {
+    const worst = samples.reduce<(typeof samples)[number] | undefined>((w, s) => (!w || s.downloading > w.downloading ? s : w), undefined);
+    return { momentsOverLimit: samples.length, worst: worst && { ...worst, without: worst.without.length }, worstWithout: worst?.without ?? [], worstAt: worst?.at ?? 0, maxLiveSlots: Math.max(0, ...samples.map((s) => s.liveSlots)), maxLiveInOwnName: Math.max(0, ...samples.map((s) => s.liveInOwnName)) };
+  };
+  return { onChange, summary };
+}
+
+/**
+ * Every change of a slot Lease's holder, replayed from the API server's
+ * record of requests (their bodies, in order of arrival, the successful
+ * writes only): who wrote it (the controller's granter, or an agent), and
+ * whether the holder it replaced was still live then (its renewTime plus
+ * its duration after the write), which the protocol never allows, or had
+ * expired, and by how long.
+ */
+function holderChanges(reqs: readonly RecordedRequest[], setName: string, from: number) {
+  type Spec = { holderIdentity?: string; renewTime?: string; acquireTime?: string; leaseDurationSeconds?: number };
+  const state = new Map<string, Spec>();
+  const out = { overLive: 0, overExpired: 0, byController: 0, byAgents: 0, expiredForMs: [] as number[], renewGapsMs: [] as number[] };
+  for (const r of reqs) {
+    if (!r.path.includes('/leases') || r.status >= 300 || r.method === 'GET') continue;
+    const name = r.method === 'POST' ? ((r.body as { metadata?: { name?: string } })?.metadata?.name ?? '') : decodeURIComponent(r.path.split('/').pop()!);
+    if (slotIndex(setName, name) === undefined) continue;
+    if (r.method === 'DELETE') {
+      state.delete(name);
+      continue;
+    }
+    const spec = ((r.body as { spec?: Spec })?.spec ?? {}) as Spec;
+    const prev = state.get(name);
+    state.set(name, spec);
+    if (r.at < from || !prev?.holderIdentity) continue;
+    const prevUntil = Date.parse(prev.renewTime ?? prev.acquireTime ?? '') + (prev.leaseDurationSeconds ?? 0) * 1000;
+    if (prev.holderIdentity === spec.holderIdentity) {
+      out.renewGapsMs.push(Date.parse(spec.renewTime ?? '') - Date.parse(prev.renewTime ?? prev.acquireTime ?? ''));
+      continue;
+    }
+    if (byController(r)) out.byController++;
+    else out.byAgents++;
+    if (prevUntil > r.at) out.overLive++;
+    else {
+      out.overExpired++;
+      out.expiredForMs.push(r.at - prevUntil);
+    }
+  }
+  return {
+    holderChanges: out.byController + out.byAgents,
+    byController: out.byController,
+    byAgents: out.byAgents,
+    overALiveHolder: out.overLive,
+    overAnExpiredHolder: out.overExpired,
+    expiredForMsMedian: median(out.expiredForMs),
+    renewals: out.renewGapsMs.length,
+    renewGapMsMedian: median(out.renewGapsMs),
+    renewGapMsMax: Math.max(0, ...out.renewGapsMs),
+  };
+}
+
+/** For a node downloading without a slot in its name at `at`: every slot request naming it, and what came after on that slot, until `at`. */
+function slotHistory(reqs: readonly RecordedRequest[], setName: string, node: string, at: number) {
+  const nameOf = (r: RecordedRequest) => (r.method === 'POST' ? ((r.body as { metadata?: { name?: string } })?.metadata?.name ?? '') : decodeURIComponent(r.path.split('/').pop()!.split('?')[0]!));
+  const holderOf = (r: RecordedRequest) => (r.body as { spec?: { holderIdentity?: string; leaseDurationSeconds?: number; renewTime?: string } } | undefined)?.spec;
+  const mine = reqs.filter((r) => r.at <= at && r.path.includes('/leases') && r.method !== 'GET' && slotIndex(setName, nameOf(r)) !== undefined && holderOf(r)?.holderIdentity === node);
+  const last = mine.at(-1);
+  if (!last) return { node, none: true };
+  const slot = nameOf(last);
+  const after = reqs.filter((r) => r.at >= mine[0]!.at && r.at <= at + 1000 && r.path.includes('/leases') && r.method !== 'GET' && nameOf(r) === slot);
+  const t0 = mine[0]!.at;
+  return { node, slot, events: after.map((r) => ({ ms: r.at - t0, method: r.method, status: r.status, by: byController(r) ? 'controller' : r.userAgent.slice(0, 20), holder: holderOf(r)?.holderIdentity, seconds: holderOf(r)?.leaseDurationSeconds, renewTime: holderOf(r)?.renewTime, pre: (r.body as { preconditions?: unknown } | undefined)?.preconditions })), sampleMs: at - t0 };
+}
+
 /** BIG_NODES nodes want a set of BIG_MAX slots: the cost while they wait, then the hand-overs. */
 async function bigFleet(o: SlotBenchOptions, leaseApi: LeaseApi, mode: Mode) {
   return withController(o, mode, async () => {
@@ -158,6 +266,9 @@ async function bigFleet(o: SlotBenchOptions, leaseApi: LeaseApi, mode: Mode) {
     const stop = new AbortController();
     const t0 = Date.now();
     const holdUntil = t0 + HOLD_S * 1000;
+    const over = overLimitSampler(o.api, set.name, BIG_MAX);
+    // How late this process's timers and I/O callbacks run: renewals, grants and watch events all wait for it.
+    const loopDelay = monitorEventLoopDelay({ resolution: 20 });
     const run = simulateRollout({
       nodes: Array.from({ length: BIG_NODES }, (_, i) => `big-${i}`),
       set,
@@ -166,6 +277,7 @@ async function bigFleet(o: SlotBenchOptions, leaseApi: LeaseApi, mode: Mode) {
       downloadMs: () => (Date.now() < holdUntil ? holdUntil - Date.now() : 1000 + Math.floor(Math.random() * 4000)),
       timeoutMs: 60 * 60_000,
       signal: stop.signal,
+      onChange: over.onChange,
     });
     const from = holdUntil - Math.min(90_000, HOLD_S * 500);
     await sleep(from - Date.now());
@@ -175,16 +287,33 @@ async function bigFleet(o: SlotBenchOptions, leaseApi: LeaseApi, mode: Mode) {
     const waiting = leaseLoad(o.api.requests, from, holdUntil);
     const controller = leaseLoad(o.api.requests, from, holdUntil, true);
     const events = eventRate(eventsBefore, watchEvents(o.api), (holdUntil - from) / 1000);
+    loopDelay.enable();
     await sleep(HANDOVER_S * 1000);
+    loopDelay.disable();
     stop.abort();
     const r = await run;
+    const lost = r.lostWhileDownloading;
     const ends = [...r.ends].sort((a, b) => a - b);
     const latencies = handoverLatencies(r, BIG_MAX).filter((_, i) => ends[i]! >= holdUntil);
     return {
       nodes: BIG_NODES,
       maxConcurrentNodes: BIG_MAX,
       waiting: { ...waiting, watchEventsPerSecond: events, openLeaseWatches: openWatches, controller },
-      handover: { handovers: latencies.length, medianMs: median(latencies), p99Ms: pct(latencies, 0.99), maxMs: Math.max(...latencies), maxDownloadingAtOnce: r.maxConcurrent },
+      handover: {
+        handovers: latencies.length,
+        medianMs: median(latencies),
+        p99Ms: pct(latencies, 0.99),
+        maxMs: Math.max(...latencies),
+        maxDownloadingAtOnce: r.maxConcurrent,
+        // The nodes that kept downloading after a renewal found their slot another's (the agent finishes the download under way).
+        lostWhileDownloading: lost.length,
+        lostAfterMsMedian: median(lost.map((l) => l.afterMs)),
+        overLimit: over.summary(),
+        slotWrites: holderChanges(o.api.requests, set.name, holdUntil),
+        slotWritesWholeRun: holderChanges(o.api.requests, set.name, t0),
+        withoutSlot: over.summary().worstWithout.slice(0, 4).map((n) => slotHistory(o.api.requests, set.name, n, over.summary().worstAt)),
+        eventLoopDelayMs: { p50: r1(loopDelay.percentile(50) / 1e6), p99: r1(loopDelay.percentile(99) / 1e6), max: r1(loopDelay.max / 1e6) },
+      },
     };
   });
 }
@@ -281,7 +410,7 @@ export async function runSlotBench(o: SlotBenchOptions): Promise<Record<string, 
     const big = await bigFleet(o, leaseApi, mode);
     o.say(
       `slots, ${mode}: ${big.nodes} nodes waiting for ${big.maxConcurrentNodes} slots: ${big.waiting.requestsPerSecond} agent Lease requests/s ${JSON.stringify(big.waiting.perSecond)}, ${big.waiting.writesPerSecond} writes/s (${big.waiting.conflictsPerSecond} 409/s), ` +
-        `watch events/s ${JSON.stringify(big.waiting.watchEventsPerSecond)}, ${big.waiting.openLeaseWatches} Lease watches open; the controller ${big.waiting.controller.requestsPerSecond} requests/s ${JSON.stringify(big.waiting.controller.perSecond)}; then ${big.handover.handovers} hand-overs: median ${big.handover.medianMs} ms, p99 ${big.handover.p99Ms} ms, max ${big.handover.maxMs} ms (at most ${big.handover.maxDownloadingAtOnce} downloading)`,
+        `watch events/s ${JSON.stringify(big.waiting.watchEventsPerSecond)}, ${big.waiting.openLeaseWatches} Lease watches open; the controller ${big.waiting.controller.requestsPerSecond} requests/s ${JSON.stringify(big.waiting.controller.perSecond)}; then ${big.handover.handovers} hand-overs: median ${big.handover.medianMs} ms, p99 ${big.handover.p99Ms} ms, max ${big.handover.maxMs} ms (at most ${big.handover.maxDownloadingAtOnce} downloading; ${big.handover.lostWhileDownloading} lost their slot while downloading; over the limit ${JSON.stringify({ ...big.handover.overLimit, worstWithout: undefined })}; downloading without a slot ${JSON.stringify(big.handover.withoutSlot)}; slot writes ${JSON.stringify(big.handover.slotWrites)} (from the start: ${JSON.stringify(big.handover.slotWritesWholeRun)}); event loop delay ms ${JSON.stringify(big.handover.eventLoopDelayMs)})`,
     );
     out[`${mode} ${BIG_NODES}`] = big;
   }

@@ -40,6 +40,8 @@ export interface SimulatedRollout {
   /** When each download started and ended (ms since epoch), in order. */
   starts: number[];
   ends: number[];
+  /** Downloads whose node heard its slot was another's (a renewal found it lost) before the download ended: the node, and ms after its start. */
+  lostWhileDownloading: { node: string; afterMs: number }[];
 }
 
 /**
@@ -66,14 +68,20 @@ export async function simulateRollout(opts: SimulatedRolloutOptions): Promise<Si
   const starts: number[] = [];
   const ends: number[] = [];
   const started = Date.now();
+  const lostWhileDownloading: { node: string; afterMs: number }[] = [];
 
   const node = async (name: string): Promise<void> => {
     let wake: (() => void) | undefined;
     let woken = false;
+    let downloadingSince: number | undefined;
     const gate = new RolloutGate({
       slots: opts.slotsFor(name),
       logger,
       ...opts.gate,
+      onLost: (key) => {
+        opts.gate?.onLost?.(key);
+        if (downloadingSince !== undefined) lostWhileDownloading.push({ node: name, afterMs: Date.now() - downloadingSince });
+      },
       onChange: (why) => {
         opts.gate?.onChange?.(why);
         woken = true;
@@ -93,9 +101,11 @@ export async function simulateRollout(opts: SimulatedRolloutOptions): Promise<Si
           concurrent++;
           maxConcurrent = Math.max(maxConcurrent, concurrent);
           starts.push(Date.now());
+          downloadingSince = Date.now();
           opts.onChange?.(name, true, concurrent);
           await sleep(opts.downloadMs(name));
           // Counted out before the slot is freed: the next holder may start at once.
+          downloadingSince = undefined;
           concurrent--;
           ends.push(Date.now());
           opts.onChange?.(name, false, concurrent);
@@ -120,5 +130,5 @@ export async function simulateRollout(opts: SimulatedRolloutOptions): Promise<Si
   };
 
   await Promise.all(opts.nodes.map(node));
-  return { maxConcurrent, finished, durationMs: Date.now() - started, starts, ends };
+  return { maxConcurrent, finished, durationMs: Date.now() - started, starts, ends, lostWhileDownloading };
 }
