@@ -21,7 +21,9 @@
 // time; the longest stretch in which a rollout slot stayed free while a node
 // had not started (slots are the set's Leases, src/rollout/slots.ts, read
 // every 50 ms) and those free slot-seconds summed; the GETs per layer across
-// the link. And, for every node and image, when its agent logged `pulling
+// the link, and, with a first wave, how many of them began once the first
+// node held the image: requests that came while distribution 2.8 still had
+// the blob in flight (BlobCrossings, test/support/fleet-bed.ts). And, for every node and image, when its agent logged `pulling
 // image` and `pulled image` (relative to the set's creation).
 //
 // The ETA: `pinset controller` (the bundle) runs beside the fleet and
@@ -60,7 +62,6 @@ import { parseNodeStatus } from '../src/api/node-status.ts';
 import { AgentProcess, argvFor, bundledCli } from '../test/support/agent-process.ts';
 import { missingComponents, missingMessage, type ComponentName } from '../test/support/components.ts';
 import { FleetBed, FLEET_REGISTRY, type ImagePull } from '../test/support/fleet-bed.ts';
-import type { PushedImage } from '../test/support/images.ts';
 import type { RecordedReport } from './eta-replay.ts';
 
 const NODES = Number(process.env.BENCH_FLEET_NODES ?? 6);
@@ -115,7 +116,8 @@ interface RowResult {
   /** Longest stretch with a slot free while a node had not started; undefined without slots. */
   longestFreeSlotMs?: number;
   freeSlotSeconds?: number;
-  layerGets?: { mean: number; max: number };
+  /** GETs per layer across the link; inFlight: with a first wave, those that began once the first node held the image (all layers). */
+  layerGets?: { mean: number; max: number; inFlight?: number };
   images?: { ref: string; bytes: number }[];
   /** Per node and image, ms after the set's creation. */
   pulls?: { node: string; version: string; image: string; startedMs: number; finishedMs?: number }[];
@@ -267,15 +269,6 @@ function etaChecks(samples: readonly ProgressSample[], fleetMs: number): RowResu
   return { ...(halfPresent ? { halfPresent } : {}), ...(halfTime ? { halfTime } : {}) };
 }
 
-async function layerSizes(bed: FleetBed, images: readonly PushedImage[]): Promise<string[]> {
-  const digests: string[] = [];
-  for (const i of images) {
-    const res = await fetch(`${bed.upstream.url}/v2/${i.repo}/manifests/${i.digest}`, { headers: { accept: 'application/vnd.oci.image.manifest.v1+json' } });
-    digests.push(...((await res.json()) as { layers: { digest: string }[] }).layers.map((l) => l.digest));
-  }
-  return digests;
-}
-
 async function runRow(plan: RowPlan, cli: string, run: number): Promise<RowResult> {
   const why = refused(plan);
   if (why) return { row: plan.name, label: plan.label, notMeasured: `this build's agent refuses the set (${why}): the first wave is not in it yet, so nothing is measured` };
@@ -299,7 +292,10 @@ async function runRow(plan: RowPlan, cli: string, run: number): Promise<RowResul
     const firstPull = bed.nodes.map((n) => Math.min(...pulls.filter((p) => p.node === n.name).map((p) => p.startedAt)));
     const max = typeof plan.rollout?.maxConcurrentNodes === 'number' ? plan.rollout.maxConcurrentNodes : undefined;
     const free = samples && max !== undefined ? freeSlots(samples, max, firstPull) : undefined;
-    const gets = (await layerSizes(bed, images)).map((d) => bed.link.blobGets(d).filter((g) => g.status === 200).length);
+    const layers = (await bed.manifests(images)).flatMap((m) => m.layers);
+    const gets = layers.map((l) => bed.link.blobGets(l.digest).filter((g) => g.status === 200).length);
+    const layerDigests = new Set(layers.map((l) => l.digest));
+    const inFlight = plan.rollout?.firstWave ? (await bed.blobCrossings(images)).filter((c) => layerDigests.has(c.blob.digest)).reduce((n, c) => n + c.laterGets.length, 0) : undefined;
     const result: RowResult = {
       row: plan.name,
       label: plan.label,
@@ -310,7 +306,7 @@ async function runRow(plan: RowPlan, cli: string, run: number): Promise<RowResul
       readyMs: Object.fromEntries([...ready].map(([n, t]) => [n, t - created])),
       longestFreeSlotMs: free?.longestMs,
       freeSlotSeconds: free?.slotSeconds,
-      layerGets: { mean: gets.reduce((a, b) => a + b, 0) / gets.length, max: Math.max(...gets) },
+      layerGets: { mean: gets.reduce((a, b) => a + b, 0) / gets.length, max: Math.max(...gets), ...(inFlight !== undefined ? { inFlight } : {}) },
       images: images.map((i) => ({ ref: i.ref, bytes: i.size })),
       pulls: pulls.map((p) => ({
         node: p.node,
@@ -345,7 +341,7 @@ function table(rows: readonly RowResult[]): string[] {
       continue;
     }
     out.push(
-      `| ${r.label} | ${f2(r.egressBytes! / r.payloadBytes!)} | ${solo ? f2(r.egressBytes! / solo.egressBytes!) : '-'} | ${f1(r.fleetMs! / 1000)} | ${solo ? f2(r.fleetMs! / solo.fleetMs!) : '-'} | ${f1(r.longestFreeSlotMs === undefined ? undefined : r.longestFreeSlotMs / 1000)} | ${f1(r.freeSlotSeconds)} | ${f1(r.layerGets!.mean)}, ${r.layerGets!.max} |`,
+      `| ${r.label} | ${f2(r.egressBytes! / r.payloadBytes!)} | ${solo ? f2(r.egressBytes! / solo.egressBytes!) : '-'} | ${f1(r.fleetMs! / 1000)} | ${solo ? f2(r.fleetMs! / solo.fleetMs!) : '-'} | ${f1(r.longestFreeSlotMs === undefined ? undefined : r.longestFreeSlotMs / 1000)} | ${f1(r.freeSlotSeconds)} | ${f1(r.layerGets!.mean)}, ${r.layerGets!.max}${r.layerGets!.inFlight !== undefined ? ` (${r.layerGets!.inFlight} in flight)` : ''} |`,
     );
   }
   return out;

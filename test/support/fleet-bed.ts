@@ -11,7 +11,7 @@
 // hosts.toml `pinset mirror-config` prints (src/cli/mirror-config.ts): the
 // cache first, the registry across the link as `server`; or, for a fleet
 // without a cache, the registry across the link alone.
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { stringify as stringifyToml } from 'smol-toml';
@@ -24,7 +24,7 @@ import { ApiServer, type KubeObject } from './apiserver.ts';
 import { Containerd, CriClient, type ContainerdVersion } from './containerd.ts';
 import { pushRandom, type PushedImage } from './images.ts';
 import { Registry } from './registry.ts';
-import { ThinLink } from './thin-link.ts';
+import { ThinLink, type LinkTransfer } from './thin-link.ts';
 
 /** The registry's name in the sets; each node's hosts.toml says where it is. */
 export const FLEET_REGISTRY = 'registry.test';
@@ -63,6 +63,59 @@ export interface ImagePull {
   image: string;
   startedAt: number;
   finishedAt?: number;
+}
+
+/** A blob an image's manifest names. */
+export interface FleetBlob {
+  digest: string;
+  size: number;
+}
+
+/** An image's manifest, read back from the upstream registry: its config and layers. */
+export interface FleetManifest {
+  image: PushedImage;
+  config: FleetBlob;
+  layers: FleetBlob[];
+}
+
+/**
+ * How often one blob (a config or a layer) of an image crossed the link, and
+ * what explains each crossing, from what the link, the agents and the
+ * cache's storage show:
+ * - the pull of the first node to hold the image, through the cold cache:
+ *   one copy through it, which is two GETs with distribution 2.8
+ *   (registry/proxy/proxyblobstore.go, release/2.8: ServeBlob marks the
+ *   digest in flight and starts storeLocal, a background copy to store;
+ *   then it serves the client with copyContent, a second copy);
+ * - other nodes' requests that came while the blob was still in flight,
+ *   that is before that storing copy was committed: each is served with one
+ *   more copy from upstream (copyContent again), not from storage. The
+ *   first node got the serving copy, which can end well before the storing
+ *   copy is committed (the commit syncs the file to disk: storage/driver/
+ *   filesystem, fileWriter.Commit; on a busy machine here, blobs were stored
+ *   up to 1.4 s after their last byte crossed), so a node that starts once the first one holds
+ *   the image can still come in that window. distribution 3 stores the copy
+ *   it serves and commits it before it ends the response, which closes the
+ *   window about when the first node has the blob.
+ * A node's requests for an image come after its agent logged `pulling
+ * image`: a node that started after the cache stored the blob cannot have
+ * made it cross again.
+ */
+export interface BlobCrossings {
+  image: string;
+  blob: FleetBlob;
+  /** The node whose pull of the image ended first (the first wave, or the first node to take a turn), and when it held the image (ms since the epoch). */
+  wave: { node: string; heldAt: number };
+  /** When the cache had the blob in its storage (ms since the epoch); undefined if it never stored it. */
+  storedAt: number | undefined;
+  /** The GETs of the blob across the link that carried it (200s), by start. */
+  gets: LinkTransfer[];
+  /** Of those, the GETs that began before the first node held the image: its copy through the cache. */
+  waveGets: LinkTransfer[];
+  /** Of those, the GETs that began once it held it: other nodes' requests while the blob was in flight. */
+  laterGets: LinkTransfer[];
+  /** The other nodes whose pull of the image started before the cache stored the blob: each may have made it cross once more. */
+  startedInFlight: string[];
 }
 
 export class FleetBed {
@@ -165,6 +218,68 @@ export class FleetBed {
   async pushImages(prefix: string, count: number, bytes: number): Promise<PushedImage[]> {
     const out: PushedImage[] = [];
     for (let i = 0; i < count; i++) out.push(await pushRandom(this.upstream, `${prefix}/image-${i + 1}`, bytes, { host: FLEET_REGISTRY }));
+    return out;
+  }
+
+  /** The images' manifests, read back from the upstream registry (not across the link). */
+  async manifests(images: readonly PushedImage[]): Promise<FleetManifest[]> {
+    const out: FleetManifest[] = [];
+    for (const image of images) {
+      const res = await fetch(`${this.upstream.url}/v2/${image.repo}/manifests/${image.digest}`, { headers: { accept: 'application/vnd.oci.image.manifest.v1+json' } });
+      if (!res.ok) throw new Error(`the manifest of ${image.ref}: HTTP ${res.status} from the upstream registry`);
+      const m = (await res.json()) as { config: FleetBlob; layers: FleetBlob[] };
+      out.push({ image, config: m.config, layers: m.layers });
+    }
+    return out;
+  }
+
+  /**
+   * When the cache had a blob of a repository in its storage, ready to serve
+   * (ms since the epoch): the modification time of the repository's link to
+   * it, which distribution writes last when it commits a blob
+   * (registry/storage/blobwriter.go Commit: moveBlob, then linkBlob; the
+   * path: registry/storage/paths.go, layerLinkPathSpec), and which its
+   * ServeBlob reads (through Stat) before it goes upstream. Undefined when
+   * the cache does not hold it (or there is no cache). The file system's
+   * clock ticks coarsely (a few ms); a pull's requests come tens of ms after
+   * it starts.
+   */
+  async cacheStoredAt(repo: string, digest: string): Promise<number | undefined> {
+    if (!this.cache) return undefined;
+    const [algorithm, hex] = digest.split(':');
+    const link = path.join(this.cache.dir, 'storage', 'docker', 'registry', 'v2', 'repositories', ...repo.split('/'), '_layers', algorithm!, hex!, 'link');
+    try {
+      return (await stat(link)).mtimeMs;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+      throw err;
+    }
+  }
+
+  /** Per blob of these images (every node done pulling them): how often it crossed the link, and what explains it (BlobCrossings). */
+  async blobCrossings(images: readonly PushedImage[]): Promise<BlobCrossings[]> {
+    const pulls = this.pulls();
+    const out: BlobCrossings[] = [];
+    for (const m of await this.manifests(images)) {
+      const mine = pulls.filter((p) => p.image === m.image.ref);
+      const wave = mine.reduce<ImagePull | undefined>((a, b) => (a === undefined || (b.finishedAt ?? Infinity) < (a.finishedAt ?? Infinity) ? b : a), undefined);
+      if (wave?.finishedAt === undefined) throw new Error(`no node finished pulling ${m.image.ref}`);
+      const heldAt = wave.finishedAt;
+      for (const blob of [m.config, ...m.layers]) {
+        const storedAt = await this.cacheStoredAt(m.image.repo, blob.digest);
+        const gets = this.link.blobGets(blob.digest).filter((g) => g.status === 200).sort((a, b) => a.startedAt - b.startedAt);
+        out.push({
+          image: m.image.ref,
+          blob,
+          wave: { node: wave.node, heldAt },
+          storedAt,
+          gets,
+          waveGets: gets.filter((g) => g.startedAt < heldAt),
+          laterGets: gets.filter((g) => g.startedAt >= heldAt),
+          startedInFlight: mine.filter((p) => p !== wave && (storedAt === undefined || p.startedAt < storedAt)).map((p) => p.node),
+        });
+      }
+    }
     return out;
   }
 
