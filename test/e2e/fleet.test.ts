@@ -56,7 +56,7 @@ async function assertOneCopyThroughTheCache(bed: FleetBed, images: readonly Push
   for (const c of await bed.blobCrossings(images)) {
     const at = (ms: number) => `${Math.round(ms - c.wave.heldAt)} ms`;
     const starts = bed.pulls().filter((p) => p.image === c.image && p.node !== c.wave.node).map((p) => `${p.node} ${at(p.startedAt)}`);
-    const story = `${c.image}, blob ${c.blob.digest}: ${c.wave.node} held the image at 0 ms; the cache stored the blob ${c.storedAt === undefined ? 'never' : `at ${at(c.storedAt)}`}; GETs across the link ${c.gets.map((g) => `${at(g.startedAt)}..${g.endedAt === undefined ? '' : at(g.endedAt)}`).join(', ')}; the other nodes started at ${starts.join(', ')}`;
+    const story = `${c.image}, blob ${c.blob.digest}: ${c.wave.node} held the image at 0 ms; the cache stored the blob ${c.storedAt === undefined ? 'never' : `at ${at(c.storedAt)}`}; GETs across the link ${c.gets.map((g) => `${at(g.startedAt)}..${g.endedAt === undefined ? '' : at(g.endedAt)} (${g.userAgent})`).join(', ')}; the other nodes started at ${starts.join(', ')}`;
     assert.ok(c.storedAt !== undefined, `the cache never stored it: ${story}`);
     assert.ok(c.waveGets.length >= 1 && c.waveGets.length <= 2, `it crossed the link ${c.waveGets.length} times before ${c.wave.node} held the image, not once or twice: ${story}`);
     assert.ok(

@@ -12,11 +12,11 @@ import { randomBytes } from 'node:crypto';
 import http from 'node:http';
 import { after, before, describe, test } from 'node:test';
 import { requireComponents } from '../support/components.ts';
-import { CACHE_CONFIG } from '../support/fleet-bed.ts';
+import { CACHE_CONFIG, cacheStoredAt } from '../support/fleet-bed.ts';
 import { pushRandom, sha256, type PushedImage } from '../support/images.ts';
 import { Registry } from '../support/registry.ts';
 import { TokenServer } from '../support/token-server.ts';
-import { ThinLink } from '../support/thin-link.ts';
+import { ThinLink, type LinkTransfer } from '../support/thin-link.ts';
 
 /** A GET on a connection of its own; resolves with the status, the body's length and the bytes read off the socket. */
 function get(url: string, headers: Record<string, string> = {}): Promise<{ status: number; body: number; wire: number; ms: number }> {
@@ -162,6 +162,69 @@ describe('distribution as a pull-through cache (deploy/cache/config.yml) behind 
         await new Promise((r) => setTimeout(r, 200));
       }
       assert.equal(link.egressBytes() < 10_000, true, `a stored blob cost ${link.egressBytes()} bytes across the link`);
+    } finally {
+      await cache.stop();
+      await link.stop();
+      await upstream.stop();
+    }
+  });
+
+  // registry/proxy/proxyblobstore.go (release/2.8): ServeBlob marks a blob
+  // it misses in flight, stores it from a copy of its own in the background
+  // (storeLocal) and serves the client from another (copyContent); until
+  // the storing copy is committed, every request for the blob is served
+  // from one more copy. What the fleet test counts on (BlobCrossings in
+  // test/support/fleet-bed.ts): that window outlasts the first client's
+  // copy when the storing copy is slower, and cacheStoredAt() says when it
+  // closed. The link holds one of the cache's two copies, each in turn,
+  // until the held one is the storing copy.
+  test('distribution 2.8 keeps a blob in flight until its storing copy is committed: a request the first client\'s copy outran crosses the link again; after cacheStoredAt() none does', async (t) => {
+    if (!requireComponents(t, ['docker-registry'])) return;
+    const upstream = await Registry.start();
+    const link = await ThinLink.start({ target: upstream.url, bitsPerSecond: 80e6 });
+    const cache = await Registry.start({ configFile: CACHE_CONFIG, proxy: { remoteurl: link.url } });
+    const storedAt = async (repo: string, layer: string, timeoutMs: number): Promise<number | undefined> => {
+      const deadline = Date.now() + timeoutMs;
+      for (;;) {
+        const at = await cacheStoredAt(cache, repo, layer);
+        if (at !== undefined || Date.now() > deadline) return at;
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    };
+    try {
+      let outran = false;
+      for (let attempt = 0; attempt < 6 && !outran; attempt++) {
+        const image = await pushRandom(upstream, `inflight/try-${attempt}`, 400_000);
+        const layer = await layerOf(upstream, image);
+        const url = `${cache.url}/v2/${image.repo}/blobs/${layer}`;
+        link.reset();
+        const gets = () => link.blobGets(layer);
+        link.hold((x) => x.method === 'GET' && x.path.includes(`/blobs/${layer}`));
+        const first = get(url);
+        for (const deadline = Date.now() + 10_000; gets().length < 2; await new Promise((r) => setTimeout(r, 10))) {
+          assert.ok(Date.now() < deadline, `the cache made ${gets().length} GETs of a blob it missed, not two`);
+        }
+        const held: LinkTransfer = gets()[attempt % 2]!;
+        link.hold((x) => x === held);
+        // Either the client gets its copy (the held one is the storing copy), or the blob is stored first.
+        const outcome = await Promise.race([first.then(() => 'served' as const), storedAt(image.repo, layer, 10_000).then(() => 'stored' as const)]);
+        if (outcome === 'served') {
+          outran = true;
+          assert.equal((await first).status, 200);
+          assert.equal(await cacheStoredAt(cache, image.repo, layer), undefined, 'stored while its storing copy was held');
+          const second = await get(url);
+          assert.equal(second.status, 200);
+          assert.equal(gets().length, 3, 'a request while the blob was in flight is served from a third copy across the link');
+        }
+        link.release();
+        assert.equal((await first).status, 200);
+        const stored = await storedAt(image.repo, layer, 10_000);
+        assert.ok(stored !== undefined && stored <= Date.now(), 'the cache stored the blob once its copy crossed');
+        link.reset();
+        assert.equal((await get(url)).status, 200);
+        assert.deepEqual(gets(), [], 'a request after cacheStoredAt() is served from storage');
+      }
+      assert.ok(outran, "in 6 tries, the held copy was never the one the cache stores");
     } finally {
       await cache.stop();
       await link.stop();

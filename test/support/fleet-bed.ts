@@ -118,6 +118,27 @@ export interface BlobCrossings {
   startedInFlight: string[];
 }
 
+/**
+ * When a distribution cache had a blob of a repository in its storage,
+ * ready to serve (ms since the epoch): the modification time of the
+ * repository's link to it, which distribution writes last when it commits
+ * a blob (registry/storage/blobwriter.go Commit: moveBlob, then linkBlob;
+ * the path: registry/storage/paths.go, layerLinkPathSpec), and which its
+ * proxy's ServeBlob reads (through Stat) before it goes upstream. Undefined
+ * while the cache does not hold it. The file system's clock ticks coarsely
+ * (a few ms); a pull's requests come tens of ms after it starts.
+ */
+export async function cacheStoredAt(cache: Registry, repo: string, digest: string): Promise<number | undefined> {
+  const [algorithm, hex] = digest.split(':');
+  const link = path.join(cache.dir, 'storage', 'docker', 'registry', 'v2', 'repositories', ...repo.split('/'), '_layers', algorithm!, hex!, 'link');
+  try {
+    return (await stat(link)).mtimeMs;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw err;
+  }
+}
+
 export class FleetBed {
   readonly api: ApiServer;
   readonly upstream: Registry;
@@ -233,29 +254,6 @@ export class FleetBed {
     return out;
   }
 
-  /**
-   * When the cache had a blob of a repository in its storage, ready to serve
-   * (ms since the epoch): the modification time of the repository's link to
-   * it, which distribution writes last when it commits a blob
-   * (registry/storage/blobwriter.go Commit: moveBlob, then linkBlob; the
-   * path: registry/storage/paths.go, layerLinkPathSpec), and which its
-   * ServeBlob reads (through Stat) before it goes upstream. Undefined when
-   * the cache does not hold it (or there is no cache). The file system's
-   * clock ticks coarsely (a few ms); a pull's requests come tens of ms after
-   * it starts.
-   */
-  async cacheStoredAt(repo: string, digest: string): Promise<number | undefined> {
-    if (!this.cache) return undefined;
-    const [algorithm, hex] = digest.split(':');
-    const link = path.join(this.cache.dir, 'storage', 'docker', 'registry', 'v2', 'repositories', ...repo.split('/'), '_layers', algorithm!, hex!, 'link');
-    try {
-      return (await stat(link)).mtimeMs;
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-      throw err;
-    }
-  }
-
   /** Per blob of these images (every node done pulling them): how often it crossed the link, and what explains it (BlobCrossings). */
   async blobCrossings(images: readonly PushedImage[]): Promise<BlobCrossings[]> {
     const pulls = this.pulls();
@@ -266,7 +264,7 @@ export class FleetBed {
       if (wave?.finishedAt === undefined) throw new Error(`no node finished pulling ${m.image.ref}`);
       const heldAt = wave.finishedAt;
       for (const blob of [m.config, ...m.layers]) {
-        const storedAt = await this.cacheStoredAt(m.image.repo, blob.digest);
+        const storedAt = this.cache ? await cacheStoredAt(this.cache, m.image.repo, blob.digest) : undefined;
         const gets = this.link.blobGets(blob.digest).filter((g) => g.status === 200).sort((a, b) => a.startedAt - b.startedAt);
         out.push({
           image: m.image.ref,
