@@ -92,11 +92,20 @@ export interface FleetManifest {
  *   more copy from upstream (copyContent again), not from storage. The
  *   first node got the serving copy, which can end well before the storing
  *   copy is committed (the commit syncs the file to disk: storage/driver/
- *   filesystem, fileWriter.Commit; on a busy machine here, blobs were stored
- *   up to 1.4 s after their last byte crossed), so a node that starts once the first one holds
- *   the image can still come in that window. distribution 3 stores the copy
- *   it serves and commits it before it ends the response, which closes the
- *   window about when the first node has the blob.
+ *   filesystem, fileWriter.Commit; on a busy machine here, blobs were
+ *   stored up to 1.4 s after their last byte crossed), so a node that
+ *   starts once the first one holds the image can still come in that
+ *   window. A request that missed storage looks for the in-flight mark
+ *   only after pinging the registry's /v2/ across the link, one request
+ *   at a time (proxyregistry.go, tryEstablishChallenges: a registry that
+ *   asks for no credentials is pinged on every miss); if storeLocal ended
+ *   meanwhile (it removes the mark when it ends, stored or not), that
+ *   request starts a copy through the cache of its own: two GETs. So each
+ *   such node costs at most one copy through the cache (seen once here:
+ *   six GETs for five nodes, the blob's link dated 300 ms after the last
+ *   of them). distribution 3 stores the copy it serves and commits it
+ *   before it ends the response, which closes the window about when the
+ *   first node has the blob.
  * A node's requests for an image come after its agent logged `pulling
  * image`: a node that started after the cache stored the blob cannot have
  * made it cross again.
@@ -114,7 +123,7 @@ export interface BlobCrossings {
   waveGets: LinkTransfer[];
   /** Of those, the GETs that began once it held it: other nodes' requests while the blob was in flight. */
   laterGets: LinkTransfer[];
-  /** The other nodes whose pull of the image started before the cache stored the blob: each may have made it cross once more. */
+  /** The other nodes whose pull of the image started before the cache stored the blob: each may have cost one more copy through the cache. */
   startedInFlight: string[];
 }
 
