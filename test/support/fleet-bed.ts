@@ -100,10 +100,14 @@ export interface FleetManifest {
  *   at a time (proxyregistry.go, tryEstablishChallenges: a registry that
  *   asks for no credentials is pinged on every miss); if storeLocal ended
  *   meanwhile (it removes the mark when it ends, stored or not), that
- *   request starts a copy through the cache of its own: two GETs. So each
- *   such node costs at most one copy through the cache (seen once here:
- *   six GETs for five nodes, the blob's link dated 300 ms after the last
- *   of them). distribution 3 stores the copy it serves and commits it
+ *   request starts a copy through the cache of its own: two GETs. And a
+ *   request that reads the blob's link while the commit writes it gets a
+ *   500 ("invalid checksum digest format"), so containerd fetches the blob
+ *   from the registry itself, hosts.toml's `server`: one GET with
+ *   containerd's user agent. So each such node costs at most one copy
+ *   through the cache (seen here: six GETs for five nodes, the blob's link
+ *   dated 300 ms after the last of them; and a 500 from the cache
+ *   followed by containerd's own GET). distribution 3 stores the copy it serves and commits it
  *   before it ends the response, which closes the window about when the
  *   first node has the blob.
  * A node's requests for an image come after its agent logged `pulling
