@@ -64,7 +64,7 @@ import { DOWNLOAD_WAIT_REASONS } from '../api/reasons.ts';
 import type { NodeSetStatus, ProgressUnit, SetProgress } from '../api/types.ts';
 import { formatBytes } from '../registry/size.ts';
 import { RateWindow } from '../util/rate-window.ts';
-import { estimateSeconds, firstWaveSeconds, pace, type MeasuredRate, type WaveNode } from './eta.ts';
+import { estimateSeconds, firstWaveIsLowerBound, firstWaveSeconds, mirroredSeconds, pace, type MeasuredRate, type WaveNode } from './eta.ts';
 
 /**
  * The controller's default window for a set's rate: "the last minutes".
@@ -84,7 +84,7 @@ export interface NodeProgressInput {
   /** The Node's name: how the tracker tells when each node is done. */
   node?: string;
   verdict: 'ready' | 'progressing' | 'degraded';
-  entry?: Pick<NodeSetStatus, 'reason' | 'bytes' | 'rate'> & Partial<Pick<NodeSetStatus, 'images'>>;
+  entry?: Pick<NodeSetStatus, 'reason' | 'bytes' | 'rate'> & Partial<Pick<NodeSetStatus, 'images' | 'pullRate' | 'mirrored'>>;
 }
 
 export type NodeProgressState = 'done' | 'downloading' | 'waiting' | 'degraded' | 'finishing';
@@ -98,6 +98,8 @@ export interface NodeWork {
   present: number;
   total: number;
   rate?: number;
+  /** While still to finish: the rate it reports over the seconds a pull of the set ran (how fast it pulls, its waits left out). */
+  pullRate?: number;
   /** The node says it waits for the first wave (FOLLOWING_REASON): it pulls each image behind it. */
   following?: boolean;
   /** While following: the rate it reports (bytes from the in-cluster cache, not over the link). */
@@ -120,6 +122,8 @@ export interface FleetWork {
   degraded: number;
   /** Sum of the rates the downloading nodes report (bytes only); undefined when none does. */
   reportedRate?: number;
+  /** A node still to finish says its pulls of the set go through a mirror (NodeSetStatus.mirrored). */
+  mirrored?: boolean;
   /** Each named node's state, present and total, and the rate it reports while downloading; absent when no input names its node. */
   byNode?: Record<string, NodeWork>;
 }
@@ -159,17 +163,20 @@ export function fleetWork(nodes: readonly NodeProgressInput[], specImages: numbe
     const state = nodeState(n, present, total);
     if (n.node !== undefined) {
       const rate = state === 'downloading' && unit === 'bytes' ? n.entry?.rate : undefined;
+      const pullRate = n.verdict === 'progressing' && unit === 'bytes' && n.entry?.pullRate !== undefined && n.entry.pullRate > 0 ? n.entry.pullRate : undefined;
       const following = n.verdict === 'progressing' && n.entry?.reason === FOLLOWING_REASON;
       const followRate = following && unit === 'bytes' && n.entry?.rate !== undefined && n.entry.rate > 0 ? n.entry.rate : undefined;
       const imageBytes = unit === 'bytes' && images && images.wanted > 0 ? total / images.wanted : undefined;
       (work.byNode ??= {})[n.node] = {
         state, present, total,
         ...(rate !== undefined ? { rate } : {}),
+        ...(pullRate !== undefined ? { pullRate } : {}),
         ...(following ? { following } : {}),
         ...(followRate !== undefined ? { followRate } : {}),
         ...(imageBytes !== undefined ? { imageBytes } : {}),
       };
     }
+    if (n.verdict === 'progressing' && n.entry?.mirrored === true) work.mirrored = true;
     work.present += present;
     work.total += total;
     if (state === 'downloading' || state === 'waiting') work.remaining += total - present;
@@ -184,7 +191,7 @@ export function fleetWork(nodes: readonly NodeProgressInput[], specImages: numbe
   return work;
 }
 
-export { estimateSeconds, firstWaveSeconds, pace, type MeasuredRate, type WaveNode } from './eta.ts';
+export { estimateSeconds, firstWaveIsLowerBound, firstWaveSeconds, mirroredSeconds, pace, type MeasuredRate, type WaveNode } from './eta.ts';
 
 /** "41% of 180.0 MiB, 5.2 MiB/s" or, in images, "41% of 36 images, 0.40 images/s". */
 export function progressSummary(p: Pick<SetProgress, 'unit' | 'present' | 'total' | 'rate'>): string {
@@ -230,6 +237,13 @@ interface SetTrack {
    * falls while it waits for the wave's next image, not while it pulls.
    */
   followRate?: number;
+  /**
+   * The mean of the pull rates the followers report now (the last seen
+   * while none does): how fast they pull from inside, their waits for the
+   * wave's next image left out. Preferred to followRate where agents
+   * report it.
+   */
+  followPullRate?: number;
   /** When the nodes' completions were seen, oldest first (at most COMPLETIONS_KEPT). */
   completions: number[];
 }
@@ -287,10 +301,32 @@ export class ProgressTracker {
       summary: '',
     };
     if (rate !== undefined && work.present < work.total) progress.rate = work.unit === 'bytes' ? Math.round(rate) : Math.round(rate * 100) / 100;
-    const seconds = estimateSeconds({ ...work, remaining: work.remaining - arrived }, measured, set.slots);
-    if (seconds !== undefined && Number.isFinite(seconds)) progress.estimatedCompletionTime = wholeSeconds(at + seconds * 1000);
+    const mirrored = this.#mirrored(t, work, arrivedByNode, measured, set.slots);
+    const seconds = mirrored ? mirrored.seconds : estimateSeconds({ ...work, remaining: work.remaining - arrived }, measured, set.slots);
+    if (seconds !== undefined && Number.isFinite(seconds)) {
+      progress.estimatedCompletionTime = wholeSeconds(at + seconds * 1000);
+      if (mirrored ? mirrored.lowerBound : wave !== undefined && seconds === waveSeconds && firstWaveIsLowerBound(wave)) progress.estimatedCompletionIsLowerBound = true;
+    }
     progress.summary = progressSummary(progress);
     return progress;
+  }
+
+  /**
+   * A slot-bound set pulled through a mirror, before the pace of
+   * completions is known (mirroredSeconds): more nodes left than slots,
+   * fewer than two completions seen, some node says its pulls go through a
+   * mirror, and every node downloading reports a rate. The nodes after the
+   * first completion pull from the cache the first left warm: how fast, a
+   * node downloading since tells (its pull rate, else its rate).
+   */
+  #mirrored(t: SetTrack, work: FleetWork, arrived: ReadonlyMap<string, number>, measured: MeasuredRate, slots: number | undefined): ReturnType<typeof mirroredSeconds> {
+    if (!work.mirrored || work.unit !== 'bytes' || slots === undefined || measured.nodeInterval !== undefined) return undefined;
+    if (work.downloading + work.waiting <= slots) return undefined;
+    const downloading = Object.entries(work.byNode ?? {}).filter(([, w]) => w.state === 'downloading');
+    const nodes = downloading.map(([node, w]) => ({ remaining: w.total - w.present - (arrived.get(node) ?? 0), ...(w.rate !== undefined ? { rate: w.pullRate ?? w.rate } : {}) }));
+    const warm = t.completions.length > 0 ? Math.max(0, ...nodes.map((n) => n.rate ?? 0)) : 0;
+    const total = work.nodes > 0 ? work.total / work.nodes : 0;
+    return mirroredSeconds(nodes, work.waiting, total, warm > 0 ? warm : undefined, slots);
   }
 
   /** Each node as seen now: a node seen not done, then done, completed now. */
@@ -310,8 +346,11 @@ export class ProgressTracker {
       const followed = (seen?.followed ?? false) || (w.following === true && (w.present > 0 || waveMoving));
       t.nodes.set(node, { done, present: w.present, since: seen && seen.present === w.present ? seen.since : at, followed });
     }
-    const followRates = Object.entries(work.byNode ?? {}).flatMap(([node, w]) => {
-      const rate = w.followRate ?? (t.nodes.get(node)?.followed ? w.rate : undefined);
+    const followers = Object.entries(work.byNode ?? {}).filter(([node, w]) => w.following === true || t.nodes.get(node)?.followed === true);
+    const pullRates = followers.flatMap(([, w]) => (w.pullRate !== undefined ? [w.pullRate] : []));
+    if (pullRates.length > 0) t.followPullRate = pullRates.reduce((a, b) => a + b, 0) / pullRates.length;
+    const followRates = followers.flatMap(([, w]) => {
+      const rate = w.followRate ?? w.rate;
       return rate !== undefined && rate > 0 ? [rate] : [];
     });
     if (followRates.length > 0) t.followRate = Math.max(t.followRate ?? 0, ...followRates);
@@ -345,7 +384,7 @@ export class ProgressTracker {
     if (!left.some(follows)) return undefined;
     return left.map(([node, w]) => {
       const following = follows([node, w]);
-      const rate = following ? t.followRate : w.rate;
+      const rate = following ? (t.followPullRate ?? t.followRate) : w.rate;
       return {
         following,
         remaining: w.total - w.present - (arrived.get(node) ?? 0),

@@ -216,6 +216,24 @@ export class RegistryClient {
     return fetched;
   }
 
+  /**
+   * Whether the first place an image is fetched from is a mirror (a
+   * registry tried before the image's own: registries.conf's mirrors,
+   * containerd's hosts before its `server`), as the runtime configured
+   * alike goes first (a host other than the last, the image's own or
+   * containerd's `server`); false when no source may serve it.
+   */
+  async throughMirror(name: ImageName): Promise<boolean> {
+    try {
+      const found = this.containerdHosts ? await this.containerdHosts.sources(name) : this.registries.sources(name);
+      // A hosts.toml may list its `server` as a [host] too: the same registry, no mirror.
+      const first = found[0];
+      return first?.mirror === true && first.host !== found.at(-1)!.host;
+    } catch {
+      return false;
+    }
+  }
+
   /** Try each source in order; the first answer wins; otherwise one error naming what each said. */
   private async fromSources<T>(name: ImageName, op: (src: Source) => Promise<T>): Promise<T> {
     const image = formatImageName(name);
