@@ -37,8 +37,16 @@
 //   the wave holds it (firstWaveSeconds). The wave ends when its slowest
 //   node has fetched what it lacks at its rate; a follower no sooner than
 //   that plus its last image, and no sooner than all it lacks, at the
-//   highest rate a follower has reported. Until one has pulled behind the
-//   wave that rate is unknown, and the ETA is the wave's time alone.
+//   followers' mean pull rate (bytes over the seconds a pull ran; from
+//   older agents, the highest rate a follower has reported). Until one has
+//   pulled behind the wave that rate is unknown, and the ETA is the wave's
+//   time alone, a lower bound, said so (estimatedCompletionIsLowerBound).
+// - A slot-bound set (more nodes left than slots, fewer than two
+//   completions) whose nodes say they pull through a mirror
+//   (`mirrored`: a cache the first nodes warm): the nodes downloading at
+//   their rates, then the nodes waiting at the rate of a node that pulled
+//   after the first completion (mirroredSeconds); before one has, the
+//   first nodes' time alone, a lower bound, said so.
 // - Otherwise, all the nodes left can download at once: the work left
 //   over the throughput. The work left counts the nodes waiting (for the
 //   first wave, for their first attempt) with their whole download. Once
@@ -57,8 +65,8 @@
 // observations whatever the set's age), when a node first downloaded, each
 // selected node as last seen (done or not, and since when its bytes are
 // what they are: for what arrived since its report), and the times of the
-// last completions (at most COMPLETIONS_KEPT), and the followers' highest
-// rate; started over when the set's
+// last completions (at most COMPLETIONS_KEPT), the followers' highest
+// rate and their mean pull rate; started over when the set's
 // generation or unit changes or its present bytes drop (a node left).
 import { DOWNLOAD_WAIT_REASONS } from '../api/reasons.ts';
 import type { NodeSetStatus, ProgressUnit, SetProgress } from '../api/types.ts';
