@@ -168,7 +168,7 @@ describe('bytes and rate: progress in bytes, added to version 2', () => {
   test('10 typical sets with their bytes still fit in 2 KiB', () => {
     const ten = makeNodeStatus('worker-3', PIN_FILE, typicalSets(10).map((s) => ({ ...s, bytes: { present: 13207024435, total: 13207024435 } })), '2026-11-21T10:04:05.123Z');
     assert.ok(encodedSize(ten) <= 2048, `${encodedSize(ten)} bytes`);
-    const busy = makeNodeStatus('worker-3', PIN_FILE, typicalSets(10).map((s) => ({ ...s, phase: 'Progressing' as const, reason: 'Pulling', bytes: { present: 2201170739, total: 13207024435 }, rate: 11811160 })), '2026-11-21T10:04:05.123Z');
+    const busy = makeNodeStatus('worker-3', PIN_FILE, typicalSets(10).map((s) => ({ ...s, phase: 'Progressing' as const, reason: 'Pulling', bytes: { present: 2201170739, total: 13207024435 }, rate: 11811160, pullRate: 52428800, mirrored: true })), '2026-11-21T10:04:05.123Z');
     assert.ok(encodedSize(busy) <= 2048 + 512, `${encodedSize(busy)} bytes`);
   });
 });
