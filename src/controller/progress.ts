@@ -37,16 +37,12 @@
 //   the wave holds it (firstWaveSeconds). The wave ends when its slowest
 //   node has fetched what it lacks at its rate; a follower no sooner than
 //   that plus its last image, and no sooner than all it lacks, at the
-//   followers' mean pull rate (bytes over the seconds a pull ran; from
-//   older agents, the highest rate a follower has reported). Until one has
-//   pulled behind the wave that rate is unknown, and the ETA is the wave's
-//   time alone, a lower bound, said so (estimatedCompletionIsLowerBound).
-// - A slot-bound set (more nodes left than slots, fewer than two
-//   completions) whose nodes say they pull through a mirror
-//   (`mirrored`: a cache the first nodes warm): the nodes downloading at
-//   their rates, then the nodes waiting at the rate of a node that pulled
-//   after the first completion (mirroredSeconds); before one has, the
-//   first nodes' time alone, a lower bound, said so.
+//   followers' mean pull rate (else the highest rate one reported). Until
+//   one has pulled behind the wave, the wave's time alone: a lower bound.
+// - Slot-bound, fewer than two completions, nodes `mirrored` (a cache the
+//   first nodes warm): see mirroredSeconds; a lower bound until a node has
+//   pulled after the first completion. A lower bound is said so
+//   (estimatedCompletionIsLowerBound).
 // - Otherwise, all the nodes left can download at once: the work left
 //   over the throughput. The work left counts the nodes waiting (for the
 //   first wave, for their first attempt) with their whole download. Once
@@ -245,12 +241,7 @@ interface SetTrack {
    * falls while it waits for the wave's next image, not while it pulls.
    */
   followRate?: number;
-  /**
-   * The mean of the pull rates the followers report now (the last seen
-   * while none does): how fast they pull from inside, their waits for the
-   * wave's next image left out. Preferred to followRate where agents
-   * report it.
-   */
+  /** The mean of the followers' pull rates now (the last seen while none reports one): preferred to followRate. */
   followPullRate?: number;
   /** When the nodes' completions were seen, oldest first (at most COMPLETIONS_KEPT). */
   completions: number[];
@@ -319,14 +310,7 @@ export class ProgressTracker {
     return progress;
   }
 
-  /**
-   * A slot-bound set pulled through a mirror, before the pace of
-   * completions is known (mirroredSeconds): more nodes left than slots,
-   * fewer than two completions seen, some node says its pulls go through a
-   * mirror, and every node downloading reports a rate. The nodes after the
-   * first completion pull from the cache the first left warm: how fast, a
-   * node downloading since tells (its pull rate, else its rate).
-   */
+  /** mirroredSeconds where it applies (see the top); the warm rate: the fastest node downloading once one is done. */
   #mirrored(t: SetTrack, work: FleetWork, arrived: ReadonlyMap<string, number>, measured: MeasuredRate, slots: number | undefined): ReturnType<typeof mirroredSeconds> {
     if (!work.mirrored || work.unit !== 'bytes' || slots === undefined || measured.nodeInterval !== undefined) return undefined;
     if (work.downloading + work.waiting <= slots) return undefined;
