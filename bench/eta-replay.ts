@@ -20,9 +20,16 @@
 //   far each was through its images (its images pulled, and the share of
 //   time of those it was pulling). So the lag of the nodes' reports is
 //   kept as a whole, not per node.
+// Reports recorded before the agents reported `pullRate` and `mirrored`
+// get them rebuilt: the pull rate from the agents' pull logs (`pulls`, see
+// withPullRates), `mirrored` from the row's plan (every row but no-cache
+// pulls through the cache, as its hosts.toml says). Rows rebuilt from
+// timelines get neither, so the first-wave and one-slot estimates that
+// use them are judged on rows recorded with reports only.
 // Half-way as bench:fleet takes it: the first observation with half the
 // set present across the fleet, and half the fleet's time. The error is
-// (said - took) / took.
+// (said - took) / took; "≥" marks an ETA the estimate said was a lower
+// bound (estimatedCompletionIsLowerBound).
 //
 // BENCH_ETA_REPLAY_FILE (bench/fleet.json); BENCH_ETA_REPLAY_WINDOW: the
 // controller's window to replay with (default: the run's --progress-window,
@@ -31,6 +38,7 @@ import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import type { NodeProgressInput } from '../src/controller/progress.ts';
 import { fleetWork, ProgressTracker } from '../src/controller/progress.ts';
+import { NODE_RATE_WINDOW_MS } from '../src/api/set-bytes.ts';
 import { parseDuration } from '../src/util/flags.ts';
 
 /** One node's report of the set, as bench/fleet.ts records it (ms after the set's creation). */
@@ -44,6 +52,8 @@ export interface RecordedReport {
   images: { wanted: number; present: number; pinned: number };
   bytes?: { present: number; total: number };
   rate?: number;
+  pullRate?: number;
+  mirrored?: boolean;
 }
 
 /** What the replay reads of a recorded row (bench/fleet.ts RowResult). */
@@ -69,6 +79,8 @@ export interface ReplayCheck {
   atMs: number;
   /** What the estimate said was left (ms); undefined: no ETA. */
   saidMs?: number;
+  /** The estimate said it was the earliest the set can be done (estimatedCompletionIsLowerBound). */
+  lowerBound?: boolean;
   tookMs: number;
 }
 
@@ -84,12 +96,67 @@ export function rowSlots(row: string, nodes: number): number | undefined {
   return nodes;
 }
 
+/** Whether a row's nodes pull through the cache (bench/fleet.ts PLANS): every row but `no-cache`. */
+export function rowThroughCache(row: string): boolean {
+  return row !== 'no-cache';
+}
+
+/** Reports with `mirrored` as the agents say it (their hosts.toml names the cache first) where the run predates it: from the row's plan. */
+export function withMirrored(reports: readonly RecordedReport[], row: string): RecordedReport[] {
+  if (reports.some((r) => r.mirrored !== undefined) || !rowThroughCache(row)) return [...reports];
+  return reports.map((r) => ({ ...r, mirrored: true }));
+}
+
 /** A node's input from its report, judged as the roll-up judges it (generation 1, as bench:fleet's sets are). */
 function fromReport(r: RecordedReport): NodeProgressInput {
-  const entry = { reason: r.reason, images: { ...r.images, failed: 0, invalid: 0 }, ...(r.bytes ? { bytes: r.bytes } : {}), ...(r.rate !== undefined ? { rate: r.rate } : {}) };
+  const entry = {
+    reason: r.reason,
+    images: { ...r.images, failed: 0, invalid: 0 },
+    ...(r.bytes ? { bytes: r.bytes } : {}),
+    ...(r.rate !== undefined ? { rate: r.rate } : {}),
+    ...(r.pullRate !== undefined ? { pullRate: r.pullRate } : {}),
+    ...(r.mirrored !== undefined ? { mirrored: r.mirrored } : {}),
+  };
   if (r.phase === 'Degraded') return { node: r.node, verdict: 'degraded', entry };
   if (r.phase === 'Ready' && r.currentGeneration >= 1) return { node: r.node, verdict: 'ready', entry };
   return { node: r.node, verdict: 'progressing', entry };
+}
+
+/** Milliseconds of [from, to] during which one of the intervals ran. */
+function coveredMs(intervals: readonly [number, number][], from: number, to: number): number {
+  const cut = intervals.map(([a, b]) => [Math.max(a, from), Math.min(b, to)] as const).filter(([a, b]) => b > a).sort((x, y) => x[0] - y[0]);
+  let ms = 0;
+  let end = from;
+  for (const [a, b] of cut) {
+    if (b <= end) continue;
+    ms += b - Math.max(a, end);
+    end = b;
+  }
+  return ms;
+}
+
+/**
+ * Reports with the pull rate rebuilt where the run predates it (no
+ * `pullRate` recorded) and its pulls were recorded (the agents' logs:
+ * `pulls`, with each image's size in `images`): per node, the bytes of the
+ * images it finished pulling within the agent's rate window
+ * (NODE_RATE_WINDOW_MS) before the report was read, over the milliseconds
+ * during which one of those pulls ran. The agent counts the same from its
+ * own observations (src/api/set-bytes.ts PullTime), with the bytes still
+ * arriving too; the reports' bytes cannot be used for it, as they are
+ * written at the agent's pace and lag the pulls.
+ */
+export function withPullRates(reports: readonly RecordedReport[], row: Pick<RecordedRow, 'pulls' | 'images'>): RecordedReport[] {
+  const size = new Map((row.images ?? []).map((i) => [i.ref, i.bytes]));
+  const pulls = (row.pulls ?? []).filter((p) => p.finishedMs !== undefined && size.has(p.image));
+  if (pulls.length === 0 || reports.some((r) => r.pullRate !== undefined)) return [...reports];
+  return reports.map((r) => {
+    if (!r.bytes || r.bytes.present >= r.bytes.total || r.phase === 'Ready') return r;
+    const done = pulls.filter((p) => p.node === r.node && p.finishedMs! <= r.atMs && p.finishedMs! > r.atMs - NODE_RATE_WINDOW_MS);
+    const ms = coveredMs(done.map((p) => [p.startedMs, p.finishedMs!]), r.atMs - NODE_RATE_WINDOW_MS, r.atMs);
+    const bytes = done.reduce((a, p) => a + size.get(p.image)!, 0);
+    return ms > 0 ? { ...r, pullRate: Math.round((bytes * 1000) / ms) } : r;
+  });
 }
 
 /** The fleet at each change of a node's report, from recorded reports. */
@@ -147,12 +214,15 @@ export function observationsFromTimelines(row: RecordedRow): FleetObservation[] 
 }
 
 /** Feeds the observations through a fresh tracker; the ETA it gave (ms after the start) at each. */
-export function replay(observations: readonly FleetObservation[], opts: { windowMs: number; slots?: number; images: number }): { atMs: number; present: number; total: number; etaMs?: number }[] {
+export function replay(observations: readonly FleetObservation[], opts: { windowMs: number; slots?: number; images: number }): { atMs: number; present: number; total: number; etaMs?: number; lowerBound?: boolean }[] {
   const tracker = new ProgressTracker(opts.windowMs);
   return observations.map((o) => {
     const work = fleetWork(o.nodes, opts.images);
     const p = tracker.observe({ name: 'replay', generation: 1, ...(opts.slots !== undefined ? { slots: opts.slots } : {}) }, work, new Date(o.atMs));
-    return { atMs: o.atMs, present: p.present, total: p.total, ...(p.estimatedCompletionTime ? { etaMs: Date.parse(p.estimatedCompletionTime) } : {}) };
+    return {
+      atMs: o.atMs, present: p.present, total: p.total,
+      ...(p.estimatedCompletionTime ? { etaMs: Date.parse(p.estimatedCompletionTime), ...(p.estimatedCompletionIsLowerBound ? { lowerBound: true } : {}) } : {}),
+    };
   });
 }
 
@@ -161,7 +231,7 @@ export function halfWay(estimates: ReturnType<typeof replay>, fleetMs: number): 
   const at = (ms: number): ReplayCheck | undefined => {
     const e = estimates.filter((x) => x.atMs <= ms).at(-1);
     if (!e) return undefined;
-    return { atMs: ms, tookMs: fleetMs - ms, ...(e.etaMs !== undefined ? { saidMs: e.etaMs - ms } : {}) };
+    return { atMs: ms, tookMs: fleetMs - ms, ...(e.etaMs !== undefined ? { saidMs: e.etaMs - ms, ...(e.lowerBound ? { lowerBound: true } : {}) } : {}) };
   };
   const half = estimates.find((e) => e.total > 0 && e.present * 2 >= e.total);
   const halfPresent = half ? at(half.atMs) : undefined;
@@ -174,14 +244,14 @@ export function replayRow(row: RecordedRow, windowMs: number): { source: 'report
   if (row.fleetMs === undefined || !row.readyMs) return undefined;
   const nodes = Object.keys(row.readyMs).sort();
   const source = row.reports && row.reports.length > 0 ? 'reports' : 'timelines';
-  const observations = source === 'reports' ? observationsFromReports(row.reports!, nodes) : observationsFromTimelines(row);
+  const observations = source === 'reports' ? observationsFromReports(withMirrored(withPullRates(row.reports!, row), row.row), nodes) : observationsFromTimelines(row);
   if (observations.length === 0) return undefined;
   const slots = rowSlots(row.row, nodes.length);
   const estimates = replay(observations, { windowMs, images: row.images?.length ?? 1, ...(slots !== undefined ? { slots } : {}) });
   return { source, ...halfWay(estimates, row.fleetMs) };
 }
 
-const pct = (e: number | undefined) => (e === undefined ? 'no ETA' : `${e >= 0 ? '+' : ''}${e.toFixed(0)}%`);
+const pct = (e: number | undefined, lowerBound?: boolean) => (e === undefined ? 'no ETA' : `${lowerBound ? '≥' : ''}${e >= 0 ? '+' : ''}${e.toFixed(0)}%`);
 
 async function main(): Promise<void> {
   const file = process.env.BENCH_ETA_REPLAY_FILE ?? fileURLToPath(new URL('./fleet.json', import.meta.url));
@@ -189,7 +259,8 @@ async function main(): Promise<void> {
   const out = (l: string) => process.stdout.write(`${l}\n`);
   out(`# ETA replay of ${file}: error at half present / at half the time; recorded: what the controller of that run said; replayed: this tree's estimate`);
   // Per row: checks within 25 % at half present and at half the time, of how many.
-  const within = new Map<string, { present: number; time: number; of: number }>();
+  // A lower bound (the status says so) counts apart: it does not claim to be within 25 %.
+  const within = new Map<string, { present: number; time: number; of: number; lowerBounds: number }>();
   for (const inv of doc.invocations) {
     const windowMs = parseDuration(process.env.BENCH_ETA_REPLAY_WINDOW ?? inv.paces?.progressWindow ?? '10s');
     for (const [i, run] of inv.runs.entries()) {
@@ -201,16 +272,20 @@ async function main(): Promise<void> {
         const recT = row.eta?.halfTime?.saidMs === undefined ? undefined : errorPercent(row.eta.halfTime as ReplayCheck);
         const p = errorPercent(r.halfPresent);
         const t = errorPercent(r.halfTime);
-        const w = within.get(row.row) ?? { present: 0, time: 0, of: 0 };
+        const w = within.get(row.row) ?? { present: 0, time: 0, of: 0, lowerBounds: 0 };
         within.set(row.row, w);
         w.of++;
         if (p !== undefined && Math.abs(p) <= 25) w.present++;
         if (t !== undefined && Math.abs(t) <= 25) w.time++;
-        out(`${inv.started} run ${i + 1} ${row.row.padEnd(9)} (${r.source.padEnd(9)}) fleet ${(row.fleetMs! / 1000).toFixed(1)} s: recorded ${pct(recP)} / ${pct(recT)}; replayed ${pct(p)} / ${pct(t)}`);
+        w.lowerBounds += (r.halfPresent?.lowerBound ? 1 : 0) + (r.halfTime?.lowerBound ? 1 : 0);
+        out(`${inv.started} run ${i + 1} ${row.row.padEnd(9)} (${r.source.padEnd(9)}) fleet ${(row.fleetMs! / 1000).toFixed(1)} s: recorded ${pct(recP)} / ${pct(recT)}; replayed ${pct(p, r.halfPresent?.lowerBound)} / ${pct(t, r.halfTime?.lowerBound)}`);
       }
     }
   }
-  for (const [row, w] of within) out(`${row}: within 25 % at half present in ${w.present} of ${w.of} runs, at half the time in ${w.time} of ${w.of}`);
+  for (const [row, w] of within) {
+    const bounds = w.lowerBounds > 0 ? `; ${w.lowerBounds} of the ${w.of * 2} checks said a lower bound (≥)` : '';
+    out(`${row}: within 25 % at half present in ${w.present} of ${w.of} runs, at half the time in ${w.time} of ${w.of}${bounds}`);
+  }
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) await main();

@@ -140,6 +140,8 @@ interface ProgressSample {
   total: number;
   rate?: number;
   etaMs?: number;
+  /** The status said the ETA is the earliest the set can be done (estimatedCompletionIsLowerBound). */
+  etaLowerBound?: boolean;
   linkBytes: number;
 }
 
@@ -147,6 +149,8 @@ interface ProgressSample {
 interface EtaCheck {
   atMs: number;
   saidMs?: number;
+  /** The ETA said was a lower bound. */
+  lowerBound?: boolean;
   tookMs: number;
   unit: string;
   present: number;
@@ -237,6 +241,7 @@ function sampleProgress(bed: FleetBed, set: string, created: number): { stop: ()
         images: { wanted: e.images.wanted, present: e.images.present, pinned: e.images.pinned },
         ...(updatedAt !== undefined && !Number.isNaN(updatedAt) ? { updatedAtMs: updatedAt } : {}),
         ...(e.bytes ? { bytes: e.bytes } : {}), ...(e.rate !== undefined ? { rate: e.rate } : {}),
+        ...(e.pullRate !== undefined ? { pullRate: e.pullRate } : {}), ...(e.mirrored ? { mirrored: true } : {}),
       };
       const key = JSON.stringify(r);
       if (lastReport.get(n.name) === key) continue;
@@ -246,10 +251,15 @@ function sampleProgress(bed: FleetBed, set: string, created: number): { stop: ()
     const p = (bed.api.get('pinnedimagesets', set)?.status as { progress?: SetProgress } | undefined)?.progress;
     if (!p) return;
     const eta = p.estimatedCompletionTime ? Date.parse(p.estimatedCompletionTime) - created : undefined;
-    const key = JSON.stringify([p.unit, p.present, p.total, p.rate, eta]);
+    const lowerBound = eta !== undefined && p.estimatedCompletionIsLowerBound === true;
+    const key = JSON.stringify([p.unit, p.present, p.total, p.rate, eta, lowerBound]);
     if (key === last) return;
     last = key;
-    samples.push({ atMs: Date.now() - created, unit: p.unit, present: p.present, total: p.total, ...(p.rate !== undefined ? { rate: p.rate } : {}), ...(eta !== undefined ? { etaMs: eta } : {}), linkBytes: bed.link.egressBytes() });
+    samples.push({
+      atMs: Date.now() - created, unit: p.unit, present: p.present, total: p.total,
+      ...(p.rate !== undefined ? { rate: p.rate } : {}), ...(eta !== undefined ? { etaMs: eta } : {}), ...(lowerBound ? { etaLowerBound: true } : {}),
+      linkBytes: bed.link.egressBytes(),
+    });
   }, 100);
   return { stop: () => (clearInterval(timer), { progress: samples, reports }) };
 }
@@ -258,7 +268,7 @@ function sampleProgress(bed: FleetBed, set: string, created: number): { stop: ()
 function etaAt(samples: readonly ProgressSample[], atMs: number, fleetMs: number): EtaCheck | undefined {
   const s = samples.filter((x) => x.atMs <= atMs).at(-1);
   if (!s) return undefined;
-  return { atMs, tookMs: fleetMs - atMs, unit: s.unit, present: s.present, total: s.total, ...(s.etaMs !== undefined ? { saidMs: s.etaMs - atMs } : {}) };
+  return { atMs, tookMs: fleetMs - atMs, unit: s.unit, present: s.present, total: s.total, ...(s.etaMs !== undefined ? { saidMs: s.etaMs - atMs, ...(s.etaLowerBound ? { lowerBound: true } : {}) } : {}) };
 }
 
 /** The ETA at half-way: when the status first showed half the set present, and at half the fleet's time. */
@@ -355,7 +365,7 @@ function etaText(c: EtaCheck | undefined): string {
   const at = `at ${f1(c.atMs / 1000)} s (${c.present} of ${c.total} ${c.unit})`;
   if (c.saidMs === undefined) return `${at}: no ETA, took ${f1(c.tookMs / 1000)} s`;
   const e = pct(c)!;
-  return `${at}: said ${f1(c.saidMs / 1000)} s, took ${f1(c.tookMs / 1000)} s (${e >= 0 ? '+' : ''}${e.toFixed(0)}%)`;
+  return `${at}: said ${c.lowerBound ? 'at least ' : ''}${f1(c.saidMs / 1000)} s, took ${f1(c.tookMs / 1000)} s (${e >= 0 ? '+' : ''}${e.toFixed(0)}%${c.lowerBound ? ', a lower bound' : ''})`;
 }
 
 /** Per row: the ETA the controller gave at half-way (half the set present; half the fleet's time) and what was really left. */

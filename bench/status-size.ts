@@ -21,7 +21,7 @@ for (const n of [1, 10, 20]) {
 }
 for (const n of [1, 10]) {
   const s = makeNodeStatus('worker-3', PIN_FILE, downloadingSets(n), AT);
-  rows.push([`${n} typical set(s) downloading: Progressing, bytes, rate, estimate`, String(v1Size({ ...s, node: 'worker-3' })), String(encodedSize(s)), s.truncated ? `${s.sets.length} of ${n} (truncated)` : `all ${n}`]);
+  rows.push([`${n} typical set(s) downloading: Progressing, bytes, rate, pull rate, mirrored, estimate`, String(v1Size({ ...s, node: 'worker-3' })), String(encodedSize(s)), s.truncated ? `${s.sets.length} of ${n} (truncated)` : `all ${n}`]);
 }
 for (const n of [10, 200]) {
   const all = worstCaseSets(n);

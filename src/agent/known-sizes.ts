@@ -22,6 +22,8 @@ export const SIZE_RETRY_MS = 5 * 60_000;
 
 export class KnownSizes {
   readonly #blobs = new Map<string, ReadonlyMap<string, number>>();
+  /** References fetched through a mirror first, as the estimator found. */
+  readonly #mirrored = new Set<string>();
   /** Reference -> when it was answered unknown. */
   readonly #unknownAt = new Map<string, number>();
   readonly #now: () => number;
@@ -35,6 +37,11 @@ export class KnownSizes {
     return this.#blobs.get(reference);
   }
 
+  /** The reference is fetched through a mirror first (its sizes known and said so). */
+  mirrored(reference: string): boolean {
+    return this.#mirrored.has(reference);
+  }
+
   /** References known. */
   get size(): number {
     return this.#blobs.size;
@@ -46,6 +53,8 @@ export class KnownSizes {
     for (const [ref, s] of sizes) {
       if ('blobs' in s) {
         this.#blobs.set(ref, s.blobs);
+        if (s.mirror) this.#mirrored.add(ref);
+        else this.#mirrored.delete(ref);
         this.#unknownAt.delete(ref);
       } else if (!this.#blobs.has(ref)) this.#unknownAt.set(ref, now);
     }
@@ -67,6 +76,7 @@ export class KnownSizes {
   /** Forget references no longer wanted. */
   retain(refs: ReadonlySet<string>): void {
     for (const r of [...this.#blobs.keys()]) if (!refs.has(r)) this.#blobs.delete(r);
+    for (const r of [...this.#mirrored]) if (!refs.has(r)) this.#mirrored.delete(r);
     for (const r of [...this.#unknownAt.keys()]) if (!refs.has(r)) this.#unknownAt.delete(r);
   }
 }

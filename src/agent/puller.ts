@@ -126,6 +126,11 @@ export class ImagePuller {
     this.now = opts.now ?? Date.now;
   }
 
+  /** A pull of the image runs now (from its start until it lands or fails). */
+  pulling(key: string): boolean {
+    return this.inflight.has(key);
+  }
+
   /** The last failure of an image still being retried, if any. */
   failure(key: string): PullFailure | undefined {
     return this.failures.get(key);

@@ -9,7 +9,8 @@
 // and what it says is still arriving (the download progress seam,
 // src/pins/downloads.ts: containerd's ingests; none on CRI-O, where an
 // image counts when it lands); the rate from the bytes at each report
-// (SetRates). Reports are made as a reconcile goes, when an image lands
+// (SetRates), over the last minutes and over the seconds a pull of the set
+// ran (the puller says which of its images it pulls now). Reports are made as a reconcile goes, when an image lands
 // and every few seconds while pulls run: one read of what is arriving at a
 // time, and a report asked for while one is read is made with it, from the
 // newest facts (so bytes never go back because of an older read).
@@ -67,7 +68,7 @@ export interface ReportFacts {
   /** Per set key: why one of its pull secrets cannot be used. */
   pullSecretProblems?: ReadonlyMap<string, string>;
   /** The sizes of the wanted images' blobs, as pull admission keeps them. */
-  sizes?: Pick<KnownSizes, 'blobs'>;
+  sizes?: Pick<KnownSizes, 'blobs'> & Partial<Pick<KnownSizes, 'mirrored'>>;
 }
 
 type Bytes = { present: number; total: number };
@@ -129,33 +130,40 @@ export class SetReport {
     return downloads.arrived(missing).catch(() => undefined);
   }
 
-  /** Each planned set's bytes, where the sizes of all its images are known, and its rate while it downloads; rates of sets no longer planned are forgotten. */
-  private bytesOf(f: ReportFacts, arriving: ReadonlyMap<string, number> | undefined): { bytes: Map<string, Bytes>; rates: Map<string, number> } {
+  /** Each planned set's bytes, where the sizes of all its images are known, and its rates while it downloads (over the last minutes, and over the seconds a pull of it ran); rates of sets no longer planned are forgotten. */
+  private bytesOf(f: ReportFacts, arriving: ReadonlyMap<string, number> | undefined): { bytes: Map<string, Bytes>; rates: Map<string, number>; pullRates: Map<string, number>; mirrored: Set<string> } {
     const bytes = new Map<string, Bytes>();
     const rates = new Map<string, number>();
+    const pullRates = new Map<string, number>();
+    const mirrored = new Set<string>();
     const { sizes, runtime } = f;
     this.rates.retain(new Set(f.plan.sets.map((s) => s.key)));
-    if (!sizes || runtime.error) return { bytes, rates };
+    if (!sizes || runtime.error) return { bytes, rates, pullRates, mirrored };
     const at = this.o.now();
     const byKey = new Map(f.plan.wanted.map((w) => [w.key, w]));
     for (const s of f.plan.sets) {
+      let pulling = false;
       const images = s.references.flatMap((r) => {
         const w = byKey.get(wantedKey(r.reference, s.runtimeHandler));
+        if (w && f.puller.pulling(w.key)) pulling = true;
         return w ? [{ blobs: sizes.blobs(r.reference), present: Boolean(runtime.found(w)) }] : [];
       });
       const b = images.length > 0 ? setBytes(images, arriving) : undefined;
       if (!b) continue;
       bytes.set(s.key, b);
-      const rate = this.rates.observe(s.key, b, at);
+      if (sizes.mirrored && s.references.every((r) => sizes.mirrored!(r.reference))) mirrored.add(s.key);
+      const rate = this.rates.observe(s.key, b, at, pulling);
       if (rate !== undefined) rates.set(s.key, rate);
+      const pullRate = this.rates.pullRate(s.key, b);
+      if (pullRate !== undefined) pullRates.set(s.key, pullRate);
     }
-    return { bytes, rates };
+    return { bytes, rates, pullRates, mirrored };
   }
 
   private make(f: ReportFacts, arriving: ReadonlyMap<string, number> | undefined): NodeSetStatus[] {
     const { runtime, pins, plan } = f;
     const present = (w: Plan['wanted'][number]) => Boolean(runtime.found(w));
-    const { bytes, rates } = this.bytesOf(f, arriving);
+    const { bytes, rates, pullRates, mirrored } = this.bytesOf(f, arriving);
     const { sets, history } = computeSetStatuses({
       plan,
       pins,
@@ -174,6 +182,8 @@ export class SetReport {
       pullSecretProblems: f.pullSecretProblems,
       bytes,
       rates,
+      pullRates,
+      mirrored,
     });
     this.history = history;
     this.o.reporter.report(

@@ -66,6 +66,10 @@ export interface StatusFacts {
   bytes?: ReadonlyMap<string, { present: number; total: number }>;
   /** Per set key: bytes per second arriving, while it downloads. */
   rates?: ReadonlyMap<string, number>;
+  /** Per set key: its bytes per second over the seconds a pull of it ran (SetRates.pullRate). */
+  pullRates?: ReadonlyMap<string, number>;
+  /** Set keys whose every image the node fetches through a mirror first (src/registry/client.ts throughMirror). */
+  mirrored?: ReadonlySet<string>;
 }
 
 const PULL_REASON: Record<FailureKind, SetReason> = {
@@ -246,6 +250,8 @@ export function computeSetStatuses(facts: StatusFacts): { sets: NodeSetStatus[];
     if (phase === 'Ready') h.currentGeneration = s.generation;
     const bytes = phase === 'Ready' ? readyBytes(s, facts.bytes?.get(s.key), h) : facts.bytes?.get(s.key);
     const rate = phase === 'Ready' ? undefined : facts.rates?.get(s.key);
+    const pullRate = phase === 'Ready' ? undefined : facts.pullRates?.get(s.key);
+    const mirrored = phase !== 'Ready' && facts.mirrored?.has(s.key) === true;
     if (phase === 'Degraded') {
       h.lastFailedGeneration = s.generation;
       h.lastFailedGenerationError = cutBytes(failureText(reason, message), STATUS_MAX_ERROR_BYTES);
@@ -262,6 +268,8 @@ export function computeSetStatuses(facts: StatusFacts): { sets: NodeSetStatus[];
       ...(estimated !== undefined ? { estimatedBytes: estimated } : {}),
       ...(bytes ? { bytes } : {}),
       ...(rate !== undefined ? { rate } : {}),
+      ...(pullRate !== undefined ? { pullRate } : {}),
+      ...(mirrored ? { mirrored } : {}),
       phase,
       reason,
       ...(message ? { message } : {}),

@@ -13,16 +13,19 @@
 //    "gen": 3, "done": 2, "phase": "Progressing", "reason": "Pulling",
 //    "message": "120 of 412 images present",
 //    "images": [412, 120, 412, 0, 0], "estimatedBytes": 13207024435,
-//    "bytes": [2147483648, 6603512217], "rate": 5452595,
+//    "bytes": [2147483648, 6603512217], "rate": 5452595, "pullRate": 9437184, "mirrored": true,
 //    "failedGen": 2, "error": "ImageNotFound: …"}
 // - source: only "static"; absent means "api".
 // - gen: desiredGeneration. done: currentGeneration, absent when equal to gen.
 // - reason: absent on a Ready set means AllImagesPinned.
 // - images: [wanted, present, pinned, failed, invalid], trailing zeros left out.
 // - bytes: [present, total] compressed bytes of the set's images on this
-//   node, [total] when all are present; rate: bytes per second arriving.
-//   Both came after the first version-2 agents (readers that predate them
-//   ignore them), and a malformed one is left out on its own: the entry
+//   node, [total] when all are present; rate: bytes per second arriving;
+//   pullRate: the same over the seconds a pull of the set ran; mirrored:
+//   true when every image of the set is fetched through a mirror first
+//   (absent otherwise). They came
+//   after the first version-2 agents (readers that predate them ignore
+//   them), and a malformed one is left out on its own: the entry
 //   stays, as progress is never worth losing a set's phase for.
 // - failedGen, error: lastFailedGeneration and lastFailedGenerationError. On
 //   a Degraded set they default to gen and "<reason>: <message>" (what a set
@@ -59,7 +62,7 @@ export interface NodeStatusReading {
 
 /** The keys of the version-2 document, and of a set's entry in it: what the encoder may write (docs/status.md lists them; a test holds the two together). */
 export const STATUS_DOCUMENT_KEYS = ['version', 'pinFile', 'updatedAt', 'sets', 'imageFilesystemError', 'cannotPin', 'pins', 'pinsKept', 'kubeletVerification', 'truncated', 'runtime'] as const;
-export const STATUS_SET_KEYS = ['name', 'uid', 'source', 'gen', 'done', 'phase', 'reason', 'message', 'images', 'estimatedBytes', 'bytes', 'rate', 'failedGen', 'error'] as const;
+export const STATUS_SET_KEYS = ['name', 'uid', 'source', 'gen', 'done', 'phase', 'reason', 'message', 'images', 'estimatedBytes', 'bytes', 'rate', 'pullRate', 'mirrored', 'failedGen', 'error'] as const;
 
 const PHASES: ReadonlySet<string> = new Set<SetPhase>(['Progressing', 'Ready', 'Degraded']);
 /** The reason a Ready set has unless it says otherwise (version 2 leaves it out). */
@@ -106,6 +109,8 @@ function encodeSet(s: NodeSetStatus): Partial<Record<(typeof STATUS_SET_KEYS)[nu
   if (s.estimatedBytes !== undefined) e.estimatedBytes = s.estimatedBytes;
   if (s.bytes) e.bytes = s.bytes.present === s.bytes.total ? [s.bytes.total] : [s.bytes.present, s.bytes.total];
   if (s.rate !== undefined) e.rate = Math.round(s.rate);
+  if (s.pullRate !== undefined) e.pullRate = Math.round(s.pullRate);
+  if (s.mirrored === true) e.mirrored = true;
   const failingNow = s.phase === 'Degraded';
   if (s.lastFailedGeneration !== undefined && !(failingNow && s.lastFailedGeneration === s.desiredGeneration)) e.failedGen = s.lastFailedGeneration;
   if (s.lastFailedGenerationError !== undefined && !(failingNow && s.lastFailedGenerationError === failureText(s.reason, s.message))) {
@@ -250,6 +255,8 @@ function readSetEntryV2(v: unknown): NodeSetStatus | string {
   const bytes = readBytes(v.bytes);
   if (bytes) entry.bytes = bytes;
   if (isCount(v.rate)) entry.rate = v.rate;
+  if (isCount(v.pullRate)) entry.pullRate = v.pullRate;
+  if (v.mirrored === true) entry.mirrored = true;
   const failingNow = phase === 'Degraded';
   if (v.failedGen !== undefined) entry.lastFailedGeneration = v.failedGen as number;
   else if (failingNow) entry.lastFailedGeneration = v.gen;

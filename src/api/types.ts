@@ -128,6 +128,8 @@ export interface SetProgress {
   nodesWaiting: number;
   /** When every selected node that is not degraded should hold the set (RFC 3339); absent when it cannot be told. */
   estimatedCompletionTime?: string;
+  /** True when estimatedCompletionTime is the earliest the set can be done, not an estimate: what some nodes will take is not known yet. */
+  estimatedCompletionIsLowerBound?: boolean;
   /** One line for people (kubectl's Progress column): "41% of 180.0 MiB, 5.2 MiB/s". */
   summary: string;
 }
@@ -215,6 +217,15 @@ export interface NodeSetStatus {
   bytes?: { present: number; total: number };
   /** Bytes of this set arriving per second on this node over the last minutes; absent when it is not downloading. */
   rate?: number;
+  /**
+   * Bytes of this set arriving per second while a pull of it ran, over the
+   * same minutes: how fast this node pulls, the time it waited between
+   * pulls (for a rollout slot, for the first wave's next image) left out;
+   * absent when it is not downloading or no pull ran in that time.
+   */
+  pullRate?: number;
+  /** True when this node's runtime pulls every image of the set through a mirror (a registry it asks before the image's own), as its registry configuration says. */
+  mirrored?: boolean;
   phase: SetPhase;
   /** CamelCase, e.g. AllImagesPinned, Pulling, ImageNotFound, PinsOverridden. */
   reason: string;

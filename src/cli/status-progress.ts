@@ -89,6 +89,8 @@ export interface RateAndEta {
   rate?: number;
   /** ms since the epoch. */
   eta?: number;
+  /** The ETA is the earliest the set can be done (estimatedCompletionIsLowerBound): shown as "at least". */
+  lowerBound?: boolean;
   /** Whose they are: the controller's (the set's status), or this command's own observations. */
   by: 'controller' | 'here' | 'none';
 }
@@ -97,7 +99,7 @@ export function controllerRate(view: SetProgressView): RateAndEta {
   const p = view.controller;
   if (!p) return { by: 'none' };
   const eta = p.estimatedCompletionTime ? Date.parse(p.estimatedCompletionTime) : NaN;
-  return { by: 'controller', ...(p.rate !== undefined ? { rate: p.rate } : {}), ...(Number.isNaN(eta) ? {} : { eta }) };
+  return { by: 'controller', ...(p.rate !== undefined ? { rate: p.rate } : {}), ...(Number.isNaN(eta) ? {} : { eta, ...(p.estimatedCompletionIsLowerBound ? { lowerBound: true } : {}) }) };
 }
 
 /**
@@ -114,7 +116,10 @@ export function progressLine(view: SetProgressView, r: RateAndEta, now: number, 
   if (w.present >= w.total && w.downloading + w.waiting === 0) return line;
   if (r.eta !== undefined) {
     const at = new Date(r.eta).toISOString().replace(/\.\d+Z$/, 'Z');
-    line += `; done in about ${formatAge(Math.max(0, r.eta - now))} (${at})${r.by === 'here' ? ', estimated here' : ''}`;
+    const left = formatAge(Math.max(0, r.eta - now));
+    line += r.lowerBound
+      ? `; done in ≥ ${left} (not before ${at}: how long the nodes after the first take is not known yet)${r.by === 'here' ? ', estimated here' : ''}`
+      : `; done in about ${left} (${at})${r.by === 'here' ? ', estimated here' : ''}`;
   } else if (r.by === 'none') line += '; no ETA: the set\'s status has no progress from `pinset controller` (is it running?)';
   else line += rate === undefined ? '; no ETA yet (no rate measured yet)' : w.downloading + w.waiting === 0 ? '' : '; no ETA (nothing arrived lately)';
   return line;

@@ -73,7 +73,7 @@ export function frameLines(v: WatchView, now: number, width: number, height: num
     const w = view.work;
     const amount = w.unit === 'bytes' ? `${formatBytes(w.present)} of ${formatBytes(w.total)}` : `${w.present} of ${w.total} images`;
     const speed = rate.rate !== undefined && w.present < w.total ? (w.unit === 'bytes' ? `  ${formatBytes(rate.rate)}/s` : `  ${rate.rate.toFixed(2)} images/s`) : '';
-    const eta = w.done === w.nodes ? '  done' : rate.eta !== undefined ? `  ETA ${formatAge(Math.max(0, rate.eta - now))} (${utc(rate.eta)})${rate.by === 'here' ? '*' : ''}` : '  ETA -';
+    const eta = w.done === w.nodes ? '  done' : rate.eta !== undefined ? `  ETA ${rate.lowerBound ? '≥ ' : ''}${formatAge(Math.max(0, rate.eta - now))} (${utc(rate.eta)})${rate.by === 'here' ? '*' : ''}` : '  ETA -';
     const nodes = `  ${w.done}/${w.nodes} nodes ready${w.downloading ? `, ${w.downloading} downloading` : ''}${w.waiting ? `, ${w.waiting} waiting` : ''}${w.degraded ? `, ${w.degraded} degraded` : ''}`;
     head.push(`${view.name}  ${progressBar(w.present, w.total, BAR_WIDTH)}  ${amount}${speed}${eta}${nodes}`);
   }
@@ -93,7 +93,7 @@ function rowKey(r: StatusRow): string {
 /** What a set's line says that is news: its amounts, rate and ETA (not the countdown to it). */
 function setKey(s: WatchView['sets'][number]): string {
   const w = s.view.work;
-  return JSON.stringify([w.present, w.total, w.done, w.downloading, w.waiting, w.degraded, s.rate.rate, s.rate.eta]);
+  return JSON.stringify([w.present, w.total, w.done, w.downloading, w.waiting, w.degraded, s.rate.rate, s.rate.eta, s.rate.lowerBound]);
 }
 
 /**
@@ -166,7 +166,8 @@ export async function watchStatus(o: WatchOptions, out: WatchOutput, opts: { sig
       const mine = own.observe({ name: v.name, uid: v.set.metadata.uid, generation: v.set.metadata.generation ?? 0, ...(typeof slots === 'number' ? { slots } : {}) }, v.work, new Date(now));
       const theirs = controllerRate(v);
       const eta = mine.estimatedCompletionTime ? Date.parse(mine.estimatedCompletionTime) : undefined;
-      const rate: RateAndEta = theirs.by === 'controller' ? theirs : { by: 'here', ...(mine.rate !== undefined ? { rate: mine.rate } : {}), ...(eta !== undefined ? { eta } : {}) };
+      const rate: RateAndEta =
+        theirs.by === 'controller' ? theirs : { by: 'here', ...(mine.rate !== undefined ? { rate: mine.rate } : {}), ...(eta !== undefined ? { eta, ...(mine.estimatedCompletionIsLowerBound ? { lowerBound: true } : {}) } : {}) };
       return { view: v, rate };
     });
     return { rows: statusRows(reports, new Date(now), only), sets: progress, ...(problem ? { problem } : {}) };

@@ -68,7 +68,7 @@ export function progressOnly(written: PinnedImageSetStatus | undefined, next: Pi
  * told must not stay).
  */
 export function statusPatch(next: PinnedImageSetStatus): Record<string, unknown> {
-  const progress = next.progress ? { rate: null, estimatedCompletionTime: null, ...next.progress } : null;
+  const progress = next.progress ? { rate: null, estimatedCompletionTime: null, estimatedCompletionIsLowerBound: null, ...next.progress } : null;
   return { ...next, degradedNodes: next.degradedNodes ?? null, progress };
 }
 

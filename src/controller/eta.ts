@@ -91,6 +91,42 @@ export function firstWaveSeconds(nodes: readonly WaveNode[]): number | undefined
   return end;
 }
 
+/** firstWaveSeconds gives the wave's time alone (the earliest the set can be done): the wave is not done and a follower that lacks bytes has no rate yet. */
+export function firstWaveIsLowerBound(nodes: readonly WaveNode[]): boolean {
+  const waveLeft = nodes.some((n) => !n.following && n.remaining > 0);
+  return waveLeft && nodes.some((n) => n.following && n.remaining > 0 && !(n.rate !== undefined && n.rate > 0));
+}
+
+/** A node downloading a slot-bound set through a mirror: what it lacks (less what arrived since its report), and how fast it pulls. */
+export interface MirroredNode {
+  remaining: number;
+  rate?: number;
+}
+
+/**
+ * Seconds until a slot-bound set whose nodes pull through a mirror (a
+ * cache their runtimes go to before the registry) is done, before the
+ * pace of completions is known; undefined when a node downloading reports
+ * no rate. The nodes downloading now end when the slowest has pulled what
+ * it lacks at its rate. The nodes waiting for a slot pull from the cache
+ * those left warm: each its whole download (`total`, their mean) at
+ * `afterRate`, `slots` at a time. `afterRate`: how fast a node pulls from
+ * the warm cache, known once a node has pulled after the first completion;
+ * until then the waiting nodes are not counted and the result is a lower
+ * bound (`lowerBound`): the earliest the set can be done.
+ */
+export function mirroredSeconds(downloading: readonly MirroredNode[], waiting: number, total: number, afterRate: number | undefined, slots: number): { seconds: number; lowerBound: boolean } | undefined {
+  let now = 0;
+  for (const n of downloading) {
+    if (n.remaining <= 0) continue;
+    if (n.rate === undefined || !(n.rate > 0)) return undefined;
+    now = Math.max(now, n.remaining / n.rate);
+  }
+  if (waiting <= 0) return { seconds: now, lowerBound: false };
+  if (afterRate === undefined || !(afterRate > 0)) return { seconds: now, lowerBound: true };
+  return { seconds: now + Math.ceil(waiting / Math.max(1, slots)) * (total / afterRate), lowerBound: false };
+}
+
 /** The pace of completions (ms, oldest first): the mean time between the last max(2, slots) of them, and the time since the last. */
 export function pace(completions: readonly number[], at: number, slots: number | undefined): Pick<MeasuredRate, 'nodeInterval' | 'sinceLastDone'> {
   const c = completions;

@@ -52,7 +52,7 @@ export class SharedValues {
     return this.#strings.get(s) ?? this.#put(this.#strings, s, s);
   }
   entry(e: SetReport): SetReport {
-    const key = JSON.stringify([e.name, e.uid, e.source, e.desiredGeneration, e.currentGeneration, e.phase, e.reason, e.message, e.lastFailedGenerationError, e.images, e.bytes, e.rate]);
+    const key = JSON.stringify([e.name, e.uid, e.source, e.desiredGeneration, e.currentGeneration, e.phase, e.reason, e.message, e.lastFailedGenerationError, e.images, e.bytes, e.rate, e.pullRate, e.mirrored]);
     const had = this.#entries.get(key);
     if (had) return had;
     const shared = Object.freeze({ ...e });
@@ -82,6 +82,8 @@ function compactEntry(e: SetReport, shared: SharedValues): SetReport {
   if (e.uid !== undefined) out.uid = shared.string(e.uid);
   if (e.bytes) out.bytes = e.bytes;
   if (e.rate !== undefined) out.rate = e.rate;
+  if (e.pullRate !== undefined) out.pullRate = e.pullRate;
+  if (e.mirrored === true) out.mirrored = true;
   // The roll-up quotes these only for a Degraded node (status.degradedNodes).
   if (e.phase === 'Degraded') {
     if (e.message !== undefined) out.message = e.message;
@@ -136,7 +138,9 @@ function sameEntry(a: SetReport, b: SetReport): boolean {
     sameCounts(a.images, b.images) &&
     a.bytes?.present === b.bytes?.present &&
     a.bytes?.total === b.bytes?.total &&
-    a.rate === b.rate
+    a.rate === b.rate &&
+    a.pullRate === b.pullRate &&
+    a.mirrored === b.mirrored
   );
 }
 

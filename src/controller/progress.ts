@@ -37,8 +37,12 @@
 //   the wave holds it (firstWaveSeconds). The wave ends when its slowest
 //   node has fetched what it lacks at its rate; a follower no sooner than
 //   that plus its last image, and no sooner than all it lacks, at the
-//   highest rate a follower has reported. Until one has pulled behind the
-//   wave that rate is unknown, and the ETA is the wave's time alone.
+//   followers' mean pull rate (else the highest rate one reported). Until
+//   one has pulled behind the wave, the wave's time alone: a lower bound.
+// - Slot-bound, fewer than two completions, nodes `mirrored` (a cache the
+//   first nodes warm): see mirroredSeconds; a lower bound until a node has
+//   pulled after the first completion. A lower bound is said so
+//   (estimatedCompletionIsLowerBound).
 // - Otherwise, all the nodes left can download at once: the work left
 //   over the throughput. The work left counts the nodes waiting (for the
 //   first wave, for their first attempt) with their whole download. Once
@@ -57,14 +61,14 @@
 // observations whatever the set's age), when a node first downloaded, each
 // selected node as last seen (done or not, and since when its bytes are
 // what they are: for what arrived since its report), and the times of the
-// last completions (at most COMPLETIONS_KEPT), and the followers' highest
-// rate; started over when the set's
+// last completions (at most COMPLETIONS_KEPT), the followers' highest
+// rate and their mean pull rate; started over when the set's
 // generation or unit changes or its present bytes drop (a node left).
 import { DOWNLOAD_WAIT_REASONS } from '../api/reasons.ts';
 import type { NodeSetStatus, ProgressUnit, SetProgress } from '../api/types.ts';
 import { formatBytes } from '../registry/size.ts';
 import { RateWindow } from '../util/rate-window.ts';
-import { estimateSeconds, firstWaveSeconds, pace, type MeasuredRate, type WaveNode } from './eta.ts';
+import { estimateSeconds, firstWaveIsLowerBound, firstWaveSeconds, mirroredSeconds, pace, type MeasuredRate, type WaveNode } from './eta.ts';
 
 /**
  * The controller's default window for a set's rate: "the last minutes".
@@ -84,7 +88,7 @@ export interface NodeProgressInput {
   /** The Node's name: how the tracker tells when each node is done. */
   node?: string;
   verdict: 'ready' | 'progressing' | 'degraded';
-  entry?: Pick<NodeSetStatus, 'reason' | 'bytes' | 'rate'> & Partial<Pick<NodeSetStatus, 'images'>>;
+  entry?: Pick<NodeSetStatus, 'reason' | 'bytes' | 'rate'> & Partial<Pick<NodeSetStatus, 'images' | 'pullRate' | 'mirrored'>>;
 }
 
 export type NodeProgressState = 'done' | 'downloading' | 'waiting' | 'degraded' | 'finishing';
@@ -98,6 +102,8 @@ export interface NodeWork {
   present: number;
   total: number;
   rate?: number;
+  /** While still to finish: the rate it reports over the seconds a pull of the set ran (how fast it pulls, its waits left out). */
+  pullRate?: number;
   /** The node says it waits for the first wave (FOLLOWING_REASON): it pulls each image behind it. */
   following?: boolean;
   /** While following: the rate it reports (bytes from the in-cluster cache, not over the link). */
@@ -120,6 +126,8 @@ export interface FleetWork {
   degraded: number;
   /** Sum of the rates the downloading nodes report (bytes only); undefined when none does. */
   reportedRate?: number;
+  /** A node still to finish says its pulls of the set go through a mirror (NodeSetStatus.mirrored). */
+  mirrored?: boolean;
   /** Each named node's state, present and total, and the rate it reports while downloading; absent when no input names its node. */
   byNode?: Record<string, NodeWork>;
 }
@@ -159,17 +167,20 @@ export function fleetWork(nodes: readonly NodeProgressInput[], specImages: numbe
     const state = nodeState(n, present, total);
     if (n.node !== undefined) {
       const rate = state === 'downloading' && unit === 'bytes' ? n.entry?.rate : undefined;
+      const pullRate = n.verdict === 'progressing' && unit === 'bytes' && n.entry?.pullRate !== undefined && n.entry.pullRate > 0 ? n.entry.pullRate : undefined;
       const following = n.verdict === 'progressing' && n.entry?.reason === FOLLOWING_REASON;
       const followRate = following && unit === 'bytes' && n.entry?.rate !== undefined && n.entry.rate > 0 ? n.entry.rate : undefined;
       const imageBytes = unit === 'bytes' && images && images.wanted > 0 ? total / images.wanted : undefined;
       (work.byNode ??= {})[n.node] = {
         state, present, total,
         ...(rate !== undefined ? { rate } : {}),
+        ...(pullRate !== undefined ? { pullRate } : {}),
         ...(following ? { following } : {}),
         ...(followRate !== undefined ? { followRate } : {}),
         ...(imageBytes !== undefined ? { imageBytes } : {}),
       };
     }
+    if (n.verdict === 'progressing' && n.entry?.mirrored === true) work.mirrored = true;
     work.present += present;
     work.total += total;
     if (state === 'downloading' || state === 'waiting') work.remaining += total - present;
@@ -184,7 +195,7 @@ export function fleetWork(nodes: readonly NodeProgressInput[], specImages: numbe
   return work;
 }
 
-export { estimateSeconds, firstWaveSeconds, pace, type MeasuredRate, type WaveNode } from './eta.ts';
+export { estimateSeconds, firstWaveIsLowerBound, firstWaveSeconds, mirroredSeconds, pace, type MeasuredRate, type WaveNode } from './eta.ts';
 
 /** "41% of 180.0 MiB, 5.2 MiB/s" or, in images, "41% of 36 images, 0.40 images/s". */
 export function progressSummary(p: Pick<SetProgress, 'unit' | 'present' | 'total' | 'rate'>): string {
@@ -230,6 +241,8 @@ interface SetTrack {
    * falls while it waits for the wave's next image, not while it pulls.
    */
   followRate?: number;
+  /** The mean of the followers' pull rates now (the last seen while none reports one): preferred to followRate. */
+  followPullRate?: number;
   /** When the nodes' completions were seen, oldest first (at most COMPLETIONS_KEPT). */
   completions: number[];
 }
@@ -287,10 +300,25 @@ export class ProgressTracker {
       summary: '',
     };
     if (rate !== undefined && work.present < work.total) progress.rate = work.unit === 'bytes' ? Math.round(rate) : Math.round(rate * 100) / 100;
-    const seconds = estimateSeconds({ ...work, remaining: work.remaining - arrived }, measured, set.slots);
-    if (seconds !== undefined && Number.isFinite(seconds)) progress.estimatedCompletionTime = wholeSeconds(at + seconds * 1000);
+    const mirrored = this.#mirrored(t, work, arrivedByNode, measured, set.slots);
+    const seconds = mirrored ? mirrored.seconds : estimateSeconds({ ...work, remaining: work.remaining - arrived }, measured, set.slots);
+    if (seconds !== undefined && Number.isFinite(seconds)) {
+      progress.estimatedCompletionTime = wholeSeconds(at + seconds * 1000);
+      if (mirrored ? mirrored.lowerBound : wave !== undefined && seconds === waveSeconds && firstWaveIsLowerBound(wave)) progress.estimatedCompletionIsLowerBound = true;
+    }
     progress.summary = progressSummary(progress);
     return progress;
+  }
+
+  /** mirroredSeconds where it applies (see the top); the warm rate: the fastest node downloading once one is done. */
+  #mirrored(t: SetTrack, work: FleetWork, arrived: ReadonlyMap<string, number>, measured: MeasuredRate, slots: number | undefined): ReturnType<typeof mirroredSeconds> {
+    if (!work.mirrored || work.unit !== 'bytes' || slots === undefined || measured.nodeInterval !== undefined) return undefined;
+    if (work.downloading + work.waiting <= slots) return undefined;
+    const downloading = Object.entries(work.byNode ?? {}).filter(([, w]) => w.state === 'downloading');
+    const nodes = downloading.map(([node, w]) => ({ remaining: w.total - w.present - (arrived.get(node) ?? 0), ...(w.rate !== undefined ? { rate: w.pullRate ?? w.rate } : {}) }));
+    const warm = t.completions.length > 0 ? Math.max(0, ...nodes.map((n) => n.rate ?? 0)) : 0;
+    const total = work.nodes > 0 ? work.total / work.nodes : 0;
+    return mirroredSeconds(nodes, work.waiting, total, warm > 0 ? warm : undefined, slots);
   }
 
   /** Each node as seen now: a node seen not done, then done, completed now. */
@@ -310,8 +338,11 @@ export class ProgressTracker {
       const followed = (seen?.followed ?? false) || (w.following === true && (w.present > 0 || waveMoving));
       t.nodes.set(node, { done, present: w.present, since: seen && seen.present === w.present ? seen.since : at, followed });
     }
-    const followRates = Object.entries(work.byNode ?? {}).flatMap(([node, w]) => {
-      const rate = w.followRate ?? (t.nodes.get(node)?.followed ? w.rate : undefined);
+    const followers = Object.entries(work.byNode ?? {}).filter(([node, w]) => w.following === true || t.nodes.get(node)?.followed === true);
+    const pullRates = followers.flatMap(([, w]) => (w.pullRate !== undefined ? [w.pullRate] : []));
+    if (pullRates.length > 0) t.followPullRate = pullRates.reduce((a, b) => a + b, 0) / pullRates.length;
+    const followRates = followers.flatMap(([, w]) => {
+      const rate = w.followRate ?? w.rate;
       return rate !== undefined && rate > 0 ? [rate] : [];
     });
     if (followRates.length > 0) t.followRate = Math.max(t.followRate ?? 0, ...followRates);
@@ -345,7 +376,7 @@ export class ProgressTracker {
     if (!left.some(follows)) return undefined;
     return left.map(([node, w]) => {
       const following = follows([node, w]);
-      const rate = following ? t.followRate : w.rate;
+      const rate = following ? (t.followPullRate ?? t.followRate) : w.rate;
       return {
         following,
         remaining: w.total - w.present - (arrived.get(node) ?? 0),

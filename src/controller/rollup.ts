@@ -24,7 +24,7 @@ const NAMES_IN_MESSAGE = 3;
 /** What the roll-up reads of a node's entry for one set. */
 export type SetReport = Pick<
   NodeSetStatus,
-  'name' | 'uid' | 'source' | 'desiredGeneration' | 'currentGeneration' | 'phase' | 'reason' | 'message' | 'lastFailedGenerationError' | 'bytes' | 'rate'
+  'name' | 'uid' | 'source' | 'desiredGeneration' | 'currentGeneration' | 'phase' | 'reason' | 'message' | 'lastFailedGenerationError' | 'bytes' | 'rate' | 'pullRate' | 'mirrored'
 > &
   Partial<Pick<NodeSetStatus, 'images'>>;
 

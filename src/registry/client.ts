@@ -216,18 +216,22 @@ export class RegistryClient {
     return fetched;
   }
 
+  /** Whether the image is fetched from a mirror first (a host before the last, its own or containerd's `server`, which a hosts.toml may list as a [host] too); false when nothing may serve it. */
+  async throughMirror(name: ImageName): Promise<boolean> {
+    const found = await this.sources(name).catch(() => []);
+    return found[0]?.mirror === true && found[0].host !== found.at(-1)!.host;
+  }
+
+  private sources = async (name: ImageName) => (this.containerdHosts ? await this.containerdHosts.sources(name) : this.registries.sources(name));
+
   /** Try each source in order; the first answer wins; otherwise one error naming what each said. */
   private async fromSources<T>(name: ImageName, op: (src: Source) => Promise<T>): Promise<T> {
     const image = formatImageName(name);
     const origin = { repository: repositoryOf(name), ...(name.digest ? { digest: name.digest } : {}) };
-    let sources: Source[];
-    try {
-      const found = this.containerdHosts ? await this.containerdHosts.sources(name) : this.registries.sources(name);
-      sources = found.map((s) => ({ ...s, origin }));
-    } catch (e) {
+    const sources: Source[] = await this.sources(name).then((found) => found.map((s) => ({ ...s, origin })), (e: unknown) => {
       if (e instanceof RegistriesConfError || e instanceof ContainerdHostsError) throw new RegistryError('Blocked', image, `${image}: ${e.message}`);
       throw e;
-    }
+    });
     const failures: SourceFailure[] = [];
     for (const src of sources) {
       try {

@@ -25,7 +25,8 @@ import { parseImageName, type ImageName } from './names.ts';
 import { imageCost, PlatformNotFoundError } from './size.ts';
 
 /** An image's blobs (digest -> compressed bytes), or why they are unknown. */
-export type ImageSizes = { blobs: ReadonlyMap<string, number> } | { unknown: string };
+/** An image's blobs (digest -> compressed bytes), and whether it is fetched through a mirror first (RegistryClient.throughMirror); or why not known. */
+export type ImageSizes = { blobs: ReadonlyMap<string, number>; mirror?: boolean } | { unknown: string };
 
 /** The seam the agent's disk estimate asks; MemorySizeEstimator (src/agent/estimate.ts) is its in-memory twin. */
 export interface SizeEstimator {
@@ -169,7 +170,7 @@ export class RegistrySizeEstimator implements SizeEstimator {
       this.answered.add(name.host);
       const blobs = new Map<string, number>([[cost.config.digest, cost.config.size]]);
       for (const l of cost.layers) blobs.set(l.digest, l.size);
-      const sizes = { blobs };
+      const sizes: ImageSizes = { blobs, ...((await this.client.throughMirror(name)) ? { mirror: true } : {}) };
       if (name.digest) {
         this.known.set(ref, sizes);
         while (this.known.size > this.cacheEntries) this.known.delete(this.known.keys().next().value!);

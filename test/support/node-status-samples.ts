@@ -54,6 +54,8 @@ export function downloadingSets(n: number): NodeSetStatus[] {
       images: { ...s.images, present },
       bytes: { present: Math.floor(s.bytes!.total / 3) + 12_345, total: s.bytes!.total },
       rate: 11_811_160,
+      pullRate: 52_428_800,
+      mirrored: true,
       estimatedBytes: 2 * s.bytes!.total,
       phase: 'Progressing',
       reason: 'Pulling',

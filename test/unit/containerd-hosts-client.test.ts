@@ -69,6 +69,16 @@ async function certsD(registry: string, doc: Record<string, unknown>): Promise<s
   return root;
 }
 
+describe('whether an image is fetched through a mirror first', () => {
+  test('a host listed before the `server` is a mirror; the `server` listed as a [host] too, or no hosts.toml, is not', async () => {
+    const cache = await certsD('cached.example', { server: 'https://cached.example', host: { 'http://127.0.0.1:5001': { capabilities: ['pull', 'resolve'] } } });
+    assert.equal(await new RegistryClient({ containerdHosts: new ContainerdHosts(cache) }).throughMirror(name(`cached.example/app@${sha(manifest)}`)), true);
+    const self = await certsD('self.example', { server: 'http://127.0.0.1:5002', host: { 'http://127.0.0.1:5002': { capabilities: ['pull', 'resolve'] } } });
+    assert.equal(await new RegistryClient({ containerdHosts: new ContainerdHosts(self) }).throughMirror(name(`self.example/app@${sha(manifest)}`)), false);
+    assert.equal(await new RegistryClient({ containerdHosts: new ContainerdHosts(self) }).throughMirror(name(`other.example/app@${sha(manifest)}`)), false, 'no folder: the registry itself');
+  });
+});
+
 describe('the registry client through containerd hosts', () => {
   test("the values of a hosts.toml's headers never reach an error, even when the registry echoes them", async () => {
     const echo = http.createServer((req, res) => {

@@ -2,7 +2,7 @@
 // estimate, and the ETA at half-way taken as bench:fleet takes it.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { errorPercent, halfWay, observationsFromReports, replayRow, type RecordedReport, type RecordedRow } from '../../bench/eta-replay.ts';
+import { errorPercent, halfWay, observationsFromReports, replayRow, withMirrored, withPullRates, type RecordedReport, type RecordedRow } from '../../bench/eta-replay.ts';
 
 const report = (atMs: number, node: string, present: number, over: Partial<RecordedReport> = {}): RecordedReport => ({
   atMs, node, phase: 'Progressing', reason: 'Pulling', desiredGeneration: 1, currentGeneration: 0,
@@ -68,9 +68,27 @@ describe('eta-replay', () => {
     const row: RecordedRow = { row: 'first-wave', label: '3 nodes, a first wave of one', fleetMs: 7500, readyMs: { w: 6500, f1: 7500, f2: 7500 }, images: [{ ref: 'x', bytes: 1000 }], reports };
     const r = replayRow(row, 10_000)!;
     // Half the time (3.75 s), as estimated at 2 s: the wave's 700 bytes at 150/s (4.67 s), to the whole second (7 s);
-    // the followers, not yet seen pulling, are not counted at the wave's rate over the link.
-    assert.deepEqual(r.halfTime, { atMs: 3750, tookMs: 3750, saidMs: 3250 });
+    // the followers, not yet seen pulling, are not counted at the wave's rate over the link: a lower bound, said so.
+    assert.deepEqual(r.halfTime, { atMs: 3750, tookMs: 3750, saidMs: 3250, lowerBound: true });
     // Half present (1500 of 3000) at 6.5 s, the wave done: each follower's 600 bytes at the 1000/s they pulled at: 7.1 s, 7 s whole.
     assert.deepEqual(r.halfPresent, { atMs: 6500, tookMs: 1000, saidMs: 500 });
+  });
+
+  test('reports from before the pull rate get it rebuilt from the pull logs: the bytes of the images pulled over the time a pull ran', () => {
+    const rep = (atMs: number, present: number): RecordedReport => ({
+      atMs, node: 'n', phase: 'Progressing', reason: 'WaitingForFirstWave', desiredGeneration: 1, currentGeneration: 0, images: { wanted: 4, present: present / 100, pinned: 0 }, bytes: { present, total: 400 }, rate: 10,
+    });
+    const row = {
+      images: [{ ref: 'a', bytes: 100 }, { ref: 'b', bytes: 100 }],
+      // Two pulls of 0.5 s each, 10 s apart (waiting for the wave between).
+      pulls: [{ node: 'n', image: 'a', startedMs: 1000, finishedMs: 1500 }, { node: 'n', image: 'b', startedMs: 11_000, finishedMs: 11_500 }],
+    };
+    const out = withPullRates([rep(500, 0), rep(2000, 100), rep(12_000, 200)], row);
+    assert.equal(out[0]!.pullRate, undefined, 'no pull finished yet');
+    assert.equal(out[1]!.pullRate, 200, '100 bytes in 0.5 s');
+    assert.equal(out[2]!.pullRate, 200, '200 bytes in the 1 s the pulls ran, not over the 11 s');
+    assert.deepEqual(withPullRates([{ ...rep(500, 0), pullRate: 7 }], row), [{ ...rep(500, 0), pullRate: 7 }], 'recorded ones are kept as they are');
+    assert.equal(withMirrored([rep(500, 0)], 'one-slot')[0]!.mirrored, true);
+    assert.equal(withMirrored([rep(500, 0)], 'no-cache')[0]!.mirrored, undefined);
   });
 });

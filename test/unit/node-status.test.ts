@@ -111,6 +111,25 @@ describe('bytes and rate: progress in bytes, added to version 2', () => {
     assert.deepEqual(read.status?.sets, [{ ...downloading, rate: 5452595 }, done]);
   });
 
+  test('the pull rate: whole bytes per second, read back; a malformed one left out on its own', () => {
+    const doc = JSON.parse(encodeNodeStatus(status([{ ...downloading, pullRate: 9437184.6 }])));
+    assert.equal(doc.sets[0].pullRate, 9437185);
+    assert.deepEqual(parseNodeStatus(JSON.stringify(doc)).status?.sets, [{ ...downloading, rate: 5452595, pullRate: 9437185 }]);
+    doc.sets[0].pullRate = -3;
+    const read = parseNodeStatus(JSON.stringify(doc));
+    assert.equal(read.status?.sets[0]!.pullRate, undefined);
+    assert.equal(read.status?.sets[0]!.rate, 5452595);
+  });
+
+  test('mirrored: written only when true, read back', () => {
+    const doc = JSON.parse(encodeNodeStatus(status([{ ...downloading, mirrored: true }, { ...downloading, name: 'b', mirrored: false }])));
+    assert.equal(doc.sets[0].mirrored, true);
+    assert.equal('mirrored' in doc.sets[1], false);
+    const read = parseNodeStatus(JSON.stringify(doc)).status!.sets;
+    assert.equal(read[0]!.mirrored, true);
+    assert.equal(read[1]!.mirrored, undefined);
+  });
+
   test('the version stays 2: a set without them reads as before, and with them nothing else of the set changes', () => {
     const { bytes: _b, rate: _r, ...without } = downloading;
     const withThem = parseNodeStatus(encodeNodeStatus(status([downloading]))).status!;
@@ -149,7 +168,7 @@ describe('bytes and rate: progress in bytes, added to version 2', () => {
   test('10 typical sets with their bytes still fit in 2 KiB', () => {
     const ten = makeNodeStatus('worker-3', PIN_FILE, typicalSets(10).map((s) => ({ ...s, bytes: { present: 13207024435, total: 13207024435 } })), '2026-11-21T10:04:05.123Z');
     assert.ok(encodedSize(ten) <= 2048, `${encodedSize(ten)} bytes`);
-    const busy = makeNodeStatus('worker-3', PIN_FILE, typicalSets(10).map((s) => ({ ...s, phase: 'Progressing' as const, reason: 'Pulling', bytes: { present: 2201170739, total: 13207024435 }, rate: 11811160 })), '2026-11-21T10:04:05.123Z');
+    const busy = makeNodeStatus('worker-3', PIN_FILE, typicalSets(10).map((s) => ({ ...s, phase: 'Progressing' as const, reason: 'Pulling', bytes: { present: 2201170739, total: 13207024435 }, rate: 11811160, pullRate: 52428800, mirrored: true })), '2026-11-21T10:04:05.123Z');
     assert.ok(encodedSize(busy) <= 2048 + 512, `${encodedSize(busy)} bytes`);
   });
 });

@@ -5,7 +5,7 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { SetImageCounts } from '../../src/api/types.ts';
-import { estimateSeconds, firstWaveSeconds, fleetWork, pace, ProgressTracker, progressSummary, type FleetWork, type NodeProgressInput } from '../../src/controller/progress.ts';
+import { estimateSeconds, firstWaveIsLowerBound, firstWaveSeconds, fleetWork, mirroredSeconds, pace, ProgressTracker, progressSummary, type FleetWork, type NodeProgressInput } from '../../src/controller/progress.ts';
 
 const counts = (wanted: number, present: number): SetImageCounts => ({ wanted, present, pinned: wanted, failed: 0, invalid: 0 });
 const T0 = Date.UTC(2026, 11, 7, 12, 0, 0);
@@ -244,6 +244,8 @@ describe('a first wave: the wave over the link, then the followers from inside',
     eta(t, 0, ['w', 'f1', 'f2', 'f3'].map((n) => node(n, 'WaitingForFirstWave')));
     // 4000 of 10000 at 100/s: 60 s, however many nodes wait behind it (not 4 x 60 s).
     assert.equal(eta(t, 40, [node('w', 'Pulling', 4000, 100), node('f1', 'WaitingForFirstWave'), node('f2', 'WaitingForFirstWave'), node('f3', 'WaitingForFirstWave')]), 60);
+    const p = t.observe({ name: 'fw', generation: 1, slots: 4 }, fleetWork([node('w', 'Pulling', 4000, 100), node('f1', 'WaitingForFirstWave', 0), node('f2', 'WaitingForFirstWave'), node('f3', 'WaitingForFirstWave')], 5), at(40));
+    assert.equal(p.estimatedCompletionIsLowerBound, true, 'the followers\' time is not known: the earliest the set can be done');
   });
 
   test('followers at the cache\'s pace: the wave\'s end plus the last image at their rate; once the wave is done, what each lacks at the highest rate they pulled at', () => {
@@ -257,6 +259,19 @@ describe('a first wave: the wave over the link, then the followers from inside',
     assert.equal(eta(t, 100, [node('w', 'AllImagesPinned', TOTAL, undefined, 'ready'), node('f1', 'Pulling', 8000, 500), node('f2', 'Pulling', 8000, 500), node('f3', 'Pulling', 2000)]), 8);
   });
 
+  test('followers that report a pull rate are counted at its mean, not at the rate over the minutes they spent waiting for the wave', () => {
+    const t = new ProgressTracker(60_000);
+    const following = (name: string, present: number, rate: number, pullRate: number): NodeProgressInput => ({
+      node: name,
+      verdict: 'progressing',
+      entry: { reason: 'WaitingForFirstWave', images: counts(5, Math.floor(present / 2000)), bytes: { present, total: TOTAL }, rate, pullRate },
+    });
+    eta(t, 0, [node('w', 'Pulling', 0, 100), node('f1', 'WaitingForFirstWave'), node('f2', 'WaitingForFirstWave'), node('f3', 'WaitingForFirstWave')]);
+    // Wave: 6000 at 100/s = 60 s; then f3's last image (2000) at the followers' mean pull rate, (1000 + 3000) / 2 = 2000/s: 61 s
+    // (at their highest rate over the minutes, 400/s, it would be 65 s).
+    assert.equal(eta(t, 40, [node('w', 'Pulling', 4000, 100), following('f1', 4000, 400, 1000), following('f2', 4000, 300, 3000), node('f3', 'WaitingForFirstWave')]), 61);
+  });
+
   test('firstWaveSeconds: the slowest wave node; a follower that lacks more than the wave\'s time at its rate; no estimate without a wave rate', () => {
     const wave = (remaining: number, rate?: number) => ({ following: false, remaining, imageBytes: 100, ...(rate !== undefined ? { rate } : {}) });
     const follower = (remaining: number, rate?: number) => ({ following: true, remaining, imageBytes: 100, ...(rate !== undefined ? { rate } : {}) });
@@ -265,6 +280,65 @@ describe('a first wave: the wave over the link, then the followers from inside',
     assert.equal(firstWaveSeconds([wave(100, 10), follower(150, 50)]), 12);
     assert.equal(firstWaveSeconds([wave(100), follower(150, 50)]), undefined);
     assert.equal(firstWaveSeconds([follower(150)]), undefined);
+  });
+});
+
+describe('one slot through a mirror: the first copy, then the nodes after it from the warm cache', () => {
+  const set = { name: 'one', generation: 1, slots: 1 };
+  // 6 nodes, 1000 bytes each; `done` of them Ready, the next one pulling `pulling` bytes at `rate` (its pull rate `pullRate`).
+  const nodes = (done: number, pulling: number, rate?: number, o: { mirrored?: boolean; pullRate?: number } = {}): NodeProgressInput[] =>
+    Array.from({ length: 6 }, (_, i) => ({
+      node: `n${i}`,
+      verdict: i < done ? 'ready' : 'progressing',
+      entry: {
+        reason: i < done ? 'AllImagesPinned' : i === done ? 'Pulling' : 'WaitingForRolloutSlot',
+        ...(i <= done ? { bytes: { present: i < done ? 1000 : pulling, total: 1000 } } : {}),
+        ...(i === done && rate !== undefined ? { rate } : {}),
+        ...(i === done && o.pullRate !== undefined ? { pullRate: o.pullRate } : {}),
+        ...(i === done && o.mirrored !== false ? { mirrored: true } : {}),
+      },
+    }));
+
+  test('while the first node fetches through the cold cache: its time alone, said to be a lower bound, not every node at its rate', () => {
+    const t = new ProgressTracker(10_000);
+    t.observe(set, fleetWork(nodes(0, 0, undefined), 1), new Date(T0));
+    const p = t.observe(set, fleetWork(nodes(0, 500, 100), 1), new Date(T0 + 5_000));
+    // 500 left at 100/s: 5 s; the five nodes after it are not counted.
+    assert.equal(Date.parse(p.estimatedCompletionTime!), T0 + 10_000);
+    assert.equal(p.estimatedCompletionIsLowerBound, true);
+  });
+
+  test('without a mirror the nodes after the first are counted at its pace, as an estimate', () => {
+    const t = new ProgressTracker(10_000);
+    t.observe(set, fleetWork(nodes(0, 0, undefined, { mirrored: false }), 1), new Date(T0));
+    const p = t.observe(set, fleetWork(nodes(0, 500, 100, { mirrored: false }), 1), new Date(T0 + 5_000));
+    assert.ok(Date.parse(p.estimatedCompletionTime!) > T0 + 50_000, p.estimatedCompletionTime);
+    assert.equal(p.estimatedCompletionIsLowerBound, undefined);
+  });
+
+  test('once a node pulls after the first: the nodes left at its pull rate, one slot at a time', () => {
+    const t = new ProgressTracker(10_000);
+    t.observe(set, fleetWork(nodes(0, 500, 100), 1), new Date(T0));
+    t.observe(set, fleetWork(nodes(1, 0), 1), new Date(T0 + 5_000));
+    // n1 pulls from the warm cache at 1000/s (its rate over the minutes, 400/s, counts the wait for the slot).
+    const p = t.observe(set, fleetWork(nodes(1, 500, 400, { pullRate: 1000 }), 1), new Date(T0 + 6_000));
+    // n1: 500 at 1000/s = 0.5 s; then 4 nodes x 1000 at 1000/s: 4.5 s, whole seconds: 10.5 s after T0, 11 s rounded.
+    assert.equal(Date.parse(p.estimatedCompletionTime!), T0 + 11_000);
+    assert.equal(p.estimatedCompletionIsLowerBound, undefined);
+  });
+
+  test('mirroredSeconds: the slowest node downloading, then the nodes waiting at the warm rate; a lower bound without it; none without a rate', () => {
+    assert.deepEqual(mirroredSeconds([{ remaining: 100, rate: 10 }, { remaining: 50, rate: 10 }], 3, 200, undefined, 2), { seconds: 10, lowerBound: true });
+    assert.deepEqual(mirroredSeconds([{ remaining: 100, rate: 10 }], 3, 200, 100, 2), { seconds: 10 + 2 * 2, lowerBound: false });
+    assert.deepEqual(mirroredSeconds([{ remaining: 100, rate: 10 }], 0, 200, undefined, 1), { seconds: 10, lowerBound: false });
+    assert.equal(mirroredSeconds([{ remaining: 100 }], 3, 200, 100, 1), undefined);
+  });
+
+  test('firstWaveIsLowerBound: the wave not done and a follower without a rate', () => {
+    const node = (following: boolean, remaining: number, rate?: number) => ({ following, remaining, imageBytes: 100, ...(rate !== undefined ? { rate } : {}) });
+    assert.equal(firstWaveIsLowerBound([node(false, 100, 10), node(true, 500)]), true);
+    assert.equal(firstWaveIsLowerBound([node(false, 100, 10), node(true, 500, 50)]), false);
+    assert.equal(firstWaveIsLowerBound([node(false, 0, 10), node(true, 500, 50)]), false);
   });
 });
 

@@ -37,6 +37,27 @@ async function serve(handler: http.RequestListener): Promise<{ host: string; clo
 const insecure = (host: string) => new RegistriesConf(parseRegistriesConf(`[[registry]]\nprefix = "r.test"\nlocation = "${host}"\ninsecure = true\n`, 't.conf'));
 const manifestBody = Buffer.from(JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.manifest.v1+json', config: { mediaType: 'application/vnd.oci.image.config.v1+json', digest: sha('c'), size: 1 }, layers: [] }));
 
+describe('whether an image is fetched through a mirror first (registries.conf)', () => {
+  test('a registry with a mirror is; one without, or a mirror for digests only asked with a tag, is not', async () => {
+    const conf = new RegistriesConf(
+      parseRegistriesConf(
+        '[[registry]]\nprefix = "m.test"\nlocation = "m.test"\n[[registry.mirror]]\nlocation = "cache.local:5000"\n\n[[registry]]\nprefix = "d.test"\nlocation = "d.test"\nmirror-by-digest-only = true\n[[registry.mirror]]\nlocation = "cache.local:5000"\n',
+        't.conf',
+      ),
+    );
+    const client = new RegistryClient({ registries: conf });
+    const of = (ref: string) => {
+      const n = parseImageName(ref);
+      assert.ok(n.ok);
+      return client.throughMirror(n.value);
+    };
+    assert.equal(await of(`m.test/app@sha256:${'a'.repeat(64)}`), true);
+    assert.equal(await of(`plain.test/app@sha256:${'a'.repeat(64)}`), false);
+    assert.equal(await of(`d.test/app@sha256:${'a'.repeat(64)}`), true);
+    assert.equal(await of('d.test/app:1'), false);
+  });
+});
+
 describe('image names', () => {
   test('tags, digests and both; a name without a tag means latest', () => {
     assert.deepEqual(name('quay.io/org/app:1.2'), { host: 'quay.io', path: 'org/app', tag: '1.2' });

@@ -58,4 +58,30 @@ describe('SetRates', () => {
     assert.equal(r.observe('api/b', { present: 6, total: 10 }, 6_000), undefined, 'b starts over');
     assert.equal(r.observe('api/a', { present: 2, total: 10 }, 2_000), 1);
   });
+
+  test('the pull rate counts the time from an observation with a pull running to the next, not the waits between pulls', () => {
+    const r = new SetRates(60_000);
+    const b = (present: number) => ({ present, total: 10_000 });
+    r.observe('api/a', b(0), 0, false);
+    assert.equal(r.pullRate('api/a', b(0)), undefined, 'no pull yet');
+    // Waits 10 s, pulls an image of 2000 bytes in 1 s (its landing ends the pull), waits 10 s, pulls the next in 1 s.
+    r.observe('api/a', b(0), 10_000, true);
+    r.observe('api/a', b(2000), 11_000, false);
+    r.observe('api/a', b(2000), 21_000, true);
+    assert.equal(r.observe('api/a', b(4000), 22_000, false), 4000 / 22, 'the rate over the window counts the waits');
+    assert.equal(r.pullRate('api/a', b(4000)), 2000, '4000 bytes over the 2 s pulls ran');
+    assert.equal(r.pullRate('api/a', { present: 10_000, total: 10_000 }), undefined, 'none once all is present');
+  });
+
+  test('the pull rate forgets pulls older than the window, and starts over when the bytes go down', () => {
+    const r = new SetRates(60_000);
+    const b = (present: number) => ({ present, total: 100_000 });
+    r.observe('api/a', b(0), 0, true);
+    r.observe('api/a', b(1000), 1_000, false);
+    r.observe('api/a', b(1000), 100_000, true);
+    r.observe('api/a', b(5000), 101_000, true);
+    assert.equal(r.pullRate('api/a', b(5000)), 4000, 'the pull at 0-1 s is out of the window');
+    r.observe('api/a', b(0), 102_000, true);
+    assert.equal(r.pullRate('api/a', b(0)), undefined, 'a new generation: nothing measured yet');
+  });
 });

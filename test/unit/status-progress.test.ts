@@ -3,7 +3,7 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { NodeSetStatus, PinnedImageSet } from '../../src/api/types.ts';
-import { bytesCell, etaText, nodeRemainingMs, percentOf, progressBar, progressLine, rateCell, SetProgressCollector, type SetProgressView } from '../../src/cli/status-progress.ts';
+import { bytesCell, controllerRate, etaText, nodeRemainingMs, percentOf, progressBar, progressLine, rateCell, SetProgressCollector, type SetProgressView } from '../../src/cli/status-progress.ts';
 import { formatAge, statusRows } from '../../src/cli/status-table.ts';
 import { changeLines, frameLines, type WatchView } from '../../src/cli/status-watch.ts';
 
@@ -79,6 +79,15 @@ describe('the line per set', () => {
       progressLine(v!, { by: 'controller', rate: 4 * 1024 ** 2, eta: Date.parse(eta) }, NOW, formatAge),
       `upgrade: 14% of 2.0 GiB, 4.0 MiB/s (1 downloading, 1 waiting); done in about 4m10s (${eta})`,
     );
+  });
+
+  test('an ETA the controller says is a lower bound reads "≥"', () => {
+    const eta = new Date(NOW + 30_000).toISOString().replace('.000Z', 'Z');
+    const s = set({ observedGeneration: 1, progress: { unit: 'bytes', present: 1, total: 2, nodesDownloading: 1, nodesWaiting: 1, estimatedCompletionTime: eta, estimatedCompletionIsLowerBound: true, summary: 'x' } });
+    const [v] = views(s, [{ labels: worker, sets: [entry({ bytes: { present: 300, total: 1000 }, rate: 1 })] }]);
+    const r = controllerRate(v!);
+    assert.equal(r.lowerBound, true);
+    assert.match(progressLine(v!, r, NOW, formatAge), /; done in ≥ 30s \(not before 2026-12-07T12:00:30Z: how long the nodes after the first take is not known yet\)$/);
   });
 
   test('without the controller\'s progress: said, or the command\'s own estimate, marked', () => {
