@@ -52,8 +52,8 @@ export interface Admission<T> {
    * Whether an image of `allowed` may still start now: false once every
    * slot that let it through was lost (a renewal found it another node's).
    * A pull that has not reached the runtime yet then waits for the next
-   * admit(), as a node without the slot would; one under way finishes (a
-   * runtime's pull cannot be cancelled halfway without losing its layers).
+   * admit(), as a node without the slot would; one the runtime has begun
+   * runs to its end rather than waste what it has fetched.
    */
   stillAllowed: (image: T) => boolean;
 }
