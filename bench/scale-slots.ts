@@ -45,6 +45,8 @@ const WAVE_IMAGES = 20;
 export type Mode = 'polling' | 'hand-over';
 /** BENCH_SCALE_SLOT_MODES, BENCH_SCALE_SLOT_PARTS: which of them to run (all by default). */
 const MODES = (process.env.BENCH_SCALE_SLOT_MODES ?? 'polling,hand-over').split(',') as Mode[];
+// Any other word would run as polling under that word's name.
+for (const m of MODES) if (m !== 'polling' && m !== 'hand-over') throw new Error(`BENCH_SCALE_SLOT_MODES: ${JSON.stringify(m)} is neither "polling" nor "hand-over"`);
 const PARTS = new Set((process.env.BENCH_SCALE_SLOT_PARTS ?? 'small,big,wave').split(','));
 
 export interface SlotBenchOptions {

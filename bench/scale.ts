@@ -564,9 +564,10 @@ export async function runScale(): Promise<Record<string, unknown>> {
   const machine = `${os.cpus().length} CPUs (${os.cpus()[0]?.model ?? '?'}), ${(os.totalmem() / 2 ** 30).toFixed(1)} GiB RAM, Node ${process.version}`;
   say(`\n## Scale: ${NODES} Nodes, ${SETS} sets (in-process API server; the controller a process of its own)\n`);
   process.once('SIGINT', onInterrupt).once('SIGTERM', onInterrupt);
+  // The builds first: one that cannot run (a dist/ older than its sources) fails before anything is started that would keep this process alive.
+  const clis = await Promise.all(BUILDS.map(cliOf));
   const api = await ApiServer.start({ historyLimit: 2000 });
   const dir = await mkdtemp(path.join(os.tmpdir(), 'pinset-bench-scale-'));
-  const clis = await Promise.all(BUILDS.map(cliOf));
   const main = clis[0]!;
   say(`measured: ${clis.map((c) => `${c.label} (${c.argv.join(' ')})`).join('; ')}${BEFORE ? `; and the sources of ${BEFORE}` : ''}`);
   const results: Record<string, unknown> = { machine, nodes: NODES, sets: SETS, builds: clis.map((c) => ({ label: c.label, argv: c.argv })), date: new Date().toISOString() };

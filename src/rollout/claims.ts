@@ -258,7 +258,7 @@ export class SlotClaims {
     try {
       ticket = await join.call(this.slots, set, {
         granted: (slotName) => later(() => this.#granted(key, slotName)),
-        removed: () => later(async () => this.#removed(key, ticket)),
+        removed: () => later(() => this.#removed(key, ticket)),
         failed: (err) => later(() => this.#queueFailed(key, err)),
       });
       if (this.#waiting.get(key) !== w || this.#closed) {
@@ -316,11 +316,14 @@ export class SlotClaims {
     }
   }
 
-  #removed(key: string, ticket: QueueTicket | undefined): void {
+  async #removed(key: string, ticket: QueueTicket | undefined): Promise<void> {
     const w = this.#waiting.get(key);
     if (!w || !ticket || w.ticket !== ticket) return;
     // Dropped from the queue (a grant lapsed): back at the end of it at the next step, paced.
     w.ticket = undefined;
+    // Its watch of the entry ends too: left running, it would watch a name nobody writes again,
+    // one more watch on the API server per lapsed grant, for as long as the agent runs.
+    await ticket.leave();
     w.queueAt = this.#now() + w.queueBackoff.fail();
     this.#log.info({ set: w.set.name, rejoinInMs: w.queueAt - this.#now() }, `left the ${poolOf(w.set).what} queue (a grant was not taken in time); queueing again`);
   }

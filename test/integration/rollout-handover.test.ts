@@ -15,6 +15,7 @@ import { ApiServer } from '../support/apiserver.ts';
 import { handoverLatencies, simulateRollout } from '../support/rollout-agents.ts';
 import { KubeHttp } from '../../src/api/kube-http.ts';
 import { FirstWave } from '../../src/rollout/first-wave.ts';
+import { RolloutGate } from '../../src/rollout/gate.ts';
 import { RolloutGranter, type GrantedSet } from '../../src/rollout/granter.ts';
 import { clientNodeLeaseApi } from '../../src/rollout/lease-api.ts';
 import { LeaseWaveRecords } from '../../src/rollout/lease-records.ts';
@@ -154,6 +155,25 @@ describe('the hand-over on Leases', () => {
     const r = await run;
     assert.deepEqual(r.finished, ['alive']);
     assert.equal(api.get('leases', queueName('lapse', 'dead'), NS), undefined, 'the dead node\'s entry was dropped');
+  });
+
+  test('a node dropped from the queue (its entry deleted, as when its grant lapsed) stops watching that entry', async () => {
+    startGranter();
+    const set = limited('dropped', 1);
+    const holder = (await slotsOf('holder').tryAcquire(set))!;
+    const gate = new RolloutGate({ slots: slotsOf('waiter'), logger: silentLogger(), onChange: () => {}, ...SLOW_POLLS });
+    const entry = queueName('dropped', 'waiter');
+    const watching = () => api.openWatches().filter((w) => w.query.fieldSelector === `metadata.name=${entry}`).length;
+    try {
+      await gate.admit([{ key: 'img', sets: ['api/dropped'] }], new Map([['api/dropped', set]]), () => true);
+      await api.waitFor(() => watching() === 1, 5000, 'the node watching its entry');
+      api.remove('leases', entry, NS);
+      await api.waitFor(() => watching() === 0, 5000, 'the watch of the dropped entry ended');
+      assert.deepEqual(gate.queued(), []);
+    } finally {
+      await gate.close();
+      await slotsOf('holder').release(holder);
+    }
   });
 
   test('a holder that died: the slot is granted when its lease expires', async () => {

@@ -68,7 +68,7 @@ let dir: string;
 let store: MemorySlotStore;
 let sets: PinnedImageSet[];
 
-async function node(name: string, sizeEstimator?: MemorySizeEstimator): Promise<Node> {
+async function node(name: string, sizeEstimator?: MemorySizeEstimator, maxParallel = 4): Promise<Node> {
   const logger = silentLogger();
   const runtime = new HeldRuntime();
   const sink = new MemorySink();
@@ -82,7 +82,7 @@ async function node(name: string, sizeEstimator?: MemorySizeEstimator): Promise<
     nodeName: name,
     runtime,
     pins: crioChoice({ pinFile: await PinFile.open(path.join(dir, name, 'crio.conf.d'), { mainConfig: path.join(dir, name, 'crio.conf') }), reloader: createReloader('none'), runtime, logger }),
-    puller: new ImagePuller({ runtime, maxParallel: 4, logger }),
+    puller: new ImagePuller({ runtime, maxParallel, logger }),
     reporter: new StatusReporter(sink, { logger }),
     logger,
     kube,
@@ -136,6 +136,35 @@ describe('the reconcile takes a rollout slot before it downloads', () => {
     assert.equal(after.sets[0]!.phase, 'Ready');
     assert.deepEqual(n2.runtime.downloads.sort(), [APP, DB].sort());
     assert.equal(store.slots.size, 0);
+  });
+
+  test('a node that loses its slot while it downloads (another took it once its lease ran out) starts no new pull of the set: the one under way finishes, the rest wait for a slot', async () => {
+    sets = [apiSet('web', [APP, DB, TOOL], 1)];
+    const n1 = await node('n1', undefined, 1);
+    n1.runtime.holdEach([APP, DB, TOOL]);
+    mock.timers.enable({ apis: ['setInterval'] });
+    const first = n1.agent.reconcile();
+    await waitFor(() => n1.runtime.downloads.length === 1);
+    const [slot, s] = [...store.slots.entries()][0]!;
+    store.slots.set(slot, { ...s, holder: 'n2' });
+    mock.timers.tick(60_000); // the next renewal finds it n2's
+    await waitFor(() => n1.gate.held().length === 0);
+    const pulling = n1.runtime.downloads[0]!;
+    n1.runtime.releaseOne(pulling);
+    // Without the check, the next image's pull starts (and is held): the reconcile would not end.
+    const done = await Promise.race([first, new Promise<undefined>((r) => setTimeout(() => r(undefined), 2_000))]).finally(() => {
+      for (const ref of [APP, DB, TOOL]) if (ref !== pulling) n1.runtime.releaseOne(ref);
+    });
+    assert.deepEqual(n1.runtime.downloads, [pulling], 'the two images not started yet never reached the runtime');
+    assert.ok(done, 'the reconcile ended');
+    assert.equal(done.pullsAttempted, 1);
+    const web = done.sets.find((x) => x.name === 'web')!;
+    assert.equal(web.phase, 'Progressing');
+    assert.equal(web.images?.failed ?? 0, 0, 'held back, not failed');
+    assert.equal(store.slots.get(slot)!.holder, 'n2', 'n2 keeps the slot');
+    const again = await n1.agent.reconcile();
+    assert.equal(again.sets.find((x) => x.name === 'web')!.reason, 'WaitingForRolloutSlot');
+    assert.deepEqual(n1.runtime.downloads, [pulling]);
   });
 
   test('content already on the node (a name-only pull) and sets without a limit never wait for a slot', async () => {
