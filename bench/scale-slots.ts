@@ -219,7 +219,10 @@ function holderChanges(reqs: readonly RecordedRequest[], setName: string, from: 
       continue;
     }
     const spec = ((r.body as { spec?: Spec })?.spec ?? {}) as Spec;
-    const prev = state.get(name);
+    // A create succeeds only where no Lease of that name is: it replaces no
+    // holder, whatever this replay last saw there (the bench clears the
+    // Leases between parts in process, outside the record of requests).
+    const prev = r.method === 'POST' ? undefined : state.get(name);
     state.set(name, spec);
     if (r.at < from || !prev?.holderIdentity) continue;
     const prevUntil = Date.parse(prev.renewTime ?? prev.acquireTime ?? '') + (prev.leaseDurationSeconds ?? 0) * 1000;
