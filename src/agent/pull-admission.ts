@@ -50,6 +50,8 @@ export interface Admitted {
   waits?: ReadonlyMap<string, SlotWait>;
   unenforced?: ReadonlyMap<string, string>;
   waves?: ReadonlyMap<string, SetWave>;
+  /** Whether a pull of `pulling` may still start (false once the rollout slot that let it through was lost). */
+  mayStart?: (w: WantedImage) => boolean;
 }
 
 export class PullAdmission {
@@ -138,7 +140,7 @@ export class PullAdmission {
         await rolloutGate?.releaseAll('no room below the watermark');
       }
     }
-    return { pulling: diskProblem ? admitted.pulls.filter(isName) : admitted.pulls, waits: admitted.waits, unenforced: admitted.unenforced, waves: admitted.waves };
+    return { pulling: diskProblem ? admitted.pulls.filter(isName) : admitted.pulls, waits: admitted.waits, unenforced: admitted.unenforced, waves: admitted.waves, ...(admitted.mayStart ? { mayStart: admitted.mayStart } : {}) };
   }
 
   /**

@@ -57,6 +57,8 @@ export interface PullResult {
   imageRef?: string;
   failure?: PullFailure;
   durationMs: number;
+  /** Not started: what let it through was withdrawn before it reached the runtime (a rollout slot lost); no failure, nothing to retry later. */
+  heldBack?: true;
 }
 
 export interface ImagePullerOptions {
@@ -178,13 +180,15 @@ export class ImagePuller {
   /**
    * Give every image that is due one attempt (joining pulls already in
    * flight) and wait for them; `onEach` hears each result as it comes.
-   * `signal` stops the waiting, not the pulls.
+   * `signal` stops the waiting, not the pulls. `mayStart`: asked for each
+   * image when its turn comes (after the wait for a parallel pull): false
+   * holds it back (heldBack), the runtime never asked.
    */
-  async pull(images: readonly WantedImage[], signal: AbortSignal, onEach?: (r: PullResult) => void, kindOf: (key: string) => PullKind = () => 'download'): Promise<PullResult[]> {
+  async pull(images: readonly WantedImage[], signal: AbortSignal, onEach?: (r: PullResult) => void, kindOf: (key: string) => PullKind = () => 'download', mayStart?: (key: string) => boolean): Promise<PullResult[]> {
     const waits = images
       .filter((w) => this.inflight.has(w.key) || this.isDue(w.key))
       .map((w) =>
-        this.start(w, kindOf(w.key)).then((r) => {
+        this.start(w, kindOf(w.key), mayStart).then((r) => {
           if (!signal.aborted) onEach?.(r);
           return r;
         }),
@@ -217,16 +221,16 @@ export class ImagePuller {
     for (const f of this.inflight.values()) f.abort.abort(new Error('shutting down'));
   }
 
-  private start(w: WantedImage, kind: PullKind): Promise<PullResult> {
+  private start(w: WantedImage, kind: PullKind, mayStart?: (key: string) => boolean): Promise<PullResult> {
     const existing = this.inflight.get(w.key);
     if (existing) return existing.promise;
     const abort = new AbortController();
-    const promise = this.attempt(w, kind, abort.signal).finally(() => this.inflight.delete(w.key));
+    const promise = this.attempt(w, kind, abort.signal, mayStart).finally(() => this.inflight.delete(w.key));
     this.inflight.set(w.key, { promise, abort });
     return promise;
   }
 
-  private async attempt(w: WantedImage, kind: PullKind, signal: AbortSignal): Promise<PullResult> {
+  private async attempt(w: WantedImage, kind: PullKind, signal: AbortSignal, mayStart?: (key: string) => boolean): Promise<PullResult> {
     const { logger } = this.opts;
     const ref = w.reference.reference;
     // A free slot is taken in the same turn: the first pulls of a batch reach
@@ -237,6 +241,11 @@ export class ImagePuller {
       } catch {
         return { key: w.key, kind, ok: false, durationMs: 0, failure: this.recordFailure(w.key, new RuntimeError('Canceled', 'pull cancelled: no longer wanted')) };
       }
+    }
+    if (mayStart && !mayStart(w.key)) {
+      this.slots.release();
+      this.opts.logger.info({ image: ref, kind }, 'pull not started: the rollout slot that let it through was lost; it waits for a slot again');
+      return { key: w.key, kind, ok: false, heldBack: true, durationMs: 0 };
     }
     // Made once the pull has its slot: the pulls of a large set all wait for one at once.
     const log = logger.child({ image: ref, kind, ...(w.runtimeHandler ? { runtimeHandler: w.runtimeHandler } : {}) });

@@ -56,7 +56,7 @@ export function pullsNeeded(plan: Plan, runtime: RuntimeSnapshot, pins: PinBacke
  * puller's), reporting progress while they run. Returns the images pulled and those whose pull failed.
  */
 export async function runPulls(
-  o: { puller: ImagePuller; log: Logger; runtime: RuntimeSnapshot; pins: PinBackend; report: () => void; reportEveryMs: number; waitingForSlot: number; onLanded?: (w: WantedImage) => void },
+  o: { puller: ImagePuller; log: Logger; runtime: RuntimeSnapshot; pins: PinBackend; report: () => void; reportEveryMs: number; waitingForSlot: number; onLanded?: (w: WantedImage) => void; mayStart?: (w: WantedImage) => boolean | undefined },
   need: PullPlan,
   pulling: readonly WantedImage[],
   signal: AbortSignal,
@@ -82,13 +82,16 @@ export async function runPulls(
   const progress = setInterval(o.report, o.reportEveryMs);
   let results: PullResult[];
   try {
-    results = await puller.pull(pulling, signal, landed, (k) => need.kinds.get(k) ?? 'download').catch((e) => {
+    const mayStart = o.mayStart;
+    results = await puller.pull(pulling, signal, landed, (k) => need.kinds.get(k) ?? 'download', mayStart && ((k) => mayStart(byKey.get(k)!) !== false)).catch((e) => {
       if (signal.aborted) throw new Cancelled('superseded');
       throw e;
     });
   } finally {
     clearInterval(progress);
   }
-  const of = (ok: boolean) => results.filter((r) => r.ok === ok).map((r) => byKey.get(r.key)).filter((w): w is WantedImage => w !== undefined);
-  return { pulled: of(true), failed: of(false), attempted: results.length };
+  // A pull held back (its rollout slot lost before it started) neither landed nor failed: the next reconcile asks for a slot again.
+  const tried = results.filter((r) => !r.heldBack);
+  const of = (ok: boolean) => tried.filter((r) => r.ok === ok).map((r) => byKey.get(r.key)).filter((w): w is WantedImage => w !== undefined);
+  return { pulled: of(true), failed: of(false), attempted: tried.length };
 }

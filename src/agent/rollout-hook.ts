@@ -61,6 +61,8 @@ export interface AdmittedPulls {
   unenforced?: ReadonlyMap<string, string>;
   /** By set key, the sets with a first wave this node still has images of: who is in it, what waits (for the status). */
   waves?: ReadonlyMap<string, SetWave>;
+  /** Whether a pull of `pulls` may still start: false once the rollout slot that let it through was lost (src/rollout/gate.ts stillAllowed). */
+  mayStart?: (w: WantedImage) => boolean;
 }
 
 /**
@@ -80,8 +82,8 @@ export async function admitDownloads(rollout: Rollout, plan: Plan, pulls: Wanted
     waves = wave.sets;
   }
   if (!gate) return { pulls: mayGo, ...(waves ? { waves } : {}) };
-  const { allowed, waits, unenforced } = await gate.admit(mayGo, rolloutLimits(plan.sets), downloads);
-  return { pulls: allowed, waits, unenforced, ...(waves ? { waves } : {}) };
+  const { allowed, waits, unenforced, stillAllowed } = await gate.admit(mayGo, rolloutLimits(plan.sets), downloads);
+  return { pulls: allowed, waits, unenforced, mayStart: stillAllowed, ...(waves ? { waves } : {}) };
 }
 
 /**

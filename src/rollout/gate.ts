@@ -48,6 +48,14 @@ export interface Admission<T> {
   waits: Map<string, SlotWait>;
   /** By set key: the sets downloading without a slot because this node may not hold one (403), and the API's answer. */
   unenforced: Map<string, string>;
+  /**
+   * Whether an image of `allowed` may still start now: false once every
+   * slot that let it through was lost (a renewal found it another node's).
+   * A pull that has not reached the runtime yet then waits for the next
+   * admit(), as a node without the slot would; one under way finishes (a
+   * runtime's pull cannot be cancelled halfway without losing its layers).
+   */
+  stillAllowed: (image: T) => boolean;
 }
 
 /**
@@ -116,7 +124,7 @@ export class RolloutGate {
     }
     // A set that needs no slot any more (an image now covered by another set's slot) stops waiting for one.
     for (const k of claims.waitingKeys()) if (!waits.has(k) && !unlimited.has(k) && !claims.holds(k)) await claims.drop(k, 'covered by another set');
-    return { allowed: images.filter((w) => !limitedOnly(w) || covered(w)), waits, unenforced: unlimited };
+    return { allowed: images.filter((w) => !limitedOnly(w) || covered(w)), waits, unenforced: unlimited, stillAllowed: (w) => !limitedOnly(w) || covered(w) };
   }
 
   /** The downloads of this round ended (done or failed): free every slot held. */

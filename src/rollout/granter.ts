@@ -30,6 +30,7 @@ import type { Logger } from '../util/log.ts';
 import { DEFAULT_ACCEPT_MS, planGrants, type QueueEntryView, type SlotView } from './grants.ts';
 import { dropEntry, writeGrant, type GrantCounts as Counts } from './grant-writes.ts';
 import { GranterHeartbeat } from './granter-heartbeat.ts';
+import { OwnWrites } from './own-writes.ts';
 import { timeMs, type LeaseObject } from './lease-slots.ts';
 import {
   GRANT_ANNOTATION,
@@ -38,6 +39,7 @@ import {
   QUEUE_SET_ANNOTATION,
   SLOT_MANAGED_BY,
   slotFree,
+  slotName,
   type SlotPoolName,
 } from './slots.ts';
 
@@ -104,13 +106,6 @@ interface Group {
   pending: number;
 }
 
-/** A slot this replica wrote, until the watch shows it or something newer. */
-interface Written {
-  lease: LeaseObject;
-  /** The version it replaced ('' for a create): an event still showing that version is older than the write. */
-  base: string;
-}
-
 /** What a queue entry says, parsed once per version of it. */
 const entryViews = new WeakMap<LeaseObject, QueueEntryView>();
 
@@ -155,7 +150,8 @@ export class RolloutGranter {
   readonly #dirty = new Set<string>();
   /** Per group, when its next live slot expires. */
   readonly #expiries = new Map<string, number>();
-  readonly #written = new Map<string, Written>();
+  /** This replica's grants against the watch: which is newer (./own-writes.ts). */
+  readonly #own = new OwnWrites();
   /** Grants this replica wrote, by slot name: the version written and when the write was answered (the accept window counts from there). */
   readonly #grantedAt = new Map<string, { version: string; at: number }>();
   #leading = false;
@@ -183,7 +179,7 @@ export class RolloutGranter {
     this.#cache
       .on('add', (l) => this.#seen(l))
       .on('update', (l) => this.#seen(l))
-      .on('delete', (l) => this.#gone(l.metadata.name))
+      .on('delete', (l) => this.#gone(l))
       .on('synced', () => {
         // A relist: the index again from the cache, every group planned.
         this.#groups.clear();
@@ -227,7 +223,7 @@ export class RolloutGranter {
     clearTimeout(this.#timer);
     this.#timer = undefined;
     this.#timerAt = Infinity;
-    this.#written.clear();
+    this.#own.clear();
     this.#grantedAt.clear();
     void this.#heartbeat.stop();
   }
@@ -279,13 +275,7 @@ export class RolloutGranter {
 
   /** A Lease as the watch shows it (unless this replica's own write is newer). */
   #seen(l: LeaseObject): void {
-    const name = l.metadata.name;
-    const w = this.#written.get(name);
-    if (w) {
-      if ((l.metadata.resourceVersion ?? '') === w.base) return;
-      this.#written.delete(name);
-    }
-    this.#place(l);
+    if (this.#own.seen(l)) this.#place(l);
   }
 
   #place(l: LeaseObject): void {
@@ -316,8 +306,9 @@ export class RolloutGranter {
     if (g.queue.size === 0 && g.slots.size === 0) this.#groups.delete(key);
   }
 
-  #gone(name: string): void {
-    this.#written.delete(name);
+  #gone(l: LeaseObject): void {
+    const name = l.metadata.name;
+    this.#own.gone(l);
     this.#grantedAt.delete(name);
     this.#remove(name);
   }
@@ -404,13 +395,18 @@ export class RolloutGranter {
     }
     for (const grant of plan.grants) {
       const lease = grant.slot ? g.slots.get(grant.slot.name) : undefined;
+      const name = slotName(setName, grant.index, g.pool);
       tasks.push(async () => {
-        const written = await writeGrant(w, { pool: g.pool, label: g.set, setName: setName!, uid: api?.uid, index: grant.index, node: grant.node, entry: grant.entry, existing: lease }, counts);
-        if (!written) return;
-        // Planned on from now, even before the watch shows it.
-        this.#written.set(written.metadata.name, { lease: written, base: lease?.metadata.resourceVersion ?? '' });
-        this.#grantedAt.set(written.metadata.name, { version: written.metadata.resourceVersion ?? '', at: this.#now() });
-        this.#place(written);
+        this.#own.begin(name);
+        let written: LeaseObject | undefined;
+        try {
+          written = await writeGrant(w, { pool: g.pool, label: g.set, setName: setName!, uid: api?.uid, index: grant.index, node: grant.node, entry: grant.entry, existing: lease }, counts);
+        } finally {
+          // Planned on from now, even before the watch shows it, unless the watch has shown it, or what followed, already.
+          const answer = this.#own.answered(name, written, lease?.metadata.resourceVersion ?? '');
+          if (written && answer !== 'gone') this.#grantedAt.set(name, { version: written.metadata.resourceVersion ?? '', at: this.#now() });
+          if (written && answer === 'place') this.#place(written);
+        }
       });
     }
     return tasks;

@@ -524,3 +524,33 @@ describe('ImagePuller: joining and cancelling', () => {
     assert.equal((await second)[0]!.ok, true);
   });
 });
+
+describe('ImagePuller: a pull whose admission was withdrawn before it started', () => {
+  test('mayStart false when its turn comes: held back, the runtime never asked, no failure kept; pulls under way finish', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt, { maxParallel: 1 });
+    const [a, b, c] = ['a', 'b', 'c'].map((n) => img(n));
+    let slotHeld = true;
+    const done = p.pull([a!, b!, c!], never(), undefined, undefined, () => slotHeld);
+    await settle();
+    assert.deepEqual(rt.started(), [a!.reference.reference]);
+    slotHeld = false; // the rollout slot was lost while a downloads
+    rt.open(a!.reference.reference).resolve('id-a');
+    const results = await done;
+    assert.deepEqual(rt.started(), [a!.reference.reference], 'b and c never reached the runtime');
+    assert.deepEqual(
+      results.map((r) => [r.ok, r.heldBack ?? false]),
+      [
+        [true, false],
+        [false, true],
+        [false, true],
+      ],
+    );
+    assert.equal(p.failure(b!.key), undefined);
+    assert.equal(p.isDue(b!.key), true, 'due again at once, for when a slot is held again');
+    const again = p.pull([b!], never(), undefined, undefined, () => true);
+    await settle();
+    rt.open(b!.reference.reference).resolve('id-b');
+    assert.equal((await again)[0]!.ok, true);
+  });
+});

@@ -233,12 +233,15 @@ describe('RolloutGate: holding', () => {
     assert.equal(store.slots.size, 0);
   });
 
-  test('a slot lost to another node (not renewed in time) is dropped and reported; the next admit waits for a slot', async () => {
+  test('a slot lost to another node (not renewed in time) is dropped and reported; the images it let through may start no more; the next admit waits for a slot', async () => {
     mock.timers.enable({ apis: ['setInterval'] });
     const lost: string[] = [];
     const g = gate('n1', { onLost: (k) => lost.push(k) });
     const limits = new Map([limited('web', 1)]);
-    await g.admit([img('x', 'web')], limits, all);
+    const free = { key: 'free', sets: ['static/boot'] };
+    const first = await g.admit([img('x', 'web'), img('y', 'web'), free], limits, all);
+    assert.equal(first.allowed.length, 3);
+    assert.ok(first.allowed.every((w) => first.stillAllowed(w)), 'all may start while the slot is held');
     now += LEASE_MS + 1; // this node stalled past its lease; another takes the slot
     assert.equal((await gate('n2').admit([img('x', 'web')], limits, all)).allowed.length, 1);
     mock.timers.tick(20_000);
@@ -246,6 +249,7 @@ describe('RolloutGate: holding', () => {
     await new Promise((r) => setImmediate(r));
     assert.deepEqual(lost, ['api/web']);
     assert.deepEqual(g.held(), []);
+    assert.deepEqual(first.allowed.map((w) => first.stillAllowed(w)), [false, false, true], 'the slot\'s images are held back; an image no limit covers is not');
     assert.equal((await g.admit([img('x', 'web')], limits, all)).allowed.length, 0);
   });
 });
