@@ -52,6 +52,8 @@ export interface Admitted {
   waves?: ReadonlyMap<string, SetWave>;
   /** Whether a pull of `pulling` may still start (false once the rollout slot that let it through was lost). */
   mayStart?: (w: WantedImage) => boolean;
+  /** The pulls fetched for a first wave, by key: the set whose images go one at a time (./rollout-hook.ts). */
+  oneAtATime?: ReadonlyMap<string, string>;
 }
 
 export class PullAdmission {
@@ -140,7 +142,7 @@ export class PullAdmission {
         await rolloutGate?.releaseAll('no room below the watermark');
       }
     }
-    return { pulling: diskProblem ? admitted.pulls.filter(isName) : admitted.pulls, waits: admitted.waits, unenforced: admitted.unenforced, waves: admitted.waves, ...(admitted.mayStart ? { mayStart: admitted.mayStart } : {}) };
+    return { pulling: diskProblem ? admitted.pulls.filter(isName) : admitted.pulls, waits: admitted.waits, unenforced: admitted.unenforced, waves: admitted.waves, ...(admitted.mayStart ? { mayStart: admitted.mayStart } : {}), ...(admitted.oneAtATime ? { oneAtATime: admitted.oneAtATime } : {}) };
   }
 
   /**

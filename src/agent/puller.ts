@@ -108,6 +108,10 @@ class Slots {
     if (next) next();
     else this.used--;
   }
+  /** Nothing holds a slot or waits for one. */
+  get idle(): boolean {
+    return this.used === 0 && this.waiters.length === 0;
+  }
 }
 
 interface InFlight {
@@ -118,6 +122,8 @@ interface InFlight {
 export class ImagePuller {
   private readonly opts: ImagePullerOptions;
   private readonly slots: Slots;
+  /** By name, pulls that go one at a time, in the order they were asked for (a first wave's fetches); dropped when idle. */
+  private readonly lanes = new Map<string, Slots>();
   private readonly failures = new Map<string, PullFailure>();
   private readonly inflight = new Map<string, InFlight>();
   private readonly now: () => number;
@@ -182,13 +188,16 @@ export class ImagePuller {
    * flight) and wait for them; `onEach` hears each result as it comes.
    * `signal` stops the waiting, not the pulls. `mayStart`: asked for each
    * image when its turn comes (after the wait for a parallel pull): false
-   * holds it back (heldBack), the runtime never asked.
+   * holds it back (heldBack), the runtime never asked. `oneAtATime`: by
+   * key, a lane: the pulls of one lane run one at a time, in the order of
+   * `images` (behind those of the lane already under way), each taking one
+   * of the parallel pulls only when its turn comes.
    */
-  async pull(images: readonly WantedImage[], signal: AbortSignal, onEach?: (r: PullResult) => void, kindOf: (key: string) => PullKind = () => 'download', mayStart?: (key: string) => boolean): Promise<PullResult[]> {
+  async pull(images: readonly WantedImage[], signal: AbortSignal, onEach?: (r: PullResult) => void, kindOf: (key: string) => PullKind = () => 'download', mayStart?: (key: string) => boolean, oneAtATime?: ReadonlyMap<string, string>): Promise<PullResult[]> {
     const waits = images
       .filter((w) => this.inflight.has(w.key) || this.isDue(w.key))
       .map((w) =>
-        this.start(w, kindOf(w.key), mayStart).then((r) => {
+        this.start(w, kindOf(w.key), mayStart, oneAtATime?.get(w.key)).then((r) => {
           if (!signal.aborted) onEach?.(r);
           return r;
         }),
@@ -221,13 +230,35 @@ export class ImagePuller {
     for (const f of this.inflight.values()) f.abort.abort(new Error('shutting down'));
   }
 
-  private start(w: WantedImage, kind: PullKind, mayStart?: (key: string) => boolean): Promise<PullResult> {
+  private start(w: WantedImage, kind: PullKind, mayStart?: (key: string) => boolean, lane?: string): Promise<PullResult> {
     const existing = this.inflight.get(w.key);
     if (existing) return existing.promise;
     const abort = new AbortController();
-    const promise = this.attempt(w, kind, abort.signal, mayStart).finally(() => this.inflight.delete(w.key));
+    const promise = this.inLane(w, kind, lane, abort.signal, () => this.attempt(w, kind, abort.signal, mayStart)).finally(() => this.inflight.delete(w.key));
     this.inflight.set(w.key, { promise, abort });
     return promise;
+  }
+
+  /**
+   * Run `attempt` when the lane's turn comes (at once without a lane). The
+   * lane is taken before a parallel pull, so a pull waiting for its lane
+   * holds none of them; cancelled while waiting, it is never attempted.
+   */
+  private async inLane(w: WantedImage, kind: PullKind, name: string | undefined, signal: AbortSignal, attempt: () => Promise<PullResult>): Promise<PullResult> {
+    if (name === undefined) return await attempt();
+    let lane = this.lanes.get(name);
+    if (!lane) this.lanes.set(name, (lane = new Slots(1)));
+    const held = lane.tryAcquire() || (await lane.acquire(signal).then(() => true, () => false));
+    try {
+      return held ? await attempt() : this.cancelledWaiting(w, kind);
+    } finally {
+      if (held) lane.release();
+      if (lane.idle) this.lanes.delete(name);
+    }
+  }
+
+  private cancelledWaiting(w: WantedImage, kind: PullKind): PullResult {
+    return { key: w.key, kind, ok: false, durationMs: 0, failure: this.recordFailure(w.key, new RuntimeError('Canceled', 'pull cancelled: no longer wanted')) };
   }
 
   private async attempt(w: WantedImage, kind: PullKind, signal: AbortSignal, mayStart?: (key: string) => boolean): Promise<PullResult> {
@@ -239,7 +270,7 @@ export class ImagePuller {
       try {
         await this.slots.acquire(signal);
       } catch {
-        return { key: w.key, kind, ok: false, durationMs: 0, failure: this.recordFailure(w.key, new RuntimeError('Canceled', 'pull cancelled: no longer wanted')) };
+        return this.cancelledWaiting(w, kind);
       }
     }
     if (mayStart && !mayStart(w.key)) {

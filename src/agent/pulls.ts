@@ -56,7 +56,7 @@ export function pullsNeeded(plan: Plan, runtime: RuntimeSnapshot, pins: PinBacke
  * puller's), reporting progress while they run. Returns the images pulled and those whose pull failed.
  */
 export async function runPulls(
-  o: { puller: ImagePuller; log: Logger; runtime: RuntimeSnapshot; pins: PinBackend; report: () => void; reportEveryMs: number; waitingForSlot: number; onLanded?: (w: WantedImage) => void; mayStart?: (w: WantedImage) => boolean | undefined },
+  o: { puller: ImagePuller; log: Logger; runtime: RuntimeSnapshot; pins: PinBackend; report: () => void; reportEveryMs: number; waitingForSlot: number; onLanded?: (w: WantedImage) => void; mayStart?: (w: WantedImage) => boolean | undefined; oneAtATime?: ReadonlyMap<string, string> },
   need: PullPlan,
   pulling: readonly WantedImage[],
   signal: AbortSignal,
@@ -83,7 +83,7 @@ export async function runPulls(
   let results: PullResult[];
   try {
     const mayStart = o.mayStart;
-    results = await puller.pull(pulling, signal, landed, (k) => need.kinds.get(k) ?? 'download', mayStart && ((k) => mayStart(byKey.get(k)!) !== false)).catch((e) => {
+    results = await puller.pull(pulling, signal, landed, (k) => need.kinds.get(k) ?? 'download', mayStart && ((k) => mayStart(byKey.get(k)!) !== false), o.oneAtATime).catch((e) => {
       if (signal.aborted) throw new Cancelled('superseded');
       throw e;
     });

@@ -88,7 +88,7 @@ export async function reconcile(p: ReconcileParts, signal: AbortSignal): Promise
   const reportEveryMs = progressReportMs(p.report.progressIntervalMs);
   const landings = new WaveLandings(p.firstWave, plan, (w) => !!runtime.found(w));
   const onLanded = (w: WantedImage) => landings.landed(w);
-  const { pulled, failed, attempted } = await runPulls({ puller: p.puller, log: p.log, runtime, pins, report: progress, reportEveryMs, waitingForSlot, onLanded, mayStart: admitted.mayStart }, need, admitted.pulling, signal);
+  const { pulled, failed, attempted } = await runPulls({ puller: p.puller, log: p.log, runtime, pins, report: progress, reportEveryMs, waitingForSlot, onLanded, mayStart: admitted.mayStart, oneAtATime: admitted.oneAtATime }, need, admitted.pulling, signal);
   await landings.settle(failed.filter((w) => !need.isName(w)));
   if (admitted.pulling.length > 0) await p.rolloutGate?.releaseAll();
 

@@ -63,6 +63,8 @@ export interface AdmittedPulls {
   waves?: ReadonlyMap<string, SetWave>;
   /** Whether a pull of `pulls` may still start: false once the rollout slot that let it through was lost (src/rollout/gate.ts stillAllowed). */
   mayStart?: (w: WantedImage) => boolean;
+  /** The pulls this node fetches for a first wave, by key: the set key whose images are pulled one at a time (they come first in `pulls`, in the set's order). */
+  oneAtATime?: ReadonlyMap<string, string>;
 }
 
 /**
@@ -74,16 +76,26 @@ export async function admitDownloads(rollout: Rollout, plan: Plan, pulls: Wanted
   const { gate, firstWave } = rollout;
   let mayGo = pulls;
   let waves: ReadonlyMap<string, SetWave> | undefined;
+  const oneAtATime = new Map<string, string>();
   if (firstWave) {
     const due = pulls.filter(downloads).map((w) => ({ key: w.key, digest: w.reference.digest, sets: w.sets, wanted: w }));
     const wave = await firstWave.admit(due, firstWaves(plan.sets));
     const waiting = new Set(wave.waiting.map((i) => i.wanted));
     mayGo = pulls.filter((w) => !waiting.has(w));
     waves = wave.sets;
+    for (const [k, fetch] of wave.oneAtATime) for (const i of fetch) oneAtATime.set(i.key, k);
   }
-  if (!gate) return { pulls: mayGo, ...(waves ? { waves } : {}) };
+  const wave = { ...(waves ? { waves } : {}), ...(oneAtATime.size > 0 ? { oneAtATime } : {}) };
+  if (!gate) return { pulls: fetchFirst(mayGo, oneAtATime), ...wave };
   const { allowed, waits, unenforced, stillAllowed } = await gate.admit(mayGo, rolloutLimits(plan.sets), downloads);
-  return { pulls: allowed, waits, unenforced, mayStart: stillAllowed, ...(waves ? { waves } : {}) };
+  return { pulls: fetchFirst(allowed, oneAtATime), waits, unenforced, mayStart: stillAllowed, ...wave };
+}
+
+/** The first wave's fetches first, in the order they are to be pulled one at a time, then the rest as they were. */
+function fetchFirst(pulls: WantedImage[], oneAtATime: ReadonlyMap<string, string>): WantedImage[] {
+  if (oneAtATime.size === 0) return pulls;
+  const rank = new Map([...oneAtATime.keys()].map((key, i) => [key, i]));
+  return [...pulls].sort((a, b) => (rank.get(a.key) ?? rank.size) - (rank.get(b.key) ?? rank.size));
 }
 
 /**

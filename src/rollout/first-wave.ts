@@ -26,7 +26,12 @@
 // - Image by image: a non-member's image waits only until it is landed, so
 //   the fleet starts on the first images while the first wave fetches the
 //   rest. An image wanted by any set that does not ask for a first wave (or
-//   of a set this node is in the first wave of) never waits.
+//   of a set this node is in the first wave of) never waits. A member fetches
+//   the images no member has landed one at a time, in the set's order
+//   (oneAtATime): its pulls share the link, which they saturate, so k of
+//   them in parallel end no sooner together and land nothing before most of
+//   the wave's time; one at a time lands the first image after 1/k of it,
+//   and the fleet follows image by image, in the order every node agrees on.
 // - Never forever: a set whose first wave lands nothing new for stallMs (30
 //   minutes; a pull that hangs ends long before, containerd's progress
 //   timeout is 5 minutes) is waited for no more on this node, which then
@@ -91,6 +96,12 @@ export interface WaveAdmission<T> {
   waiting: T[];
   /** By set key, every set with a first wave that this node still has images of. */
   sets: Map<string, SetWave>;
+  /**
+   * By set key, the images this node fetches for the set's first wave (it
+   * is a member, and no member has landed them), in the set's order: to be
+   * pulled one at a time. An image goes under the first such set only.
+   */
+  oneAtATime: Map<string, T[]>;
 }
 
 export interface FirstWaveOptions {
@@ -197,6 +208,8 @@ export class FirstWave {
     // A set with nothing left to fetch on this node: its seat freed, its records no longer followed.
     for (const k of [...this.#sets.keys()]) if (!missing.has(k)) await this.#forget(k, 'nothing left to download');
     const sets = new Map<string, SetWave>();
+    const oneAtATime = new Map<string, T[]>();
+    const fetching = new Set<T>();
     const waitsFor = new Map<string, (w: T) => boolean>();
     for (const [k, ofSet] of missing) {
       const st = await this.#state(k, waves.get(k)!);
@@ -224,6 +237,12 @@ export class FirstWave {
         st.stalled = true;
         this.#log.warn({ set: st.wave.name, landed: st.landed.size, images: st.sorted.length, stallMinutes: Math.round(this.#stallMs / 60_000) }, 'the first wave landed nothing new for a while; pulling the rest of the set without waiting for it');
       }
+      if (member) {
+        const order = new Map(st.wave.digests.map((d, i) => [d, i]));
+        const fetch = ofSet.filter((w) => !st.landed.has(w.digest) && !fetching.has(w)).sort((a, b) => order.get(a.digest)! - order.get(b.digest)!);
+        for (const w of fetch) fetching.add(w);
+        if (fetch.length > 0) oneAtATime.set(k, fetch);
+      }
       const waits = !member && !forbidden && !st.stalled;
       waitsFor.set(k, (w) => waits && !st.landed.has(w.digest));
       const waitingFor = waits ? ofSet.filter((w) => !st.landed.has(w.digest)).map((w) => w.key) : [];
@@ -246,7 +265,7 @@ export class FirstWave {
       const held = w.sets.length > 0 && w.sets.every((k) => waitsFor.get(k)?.(w) === true);
       (held ? waiting : allowed).push(w);
     }
-    return { allowed, waiting, sets };
+    return { allowed, waiting, sets, oneAtATime };
   }
 
   /**

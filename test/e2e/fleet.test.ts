@@ -180,6 +180,13 @@ describe(`a fleet of ${NODES} containerd nodes behind a 16 Mbit/s link, with a p
       const early = pulls.filter((p) => p.node !== first.node && p.startedAt < first.finishedAt!);
       assert.deepEqual(early.map((p) => p.node), [], `${i.ref}: pulled before ${first.node} of the first wave held it`);
     }
+    // The first-wave node fetched one image at a time, in the set's order: each began once the one before had landed.
+    const firstPulls = bed.pulls().filter((p) => p.image === images[0]!.ref);
+    const waveNode = firstPulls.reduce((a, b) => ((b.finishedAt ?? Infinity) < (a.finishedAt ?? Infinity) ? b : a)).node;
+    const fetched = images.map((i) => bed!.pulls().find((p) => p.node === waveNode && p.image === i.ref)!);
+    for (let k = 1; k < fetched.length; k++) {
+      assert.ok(fetched[k]!.startedAt >= fetched[k - 1]!.finishedAt!, `${waveNode} began ${images[k]!.ref} before ${images[k - 1]!.ref} landed: ${JSON.stringify(fetched)}`);
+    }
     const inFlightBytes = await assertOneCopyThroughTheCache(bed, images);
     // Manifests are small; the blobs are nearly all of it: one copy through
     // the cache is at most twice the payload, and the requests that came

@@ -6,7 +6,9 @@
 // reporter writes shows a phase change before any progress timer fires.
 // With spec.rollout.firstWave, the nodes that are not in the first wave
 // pull each image once a first-wave node holds it, image by image, and a
-// first-wave node whose pull fails gives its place to another.
+// first-wave node whose pull fails gives its place to another. A first-wave
+// node fetches the set one image at a time, in its order; the others pull
+// in parallel.
 import assert from 'node:assert/strict';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
@@ -35,6 +37,8 @@ const D = (c: string) => `sha256:${c.repeat(64)}`;
 const APP = `registry.test/org/app@${D('a')}`;
 const DB = `registry.test/org/db@${D('b')}`;
 const TOOL = `registry.test/org/tool@${D('c')}`;
+const LIB = `registry.test/org/lib@${D('d')}`;
+const CLI = `registry.test/org/cli@${D('e')}`;
 
 class MemorySink implements StatusSink {
   written: NodeStatus[] = [];
@@ -228,7 +232,8 @@ describe('the reconcile follows the first wave (spec.rollout.firstWave)', () => 
     const [n1, n2] = [await node('n1'), await node('n2')];
     n1.runtime.holdEach([APP, DB]);
     const first = n1.agent.reconcile();
-    await waitFor(() => n1.runtime.downloads.length === 3);
+    await waitFor(() => n1.runtime.downloads.length === 2);
+    assert.deepEqual(n1.runtime.downloads, [APP, TOOL], 'the first wave fetches one image at a time');
     assert.deepEqual(n1.gate.held(), ['api/web'], 'the first-wave node holds a rollout slot too');
 
     const waiting = await n2.agent.reconcile();
@@ -252,6 +257,32 @@ describe('the reconcile follows the first wave (spec.rollout.firstWave)', () => 
     const all = await n2.agent.reconcile();
     assert.equal(all.sets.find((x) => x.name === 'web')!.phase, 'Ready');
     assert.deepEqual(n2.runtime.downloads.sort(), [APP, DB, TOOL].sort());
+  });
+
+  test('a first-wave node fetches the set one image at a time, in the set\'s order, while another set pulls in parallel; a node that pulls what landed pulls in parallel', async () => {
+    sets = [apiSet('web', [DB, TOOL, APP], undefined, 1), apiSet('tools', [LIB, CLI])];
+    const [n1, n2] = [await node('n1'), await node('n2')];
+    n1.runtime.holdEach([DB, TOOL, APP, LIB, CLI]);
+    const first = n1.agent.reconcile();
+    await waitFor(() => n1.runtime.downloads.length === 3);
+    await new Promise((r) => setTimeout(r, 50));
+    assert.deepEqual(n1.runtime.downloads, [DB, CLI, LIB], 'the first image of the set, the other set\'s two beside it');
+    n1.runtime.releaseOne(DB);
+    await waitFor(() => n1.runtime.downloads.length === 4);
+    await new Promise((r) => setTimeout(r, 50));
+    assert.deepEqual(n1.runtime.downloads.slice(3), [TOOL], 'the next once the first landed, and only it');
+    n1.runtime.releaseOne(TOOL);
+    await waitFor(() => n1.runtime.downloads.length === 5);
+    assert.deepEqual(n1.runtime.downloads.slice(4), [APP]);
+    for (const r of [APP, LIB, CLI]) n1.runtime.releaseOne(r);
+    assert.ok((await first).sets.every((s) => s.phase === 'Ready'));
+
+    await waitFor(() => [...store.records.values()].some((r) => r.landed === 'Bw=='));
+    n2.runtime.holdEach([DB, TOOL, APP]);
+    const follower = n2.agent.reconcile();
+    await waitFor(() => n2.runtime.downloads.filter((r) => [DB, TOOL, APP].includes(r)).length === 3);
+    for (const r of [DB, TOOL, APP]) n2.runtime.releaseOne(r);
+    assert.ok((await follower).sets.every((s) => s.phase === 'Ready'), 'the three were under way together');
   });
 
   test('a first-wave node whose pull fails gives its seat up: another node takes it and fetches for the rest', async () => {

@@ -554,3 +554,30 @@ describe('ImagePuller: a pull whose admission was withdrawn before it started', 
     assert.equal((await again)[0]!.ok, true);
   });
 });
+
+describe('ImagePuller: pulls that go one at a time (a first wave\'s fetches)', () => {
+  test('a lane pulls one at a time in the order given, holding no parallel pull while it waits; a later round queues behind; a pull cancelled in the lane never reaches the runtime', async () => {
+    const rt = new MemoryRuntime();
+    const { p } = puller(rt, { maxParallel: 2 });
+    const [z, y, x, o, w] = ['z', 'y', 'x', 'o', 'w'].map((n) => img(n));
+    const ref = (i: WantedImage) => i.reference.reference;
+    const lane = new Map([z!, y!, x!, w!].map((i) => [i.key, 'api/web']));
+    const done = p.pull([z!, y!, x!, o!], never(), undefined, undefined, undefined, lane);
+    await settle();
+    assert.deepEqual(rt.started(), [ref(z!), ref(o!)], 'one of the lane, and the other pull beside it');
+    const later = p.pull([w!], never(), undefined, undefined, undefined, lane);
+    rt.open(ref(z!)).resolve('id-z');
+    await settle();
+    assert.deepEqual(rt.started().slice(2), [ref(y!)]);
+    assert.deepEqual(p.retain(new Set([z!, y!, o!, w!].map((i) => i.key))), [x!.key], 'x still waits for its turn');
+    rt.open(ref(y!)).resolve('id-y');
+    await settle();
+    assert.deepEqual(rt.started().slice(3), [ref(w!)], 'x cancelled while it waited: w is next');
+    rt.open(ref(w!)).resolve('id-w');
+    rt.open(ref(o!)).resolve('id-o');
+    const results = await done;
+    assert.equal(results.find((r) => r.key === x!.key)!.failure!.kind, 'Canceled');
+    assert.equal((await later)[0]!.ok, true);
+    assert.equal(rt.maxActive, 2);
+  });
+});

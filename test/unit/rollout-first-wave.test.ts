@@ -133,6 +133,24 @@ describe('FirstWave, on the in-memory twin', () => {
     assert.equal(store.writes.records, 3, 'the record: written once when a took its seat and once per landing');
   });
 
+  test('a member fetches one at a time, in the set\'s order, the images no member has landed; an image another member landed, and a non-member\'s, are not among them', async () => {
+    granter = new MemoryGranter(store);
+    const set: WaveSet = { ...SET, nodes: 2, digests: [Y, Z, X] };
+    const [a, b, c] = ['a', 'b', 'c'].map((n) => node(n));
+    for (const n of [a!, b!]) await admit(n, set);
+    await settle();
+    const ra = await admit(a!, set);
+    assert.equal(ra.sets.get('api/upgrade')!.member, true);
+    assert.deepEqual(keys(ra.oneAtATime.get('api/upgrade')!), [Y, Z, X], 'the order of the set, not of the digests');
+    await pull(a!, Y);
+    const rb = await admit(b!, set);
+    assert.equal(rb.sets.get('api/upgrade')!.member, true);
+    assert.deepEqual(keys(rb.allowed), [Y, Z, X], 'a member fetches everything it lacks');
+    assert.deepEqual(keys(rb.oneAtATime.get('api/upgrade')!), [Z, X], 'Y, landed by a, comes through the cache: not held to one at a time');
+    const rc = await admit(c!, set);
+    assert.deepEqual([keys(rc.allowed), rc.oneAtATime.size], [[Y], 0], 'a node outside the first wave pulls what landed, as it likes');
+  });
+
   test('a set that does not ask for a first wave, and an image another such set also wants, never wait', async () => {
     const a = node('a');
     const plain = await a.wave.admit([img(X, 'api/plain')], new Map());
