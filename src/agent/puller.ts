@@ -61,6 +61,18 @@ export interface PullResult {
   heldBack?: true;
 }
 
+/** How ImagePuller.pull goes about a batch. */
+export interface PullHow {
+  /** Hears each result as it comes. */
+  onEach?: (r: PullResult) => void;
+  /** What a pull of the image does (default: download). */
+  kindOf?: (key: string) => PullKind;
+  /** Asked for each image when its turn comes (after the wait for a parallel pull): false holds it back (heldBack), the runtime never asked. */
+  mayStart?: (key: string) => boolean;
+  /** By key, a lane: the pulls of one lane run one at a time, in the order of the batch (behind those of the lane already under way), each taking one of the parallel pulls only when its turn comes. */
+  oneAtATime?: ReadonlyMap<string, string>;
+}
+
 export interface ImagePullerOptions {
   runtime: ImageRuntime;
   maxParallel: number;
@@ -186,14 +198,10 @@ export class ImagePuller {
   /**
    * Give every image that is due one attempt (joining pulls already in
    * flight) and wait for them; `onEach` hears each result as it comes.
-   * `signal` stops the waiting, not the pulls. `mayStart`: asked for each
-   * image when its turn comes (after the wait for a parallel pull): false
-   * holds it back (heldBack), the runtime never asked. `oneAtATime`: by
-   * key, a lane: the pulls of one lane run one at a time, in the order of
-   * `images` (behind those of the lane already under way), each taking one
-   * of the parallel pulls only when its turn comes.
+   * `signal` stops the waiting, not the pulls; `how` says the rest.
    */
-  async pull(images: readonly WantedImage[], signal: AbortSignal, onEach?: (r: PullResult) => void, kindOf: (key: string) => PullKind = () => 'download', mayStart?: (key: string) => boolean, oneAtATime?: ReadonlyMap<string, string>): Promise<PullResult[]> {
+  async pull(images: readonly WantedImage[], signal: AbortSignal, how: PullHow = {}): Promise<PullResult[]> {
+    const { onEach, kindOf = () => 'download', mayStart, oneAtATime } = how;
     const waits = images
       .filter((w) => this.inflight.has(w.key) || this.isDue(w.key))
       .map((w) =>

@@ -83,7 +83,7 @@ export async function runPulls(
   let results: PullResult[];
   try {
     const mayStart = o.mayStart;
-    results = await puller.pull(pulling, signal, landed, (k) => need.kinds.get(k) ?? 'download', mayStart && ((k) => mayStart(byKey.get(k)!) !== false), o.oneAtATime).catch((e) => {
+    results = await puller.pull(pulling, signal, { onEach: landed, kindOf: (k) => need.kinds.get(k) ?? 'download', mayStart: mayStart && ((k) => mayStart(byKey.get(k)!) !== false), oneAtATime: o.oneAtATime }).catch((e) => {
       if (signal.aborted) throw new Cancelled('superseded');
       throw e;
     });

@@ -531,7 +531,7 @@ describe('ImagePuller: a pull whose admission was withdrawn before it started', 
     const { p } = puller(rt, { maxParallel: 1 });
     const [a, b, c] = ['a', 'b', 'c'].map((n) => img(n));
     let slotHeld = true;
-    const done = p.pull([a!, b!, c!], never(), undefined, undefined, () => slotHeld);
+    const done = p.pull([a!, b!, c!], never(), { mayStart: () => slotHeld });
     await settle();
     assert.deepEqual(rt.started(), [a!.reference.reference]);
     slotHeld = false; // the rollout slot was lost while a downloads
@@ -548,7 +548,7 @@ describe('ImagePuller: a pull whose admission was withdrawn before it started', 
     );
     assert.equal(p.failure(b!.key), undefined);
     assert.equal(p.isDue(b!.key), true, 'due again at once, for when a slot is held again');
-    const again = p.pull([b!], never(), undefined, undefined, () => true);
+    const again = p.pull([b!], never(), { mayStart: () => true });
     await settle();
     rt.open(b!.reference.reference).resolve('id-b');
     assert.equal((await again)[0]!.ok, true);
@@ -562,10 +562,10 @@ describe('ImagePuller: pulls that go one at a time (a first wave\'s fetches)', (
     const [z, y, x, o, w] = ['z', 'y', 'x', 'o', 'w'].map((n) => img(n));
     const ref = (i: WantedImage) => i.reference.reference;
     const lane = new Map([z!, y!, x!, w!].map((i) => [i.key, 'api/web']));
-    const done = p.pull([z!, y!, x!, o!], never(), undefined, undefined, undefined, lane);
+    const done = p.pull([z!, y!, x!, o!], never(), { oneAtATime: lane });
     await settle();
     assert.deepEqual(rt.started(), [ref(z!), ref(o!)], 'one of the lane, and the other pull beside it');
-    const later = p.pull([w!], never(), undefined, undefined, undefined, lane);
+    const later = p.pull([w!], never(), { oneAtATime: lane });
     rt.open(ref(z!)).resolve('id-z');
     await settle();
     assert.deepEqual(rt.started().slice(2), [ref(y!)]);
